@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Creates .venv (once) and installs sluice with pinned dependencies into it.
+# Re-running is cheap: the install is skipped while pyproject/constraints are unchanged.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="$root/.venv"
+py="${PYTHON:-python3}"
+if [ ! -x "$venv/bin/python" ]; then
+  "$py" -m venv "$venv"
+fi
+stamp="$venv/.sluice-installed"
+want="$(cat "$root/pyproject.toml" "$root/constraints.txt" | sha256sum | cut -d' ' -f1)"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check -c "$root/constraints.txt" -e "$root[test]"
+  echo "$want" > "$stamp"
+fi

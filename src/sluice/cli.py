@@ -1,0 +1,12 @@
+"""The `sluice` command."""
+from __future__ import annotations
+
+import click
+
+from sluice import __version__
+
+
+@click.group()
+@click.version_option(__version__, prog_name="sluice")
+def main() -> None:
+    """Sluice: a RocketMQ-compatible message queue with server-side filtering."""

@@ -1,0 +1,96 @@
+"""One exception hierarchy for the whole package.
+
+Every error carries the RocketMQ response code a server answers with when it
+is raised while handling a request, so processors never map errors by hand.
+"""
+from __future__ import annotations
+
+from sluice.protocol.codes import ResponseCode
+
+
+class SluiceError(Exception):
+    """Base of every error Sluice raises on purpose."""
+
+    code: ResponseCode = ResponseCode.SYSTEM_ERROR
+
+    def __init__(self, message: str = "", *, code: int | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = ResponseCode(code) if code in ResponseCode._value2member_map_ else code  # type: ignore[assignment]
+
+
+class MessageIllegalError(SluiceError):
+    """A message the store or broker refuses: bad topic, oversized body, bad property."""
+
+    code = ResponseCode.MESSAGE_ILLEGAL
+
+
+class InvalidParameterError(SluiceError):
+    code = ResponseCode.INVALID_PARAMETER
+
+
+class TopicNotExistError(SluiceError):
+    code = ResponseCode.TOPIC_NOT_EXIST
+
+
+class NoPermissionError(SluiceError):
+    code = ResponseCode.NO_PERMISSION
+
+
+class ServiceNotAvailableError(SluiceError):
+    code = ResponseCode.SERVICE_NOT_AVAILABLE
+
+
+class StoreError(SluiceError):
+    """The store cannot do what was asked (closed, disk trouble, ...)."""
+
+    code = ResponseCode.SYSTEM_ERROR
+
+
+class CorruptRecordError(StoreError):
+    """A stored record failed its checks; it is reported, never served."""
+
+    def __init__(self, message: str, *, path: str | None = None, offset: int | None = None) -> None:
+        where = f" ({path} at file offset {offset})" if path is not None else ""
+        super().__init__(message + where)
+        self.path = path
+        self.offset = offset
+
+
+class FilterError(SluiceError):
+    """Base of selector compile and evaluation errors."""
+
+    code = ResponseCode.SUBSCRIPTION_PARSE_FAILED
+
+
+class SelectorSyntaxError(FilterError):
+    """A selector expression that does not parse or compile; `.position` is 0-based."""
+
+    def __init__(self, message: str, *, position: int | None = None, expression: str | None = None) -> None:
+        super().__init__(message)
+        self.position = position
+        self.expression = expression
+
+
+class ProtocolError(SluiceError):
+    """A frame or header that does not follow the remoting protocol."""
+
+    code = ResponseCode.SYSTEM_ERROR
+
+
+class RequestCodeNotSupportedError(ProtocolError):
+    code = ResponseCode.REQUEST_CODE_NOT_SUPPORTED
+
+
+class RemotingError(SluiceError):
+    """A request could not be carried out over the network (connect, timeout, closed)."""
+
+    code = ResponseCode.SYSTEM_ERROR
+
+
+class RemotingTimeoutError(RemotingError):
+    pass
+
+
+class BrokerResponseError(SluiceError):
+    """A server answered a request with an error code; `.code` is that code, the message its remark."""
