@@ -1,0 +1,71 @@
+"""Committed consumer offsets per (group, topic, queue), persisted in {store}/config/consumerOffset.json.
+
+Writes are cheap dict updates; a background call to ``persist()`` (every few
+seconds and at shutdown) writes the table atomically, as RocketMQ's
+ConsumerOffsetManager does.
+"""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from sluice.persist import read_json, write_json_atomic
+
+SEP = "@"  # RocketMQ keys the table "topic@group"
+
+
+class ConsumerOffsetManager:
+    def __init__(self, config_dir: Path) -> None:
+        self._path = config_dir / "consumerOffset.json"
+        self._lock = threading.Lock()
+        self._table: dict[str, dict[int, int]] = {}
+        self._dirty = False
+        data = read_json(self._path, default={}) or {}
+        for key, queues in data.get("offsetTable", {}).items():
+            self._table[key] = {int(q): int(o) for q, o in queues.items()}
+
+    @staticmethod
+    def _key(topic: str, group: str) -> str:
+        return f"{topic}{SEP}{group}"
+
+    def commit(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        with self._lock:
+            self._table.setdefault(self._key(topic, group), {})[queue_id] = offset
+            self._dirty = True
+
+    def query(self, group: str, topic: str, queue_id: int) -> int:
+        """The committed offset, or -1 when the group never committed one for this queue."""
+        return self._table.get(self._key(topic, group), {}).get(queue_id, -1)
+
+    def offsets_of(self, group: str, topic: str) -> dict[int, int]:
+        return dict(self._table.get(self._key(topic, group), {}))
+
+    def groups_of_topic(self, topic: str) -> set[str]:
+        prefix = topic + SEP
+        return {k[len(prefix):] for k in list(self._table) if k.startswith(prefix)}
+
+    def topics_of_group(self, group: str) -> set[str]:
+        suffix = SEP + group
+        return {k[: -len(suffix)] for k in list(self._table) if k.endswith(suffix)}
+
+    def remove(self, group: str, topic: str) -> None:
+        with self._lock:
+            if self._table.pop(self._key(topic, group), None) is not None:
+                self._dirty = True
+
+    def clamp(self, topic: str, queue_id: int, min_offset: int) -> None:
+        """After retention moved a queue's minimum, committed offsets below it move up too."""
+        with self._lock:
+            prefix = topic + SEP
+            for key, queues in self._table.items():
+                if key.startswith(prefix) and queues.get(queue_id, min_offset) < min_offset:
+                    queues[queue_id] = min_offset
+                    self._dirty = True
+
+    def persist(self, force: bool = False) -> None:
+        with self._lock:
+            if not (self._dirty or force):
+                return
+            snapshot = {k: {str(q): o for q, o in v.items()} for k, v in self._table.items()}
+            self._dirty = False
+        write_json_atomic(self._path, {"offsetTable": snapshot})

@@ -1,0 +1,189 @@
+"""Topic configurations of one broker, persisted in {store}/config/topics.json.
+
+Auto-creation follows RocketMQ: a producer sending to an unknown topic names a
+default topic (``TBW102``); when the broker has auto-creation on, the new topic
+takes the requested queue count (capped by the default topic's) and the default
+topic's permissions.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from sluice.errors import InvalidParameterError, NoPermissionError, TopicNotExistError
+from sluice.persist import read_json, write_json_atomic
+from sluice.protocol.record import check_topic
+
+PERM_PRIORITY = 8
+PERM_READ = 4
+PERM_WRITE = 2
+PERM_INHERIT = 1
+
+AUTO_CREATE_TOPIC = "TBW102"  # MixAll.AUTO_CREATE_TOPIC_KEY_TOPIC
+SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+RETRY_PREFIX = "%RETRY%"
+DLQ_PREFIX = "%DLQ%"
+
+
+@dataclass(frozen=True, slots=True)
+class TopicConfig:
+    topic_name: str
+    read_queue_nums: int = 4
+    write_queue_nums: int = 4
+    perm: int = PERM_READ | PERM_WRITE
+    topic_filter_type: str = "SINGLE_TAG"
+    topic_sys_flag: int = 0
+    order: bool = False
+
+    def to_wire(self) -> dict:
+        """The TopicConfig JSON shape RocketMQ's namesrv and admin tools read."""
+        return {
+            "topicName": self.topic_name,
+            "readQueueNums": self.read_queue_nums,
+            "writeQueueNums": self.write_queue_nums,
+            "perm": self.perm,
+            "topicFilterType": self.topic_filter_type,
+            "topicSysFlag": self.topic_sys_flag,
+            "order": self.order,
+        }
+
+    @property
+    def readable(self) -> bool:
+        return bool(self.perm & PERM_READ)
+
+    @property
+    def writable(self) -> bool:
+        return bool(self.perm & PERM_WRITE)
+
+
+def retry_topic(group: str) -> str:
+    return RETRY_PREFIX + group
+
+
+def dlq_topic(group: str) -> str:
+    return DLQ_PREFIX + group
+
+
+class TopicConfigManager:
+    """Thread-safe table of topic configs with a data version bumped on every change."""
+
+    def __init__(self, config_dir: Path, *, auto_create: bool = True, default_queue_nums: int = 8) -> None:
+        self._path = config_dir / "topics.json"
+        self._lock = threading.RLock()
+        self._topics: dict[str, TopicConfig] = {}
+        self.auto_create = auto_create
+        self.data_version = {"timestamp": int(time.time() * 1000), "counter": 0}
+        self._load()
+        # System topics RocketMQ brokers always have.
+        self._ensure(TopicConfig(AUTO_CREATE_TOPIC, default_queue_nums, default_queue_nums,
+                                 PERM_READ | PERM_WRITE | PERM_INHERIT if auto_create else PERM_READ | PERM_WRITE))
+        self._ensure(TopicConfig(SCHEDULE_TOPIC, 18, 18, PERM_READ | PERM_WRITE))
+
+    def _load(self) -> None:
+        data = read_json(self._path, default={}) or {}
+        for name, cfg in data.get("topicConfigTable", {}).items():
+            self._topics[name] = TopicConfig(
+                topic_name=name,
+                read_queue_nums=int(cfg.get("readQueueNums", 4)),
+                write_queue_nums=int(cfg.get("writeQueueNums", 4)),
+                perm=int(cfg.get("perm", 6)),
+                topic_filter_type=str(cfg.get("topicFilterType", "SINGLE_TAG")),
+                topic_sys_flag=int(cfg.get("topicSysFlag", 0)),
+                order=bool(cfg.get("order", False)),
+            )
+        if "dataVersion" in data:
+            self.data_version = dict(data["dataVersion"])
+
+    def _persist(self) -> None:
+        self.data_version = {"timestamp": int(time.time() * 1000), "counter": self.data_version["counter"] + 1}
+        write_json_atomic(self._path, self.to_wire())
+
+    def _ensure(self, cfg: TopicConfig) -> None:
+        with self._lock:
+            if cfg.topic_name not in self._topics:
+                self._topics[cfg.topic_name] = cfg
+                self._persist()
+
+    def to_wire(self) -> dict:
+        """TopicConfigSerializeWrapper: what the broker registers with the namesrv."""
+        with self._lock:
+            return {
+                "topicConfigTable": {n: c.to_wire() for n, c in self._topics.items()},
+                "dataVersion": dict(self.data_version),
+            }
+
+    def get(self, topic: str) -> TopicConfig | None:
+        return self._topics.get(topic)
+
+    def all(self) -> list[TopicConfig]:
+        with self._lock:
+            return list(self._topics.values())
+
+    def update(self, cfg: TopicConfig) -> TopicConfig:
+        """Create or replace a topic (UPDATE_AND_CREATE_TOPIC)."""
+        check_topic(cfg.topic_name)
+        if not (1 <= cfg.read_queue_nums <= 1024 and 1 <= cfg.write_queue_nums <= 1024):
+            raise InvalidParameterError(
+                f"queue numbers must be 1..1024, got read={cfg.read_queue_nums} write={cfg.write_queue_nums}")
+        with self._lock:
+            self._topics[cfg.topic_name] = cfg
+            self._persist()
+        return cfg
+
+    def delete(self, topic: str) -> bool:
+        with self._lock:
+            if self._topics.pop(topic, None) is None:
+                return False
+            self._persist()
+            return True
+
+    def get_or_create_for_send(self, topic: str, default_topic: str | None, queue_nums: int) -> TopicConfig:
+        """The config a send goes to, creating it from the default topic when auto-creation allows."""
+        cfg = self._topics.get(topic)
+        if cfg is not None:
+            return cfg
+        check_topic(topic)
+        with self._lock:
+            cfg = self._topics.get(topic)
+            if cfg is not None:
+                return cfg
+            if topic.startswith(RETRY_PREFIX) or topic.startswith(DLQ_PREFIX):
+                return self._create_system(topic, 1)
+            default = self._topics.get(default_topic or AUTO_CREATE_TOPIC)
+            if not self.auto_create or default is None or not default.perm & PERM_INHERIT:
+                raise TopicNotExistError(
+                    f"topic {topic!r} does not exist on this broker and auto-creation is "
+                    f"{'off (set auto_create_topic = true)' if not self.auto_create else 'not allowed by the default topic'}; "
+                    "create it with `sluice admin updateTopic`")
+            nums = max(1, min(queue_nums or default.write_queue_nums, default.write_queue_nums))
+            cfg = TopicConfig(topic, nums, nums, default.perm & ~PERM_INHERIT)
+            self._topics[topic] = cfg
+            self._persist()
+            return cfg
+
+    def create_retry_or_dlq(self, topic: str, queue_nums: int = 1) -> TopicConfig:
+        with self._lock:
+            return self._topics.get(topic) or self._create_system(topic, queue_nums)
+
+    def _create_system(self, topic: str, queue_nums: int) -> TopicConfig:
+        cfg = TopicConfig(topic, queue_nums, queue_nums, PERM_READ | PERM_WRITE)
+        self._topics[topic] = cfg
+        self._persist()
+        return cfg
+
+    def check_writable(self, cfg: TopicConfig) -> None:
+        if not cfg.writable:
+            raise NoPermissionError(f"topic {cfg.topic_name!r} is not writable (perm={cfg.perm})")
+
+    def check_readable(self, cfg: TopicConfig) -> None:
+        if not cfg.readable:
+            raise NoPermissionError(f"topic {cfg.topic_name!r} is not readable (perm={cfg.perm})")
+
+    def with_perm(self, topic: str, perm: int) -> TopicConfig:
+        cfg = self._topics[topic]
+        return self.update(replace(cfg, perm=perm))
+
+
+__all__ = ["TopicConfig", "TopicConfigManager", "retry_topic", "dlq_topic"]
