@@ -1,0 +1,121 @@
+"""Broker settings: a TOML file (``--config``) overlaid by command-line flags, flags winning.
+
+Every default says why it is what it is. Names are snake_case versions of
+RocketMQ's BrokerConfig / MessageStoreConfig where one exists.
+"""
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from sluice.errors import InvalidParameterError
+
+
+def parse_address(text: str, *, what: str = "address") -> tuple[str, int]:
+    """``HOST:PORT`` → (host, port), with an error that names the bad part."""
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise InvalidParameterError(f"{what} {text!r} is not HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+def parse_namesrv_list(text: str | None) -> list[str]:
+    """``HOST:PORT;HOST:PORT`` (RocketMQ's separator) → list; commas are accepted too."""
+    if not text:
+        return []
+    out = []
+    for part in text.replace(",", ";").split(";"):
+        if part.strip():
+            host, port = parse_address(part, what="namesrv address")
+            out.append(f"{host}:{port}")
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class BrokerConfig:
+    #: Where clients connect; RocketMQ's listenPort is 10911.
+    listen: str = "127.0.0.1:10911"
+    #: The namesrvs to register with; empty runs the broker alone (tests, embedded demo).
+    namesrv: list[str] = field(default_factory=list)
+    #: Store root directory.
+    store: str = "./sluice-store"
+    broker_name: str = "broker-a"
+    cluster_name: str = "DefaultCluster"
+    #: 0 is the master in RocketMQ; Sluice has no slaves yet.
+    broker_id: int = 0
+    #: 'async' is RocketMQ's default; 'sync' acknowledges a send only after fsync.
+    flush: str = "async"
+    #: On by default, as in RocketMQ's quick start (autoCreateTopicEnable).
+    auto_create_topic: bool = True
+    #: Queues of the auto-create topic TBW102 (RocketMQ's defaultTopicQueueNums on the broker is 8).
+    default_topic_queue_nums: int = 8
+    #: RocketMQ's enablePropertyFilter is false; Sluice filters by SQL92 out of the box.
+    enable_property_filter: bool = True
+    #: Bloom-filter bitmaps at dispatch time (RocketMQ's enableCalcFilterBitMap); on by default in Sluice.
+    enable_calc_filter_bitmap: bool = True
+    #: Bloom sizing: expected consumers using filters and error rate in percent (RocketMQ's 32 and 20).
+    expect_consumer_num_use_filter: int = 32
+    max_error_rate_of_bloom_filter: int = 20
+    #: Remove filter data that has been dead this long (RocketMQ's filterDataCleanTimeSpan, 24 h).
+    filter_data_clean_time_span_ms: int = 24 * 3600 * 1000
+    #: Held pulls are re-checked this often besides being woken by arrivals (PullRequestHoldService: 5 s).
+    long_polling_check_ms: int = 5000
+    #: Broker → namesrv registration period (registerNameServerPeriod).
+    register_namesrv_period_ms: int = 30_000
+    #: Committed offsets are written to disk this often (flushConsumerOffsetInterval).
+    persist_offsets_interval_ms: int = 5000
+    #: Body size limit (maxMessageSize).
+    max_message_size: int = 4 * 1024 * 1024
+    #: Commit-log segment size (mappedFileSizeCommitLog); tests use small ones.
+    commitlog_file_size: int = 1024 * 1024 * 1024
+    #: Keep commit-log segments this long (fileReservedTime).
+    retention_hours: float = 72.0
+    #: Attempts before a message goes to %DLQ% (retryMaxTimes).
+    max_reconsume_times: int = 16
+    #: The 18 delay levels (messageDelayLevel).
+    message_delay_level: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+    #: Queue locks for orderly consumers expire after this (REBALANCE_LOCK_MAX_LIVE_TIME).
+    rebalance_lock_max_live_ms: int = 60_000
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        return parse_address(self.listen, what="listen address")
+
+    def validate(self) -> BrokerConfig:
+        self.host_port  # noqa: B018 - raises on a bad address
+        for ns in self.namesrv:
+            parse_address(ns, what="namesrv address")
+        if self.flush not in ("sync", "async"):
+            raise InvalidParameterError(f"flush must be 'sync' or 'async', got {self.flush!r}")
+        if self.broker_id != 0:
+            raise InvalidParameterError("only master brokers (broker_id = 0) are supported")
+        if not 1 <= self.max_error_rate_of_bloom_filter < 100:
+            raise InvalidParameterError("max_error_rate_of_bloom_filter must be 1..99 (percent)")
+        return self
+
+    @classmethod
+    def load(cls, path: str | Path | None = None, **overrides: Any) -> BrokerConfig:
+        """Read a TOML file (keys as the field names, top level or under ``[broker]``), then apply overrides.
+
+        Overrides that are None are ignored, so unset command-line flags do not win.
+        """
+        values: dict[str, Any] = {}
+        if path is not None:
+            try:
+                doc = tomllib.loads(Path(path).read_text())
+            except (OSError, tomllib.TOMLDecodeError) as e:
+                raise InvalidParameterError(f"cannot read broker config {path}: {e}") from None
+            values.update(doc.get("broker", doc))
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise InvalidParameterError(f"unknown broker setting(s): {', '.join(unknown)}")
+        if isinstance(values.get("namesrv"), str):
+            values["namesrv"] = parse_namesrv_list(values["namesrv"])
+        return cls(**values).validate()
+
+    def with_(self, **changes: Any) -> BrokerConfig:
+        return replace(self, **changes).validate()
