@@ -47,6 +47,12 @@ class StoreError(SluiceError):
     code = ResponseCode.SYSTEM_ERROR
 
 
+class FlushDiskTimeoutError(StoreError):
+    """A synchronous put's bytes did not become durable in time."""
+
+    code = ResponseCode.FLUSH_DISK_TIMEOUT
+
+
 class CorruptRecordError(StoreError):
     """A stored record failed its checks; it is reported, never served."""
 

@@ -1,0 +1,308 @@
+"""The commit log: every record of every topic, appended to fixed-size segments.
+
+Records use RocketMQ's 4.x layout (sluice.protocol.record). A segment that
+cannot hold the next record plus 8 bytes ends with the blank marker
+``[int remaining][int BLANK_MAGIC]`` and the record goes to the next segment,
+so a record never spans two files. Zeros where a record's size should be mark
+the end of the written data (segments are created sparse).
+
+The append path encodes outside the lock, then under it only patches
+QUEUEOFFSET, PHYSICALOFFSET and STORETIMESTAMP into the joined batch and copies
+it into the mapping with one slice assignment per segment touched.
+"""
+from __future__ import annotations
+
+import struct
+import threading
+import time
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from sluice.errors import CorruptRecordError
+from sluice.protocol.record import (
+    BLANK_MAGIC,
+    END_FILE_MIN_BLANK_LENGTH,
+    FLAG_BORNHOST_V6,
+    FLAG_STOREHOST_V6,
+    MAGIC_V1,
+    MAGIC_V2,
+    POS_QUEUEOFFSET,
+)
+from sluice.store.mapped import MappedFile, MappedFileQueue
+
+_HEAD = struct.Struct(">iIiiiqqi")  # totalsize, magic, bodycrc, queueid, flag, queueoffset, physicaloffset, sysflag
+_QP = struct.Struct(">qq")  # queueoffset, physicaloffset: contiguous at byte 20
+_I64 = struct.Struct(">q")
+_I32 = struct.Struct(">i")
+_U16 = struct.Struct(">H")
+_BLANK = struct.Struct(">iI")
+_TOTAL_MAGIC = struct.Struct(">iI")
+
+#: the smallest possible record (IPv4 hosts, empty body, topic and properties)
+MIN_RECORD_SIZE = 91
+
+
+@dataclass(slots=True)
+class ParsedRecord:
+    """The fields dispatch and recovery need, read without building a full RecordView."""
+
+    total_size: int
+    queue_id: int
+    queue_offset: int
+    physical_offset: int
+    sysflag: int
+    store_timestamp: int
+    topic: str
+    properties: str
+
+
+def store_ts_pos(sysflag: int) -> int:
+    return 56 if not sysflag & FLAG_BORNHOST_V6 else 68
+
+
+def parse_record(buf: bytes | bytearray, pos: int, *, check_crc: bool, where: str | None = None,
+                 base: int = 0) -> ParsedRecord:
+    """Parse the record at ``pos`` of ``buf``; raise CorruptRecordError unless it is whole and valid.
+
+    ``base`` is the file offset of ``buf[0]`` (for error positions only).
+    """
+    end = len(buf)
+    if pos + 40 > end:
+        raise CorruptRecordError("record header runs past the end of the data", path=where, offset=base + pos)
+    total, magic, crc, qid, _flag, qoff, phys, sysflag = _HEAD.unpack_from(buf, pos)
+    if magic != MAGIC_V1 and magic != MAGIC_V2:
+        raise CorruptRecordError(f"bad magic code 0x{magic:08X}", path=where, offset=base + pos)
+    if total < MIN_RECORD_SIZE or pos + total > end:
+        raise CorruptRecordError(f"record size {total} does not fit", path=where, offset=base + pos)
+    bh = 20 if sysflag & FLAG_BORNHOST_V6 else 8
+    sh = 20 if sysflag & FLAG_STOREHOST_V6 else 8
+    store_ts = _I64.unpack_from(buf, pos + 48 + bh)[0]
+    p = pos + 48 + bh + 8 + sh + 12
+    rec_end = pos + total
+    try:
+        body_len = _I32.unpack_from(buf, p)[0]
+        p += 4
+        if body_len < 0 or p + body_len > rec_end:
+            raise CorruptRecordError(f"body length {body_len} runs past the record", path=where, offset=base + pos)
+        body_at = p
+        p += body_len
+        if magic == MAGIC_V1:
+            tlen = buf[p]
+            p += 1
+        else:
+            tlen = _U16.unpack_from(buf, p)[0]
+            p += 2
+        topic = bytes(buf[p:p + tlen]).decode()
+        p += tlen
+        plen = _U16.unpack_from(buf, p)[0]
+        p += 2
+        props = bytes(buf[p:p + plen]).decode("utf-8")
+        p += plen
+    except (struct.error, IndexError, UnicodeDecodeError) as e:
+        raise CorruptRecordError(f"record does not decode: {e}", path=where, offset=base + pos) from None
+    if p != rec_end:
+        raise CorruptRecordError(f"record fields take {p - pos} bytes, its size says {total}",
+                                 path=where, offset=base + pos)
+    if check_crc and zlib.crc32(buf[body_at:body_at + body_len]) & 0x7FFFFFFF != crc:
+        raise CorruptRecordError("body CRC mismatch", path=where, offset=base + pos)
+    return ParsedRecord(total, qid, qoff, phys, sysflag, store_ts, topic, props)
+
+
+def verify_record_bytes(rec: bytes, offset: int, *, where: str | None = None, file_offset: int = 0) -> None:
+    """Cheap check of one record about to be served: magic, size, own position, body CRC."""
+    total, magic = _TOTAL_MAGIC.unpack_from(rec, 0)
+    if (magic != MAGIC_V1 and magic != MAGIC_V2) or total != len(rec):
+        raise CorruptRecordError(f"bad magic 0x{magic:08X} or size {total} (expected {len(rec)})",
+                                 path=where, offset=file_offset)
+    if _I64.unpack_from(rec, 28)[0] != offset:
+        raise CorruptRecordError(f"record does not say it is at commit-log offset {offset}",
+                                 path=where, offset=file_offset)
+    crc = _I32.unpack_from(rec, 8)[0]
+    sysflag = _I32.unpack_from(rec, 36)[0]
+    p = 48 + (20 if sysflag & FLAG_BORNHOST_V6 else 8) + 8 + (20 if sysflag & FLAG_STOREHOST_V6 else 8) + 12
+    body_len = _I32.unpack_from(rec, p)[0]
+    if body_len < 0 or p + 4 + body_len > total:
+        raise CorruptRecordError(f"body length {body_len} runs past the record", path=where, offset=file_offset)
+    if zlib.crc32(rec[p + 4:p + 4 + body_len]) & 0x7FFFFFFF != crc & 0x7FFFFFFF:
+        raise CorruptRecordError("body CRC mismatch", path=where, offset=file_offset)
+
+
+class CommitLog:
+    """Segments under {root}/commitlog, the write position, and the topic-queue offset table."""
+
+    def __init__(self, directory: Path, file_size: int) -> None:
+        self.queue = MappedFileQueue(directory, file_size)
+        self.file_size = file_size
+        self.write_pos = 0  # absolute offset of the next byte to write (always a record boundary)
+        self.put_lock = threading.Lock()
+        #: next queue offset per (topic, queue id), assigned at append time
+        self.queue_offsets: dict[tuple[str, int], int] = {}
+        self.last_store_timestamp = 0
+        # Serves the dispatcher: set after every append.
+        self.appended = threading.Event()
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+    def load(self) -> None:
+        self.queue.load()
+
+    def close(self) -> None:
+        self.queue.close()
+
+    @property
+    def min_offset(self) -> int:
+        return self.queue.min_offset
+
+    # ---- append ----------------------------------------------------------------------------------
+    def append(self, records: Sequence[bytearray], topic: str, queue_id: int, ts_positions: Sequence[int],
+               queued: Sequence[bool] | None = None) -> tuple[list[tuple[int, int, int]], int, int]:
+        """Append encoded records of one topic/queue; return ([(phys offset, queue offset, size)],
+        store timestamp, end offset). Validation happened at encoding: nothing here can refuse a record.
+
+        ``queued[i]`` false (prepared/rolled-back transactional records) stores queue offset 0 and does
+        not advance the queue, as RocketMQ does."""
+        sizes = [len(r) for r in records]
+        buf = bytearray().join(records) if len(records) > 1 else records[0]
+        key = (topic, queue_id)
+        out: list[tuple[int, int, int]] = []
+        with self.put_lock:
+            now = max(int(time.time() * 1000), self.last_store_timestamp)
+            self.last_store_timestamp = now
+            qoff = self.queue_offsets.get(key, 0)
+            wpos = self.write_pos
+            f = self._writable_file(wpos)
+            chunk_start = 0  # start in buf of the bytes not yet copied into f
+            chunk_phys = wpos
+            rel = 0
+            for i, n in enumerate(sizes):
+                if wpos + n + END_FILE_MIN_BLANK_LENGTH > f.end:
+                    if rel > chunk_start:
+                        f.write(chunk_phys - f.start, memoryview(buf)[chunk_start:rel])
+                    f.write(wpos - f.start, _BLANK.pack(f.end - wpos, BLANK_MAGIC))
+                    wpos = f.end
+                    f = self._writable_file(wpos)
+                    chunk_start, chunk_phys = rel, wpos
+                if queued is None or queued[i]:
+                    _QP.pack_into(buf, rel + POS_QUEUEOFFSET, qoff, wpos)
+                    out.append((wpos, qoff, n))
+                    qoff += 1
+                else:
+                    _QP.pack_into(buf, rel + POS_QUEUEOFFSET, 0, wpos)
+                    out.append((wpos, 0, n))
+                _I64.pack_into(buf, rel + ts_positions[i], now)
+                wpos += n
+                rel += n
+            f.write(chunk_phys - f.start, memoryview(buf)[chunk_start:rel] if chunk_start else buf)
+            self.queue_offsets[key] = qoff
+            self.write_pos = wpos
+        self.appended.set()
+        return out, now, wpos
+
+    def _writable_file(self, wpos: int) -> MappedFile:
+        f = self.queue.last()
+        if f is None:
+            # An empty log (or one emptied by retention) continues at the file holding wpos.
+            return self.queue.create(wpos - wpos % self.file_size)
+        if wpos >= f.end:
+            return self.queue.create(f.end)
+        return f
+
+    # ---- read ------------------------------------------------------------------------------------
+    def read(self, offset: int, size: int) -> bytes | None:
+        """The bytes of the record at ``offset`` (``size`` as the consume queue says), or None if gone."""
+        f = self.queue.find(offset)
+        if f is None or offset + size > f.end or offset + size > self.write_pos:
+            return None
+        try:
+            return f.read(offset - f.start, size)
+        except ValueError:  # the mapping was closed by retention meanwhile
+            return None
+
+    def read_record(self, offset: int) -> bytes | None:
+        """The whole record at ``offset`` using its own size field, or None if there is none."""
+        f = self.queue.find(offset)
+        if f is None or offset + 8 > self.write_pos:
+            return None
+        try:
+            total, magic = _TOTAL_MAGIC.unpack_from(f.mm, offset - f.start)
+        except (ValueError, struct.error):
+            return None
+        if magic not in (MAGIC_V1, MAGIC_V2):
+            raise CorruptRecordError(f"no record at commit-log offset {offset} (magic 0x{magic:08X})",
+                                     path=str(f.path), offset=offset - f.start)
+        if total < MIN_RECORD_SIZE or offset + total > min(f.end, self.write_pos):
+            raise CorruptRecordError(f"record size {total} does not fit", path=str(f.path), offset=offset - f.start)
+        return self.read(offset, total)
+
+    def read_span(self, offset: int, max_bytes: int) -> tuple[bytes, int]:
+        """Up to ``max_bytes`` of written data from ``offset`` within one segment: (data, segment end)."""
+        f = self.queue.find(offset)
+        if f is None:
+            return b"", -1
+        end = min(f.end, self.write_pos, offset + max_bytes)
+        try:
+            return f.read(offset - f.start, max(0, end - offset)), f.end
+        except ValueError:
+            return b"", -1
+
+    def store_timestamp_at(self, offset: int) -> int | None:
+        f = self.queue.find(offset)
+        if f is None:
+            return None
+        try:
+            sysflag = _I32.unpack_from(f.mm, offset - f.start + 36)[0]
+            return _I64.unpack_from(f.mm, offset - f.start + store_ts_pos(sysflag))[0]
+        except (ValueError, struct.error):
+            return None
+
+    # ---- recovery --------------------------------------------------------------------------------
+    def scan(self, start: int, *, check_crc: bool = True, on_record=None) -> tuple[int, CorruptRecordError | None]:
+        """Walk records from ``start`` (a record boundary) to the end of the written data.
+
+        Returns (offset just after the last valid record, the error that stopped the walk or None).
+        ``on_record(parsed)`` is called for each valid record.
+        """
+        pos = start
+        while True:
+            f = self.queue.find(pos)
+            if f is None:
+                return pos, None
+            data = f.mm[pos - f.start:]  # one copy per segment; recovery and check only
+            rel = 0
+            where = str(f.path)
+            base = pos - f.start
+            while True:
+                if rel + 8 > len(data):
+                    if rel == len(data):
+                        break  # exactly full: next segment
+                    return f.start + base + rel, CorruptRecordError(
+                        "truncated record header at segment end", path=where, offset=base + rel)
+                total, magic = _TOTAL_MAGIC.unpack_from(data, rel)
+                if total == 0 and magic == 0:
+                    return f.start + base + rel, None
+                if magic == BLANK_MAGIC:
+                    if total != len(data) - rel:
+                        return f.start + base + rel, CorruptRecordError(
+                            f"blank marker says {total} bytes, {len(data) - rel} remain", path=where, offset=base + rel)
+                    break
+                try:
+                    rec = parse_record(data, rel, check_crc=check_crc, where=where, base=base)
+                except CorruptRecordError as e:
+                    return f.start + base + rel, e
+                if rec.physical_offset != f.start + base + rel:
+                    return f.start + base + rel, CorruptRecordError(
+                        f"record says it is at {rec.physical_offset}", path=where, offset=base + rel)
+                if on_record is not None:
+                    on_record(rec)
+                rel += rec.total_size
+            pos = f.end
+
+    def truncate(self, offset: int) -> None:
+        """Cut the log at ``offset``: later bytes are zeroed, later segments deleted."""
+        with self.put_lock:
+            self.queue.truncate(offset, dirty_end=None)
+            self.write_pos = offset
+
+    def segments(self) -> list[MappedFile]:
+        return list(self.queue.files)

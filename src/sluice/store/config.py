@@ -1,0 +1,65 @@
+"""StoreConfig: every knob of the storage engine, with the reason for its default."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from sluice.errors import InvalidParameterError
+
+GiB = 1024 * 1024 * 1024
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StoreConfig:
+    #: RocketMQ's mappedFileSizeCommitLog; tests use 1-4 MiB to exercise roll-over.
+    commitlog_file_size: int = 1 * GiB
+    #: RocketMQ's default (300000 * 20 = 6,000,000 bytes per consume-queue file).
+    consumequeue_units_per_file: int = 300_000
+    #: RocketMQ's maxMessageSize: bodies above 4 MiB are refused.
+    max_message_size: int = 4 * MiB
+    #: 'async' is RocketMQ's default (ASYNC_FLUSH); 'sync' acks only after fsync.
+    flush_mode: Literal["sync", "async"] = "async"
+    #: RocketMQ's flushIntervalCommitLog.
+    flush_interval_ms: int = 500
+    #: How long a synchronous put waits for its fsync (RocketMQ's syncFlushTimeout).
+    sync_flush_timeout_s: float = 5.0
+    #: RocketMQ's fileReservedTime.
+    retention_hours: float = 72.0
+    #: How often the retention service looks (RocketMQ cleans every 10 s).
+    retention_check_interval_s: float = 10.0
+    #: RocketMQ's maxHashSlotNum / maxIndexNum.
+    index_max_hash_slots: int = 5_000_000
+    index_max_index_num: int = 20_000_000
+    #: Build the key index at all (a broker may turn it off, as messageIndexEnable).
+    index_enable: bool = True
+    #: The address written into STOREHOST and offset message ids.
+    store_host: tuple[str, int] = ("127.0.0.1", 10911)
+    #: How often consume queues and the index are flushed and the checkpoint written (RocketMQ: 1 s).
+    checkpoint_interval_ms: int = 1000
+    #: Bytes of consume queue a filtered pull scans at most (RocketMQ's maxFilterMessageSize = 16000,
+    #: i.e. 800 units); a very selective filter then answers NO_MATCHED_MESSAGE with an advanced offset.
+    max_filter_scan_bytes: int = 16_000
+    #: Bytes a pull returns at most when the caller does not say (RocketMQ's maxTransferBytesOnMessageInDisk
+    #: is 64 KiB; we allow a full default batch of 32 x 4 KiB bodies plus headers).
+    max_transfer_bytes: int = 256 * 1024
+    #: Check the body CRC of every record a pull serves (a damaged record is never served).
+    verify_crc_on_read: bool = True
+    #: After an unclean stop, how far before the checkpoint's flushed offset recovery starts scanning.
+    recovery_margin_bytes: int = 0
+    #: Records the dispatcher reads per batch (bounds latency of each step and memory).
+    dispatch_batch_bytes: int = 4 * MiB
+
+    def __post_init__(self) -> None:
+        if self.commitlog_file_size < 64 * 1024:
+            raise InvalidParameterError(f"commitlog_file_size {self.commitlog_file_size} is below 64 KiB")
+        if self.max_message_size + 64 * 1024 > self.commitlog_file_size:
+            raise InvalidParameterError(
+                f"max_message_size {self.max_message_size} does not fit a commit-log file of "
+                f"{self.commitlog_file_size} bytes with room for its header")
+        if self.consumequeue_units_per_file < 1:
+            raise InvalidParameterError("consumequeue_units_per_file must be positive")
+        if self.flush_mode not in ("sync", "async"):
+            raise InvalidParameterError(f"flush_mode must be 'sync' or 'async', not {self.flush_mode!r}")
+        if self.flush_interval_ms <= 0 or self.checkpoint_interval_ms <= 0:
+            raise InvalidParameterError("flush and checkpoint intervals must be positive")

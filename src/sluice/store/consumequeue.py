@@ -1,0 +1,266 @@
+"""Consume queues: per topic and queue, 20-byte units pointing into the commit log.
+
+Unit layout (big-endian, RocketMQ's ConsumeQueue)::
+
+    0 commitlog offset (int64) | 8 size (int32) | 12 tag code (int64)
+
+The unit at byte ``20 * n`` of the queue is queue offset ``n``. Files hold
+``units_per_file`` units and live at {root}/consumequeue/{topic}/{queueId}/{20-digit byte offset}.
+A unit whose size is 0 is unwritten (files are sparse); padding units written
+before the first real unit of a queue that starts mid-file are ``(0, 2**31-1, 0)``.
+Reads come back as numpy structured arrays, a whole batch per call.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from sluice.store.mapped import MappedFileQueue
+
+log = logging.getLogger(__name__)
+
+CQ_UNIT_SIZE = 20
+CQ_DTYPE = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tag", ">i8")])
+assert CQ_DTYPE.itemsize == CQ_UNIT_SIZE
+PAD_SIZE = 0x7FFFFFFF
+
+
+class ConsumeQueue:
+    def __init__(self, topic: str, queue_id: int, directory: Path, units_per_file: int) -> None:
+        self.topic = topic
+        self.queue_id = queue_id
+        self.units_per_file = units_per_file
+        self.queue = MappedFileQueue(directory, units_per_file * CQ_UNIT_SIZE)
+        self.max_offset = 0  # next queue offset to be written
+        self.min_offset = 0  # smallest queue offset still readable
+        self._flushed_units = 0
+        self.lock = threading.Lock()
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+    def load(self) -> None:
+        self.queue.load()
+        self.max_offset = self._scan_max()
+        first = self.queue.files[0] if self.queue.files else None
+        self.min_offset = self._first_real(first) if first else 0
+        self._flushed_units = self.max_offset
+
+    def _file_units(self, f) -> np.ndarray:
+        return np.frombuffer(f.mm[:], dtype=CQ_DTYPE)
+
+    def _scan_max(self) -> int:
+        for f in reversed(self.queue.files):
+            sizes = self._file_units(f)["size"]
+            empty = np.flatnonzero(sizes == 0)
+            if len(empty) == 0:
+                return f.end // CQ_UNIT_SIZE
+            if empty[0] > 0:
+                return f.start // CQ_UNIT_SIZE + int(empty[0])
+            if f is self.queue.files[0]:
+                return f.start // CQ_UNIT_SIZE
+        return 0
+
+    def _first_real(self, f) -> int:
+        units = self._file_units(f)
+        real = np.flatnonzero((units["size"] > 0) & (units["size"] != PAD_SIZE))
+        return f.start // CQ_UNIT_SIZE + (int(real[0]) if len(real) else 0)
+
+    def close(self) -> None:
+        self.queue.close()
+
+    def destroy(self) -> None:
+        self.queue.destroy()
+        self.max_offset = self.min_offset = 0
+
+    # ---- write -----------------------------------------------------------------------------------
+    def put(self, first_offset: int, units: np.ndarray) -> None:
+        """Write ``units`` (CQ_DTYPE) for queue offsets first_offset, first_offset+1, ...
+
+        Re-dispatched units (below max_offset, e.g. after recovery) overwrite what is there.
+        """
+        with self.lock:
+            if first_offset > self.max_offset:
+                if self.queue.files:
+                    # Units went missing (damaged files); keep offsets meaningful by padding the hole.
+                    log.warning("consume queue %s/%d: units %d..%d missing; padding",
+                                self.topic, self.queue_id, self.max_offset, first_offset)
+                    pad_from = self.max_offset
+                else:
+                    # A queue that starts mid-file (its earlier files are gone): pad to the file start.
+                    pad_from = first_offset - first_offset % self.units_per_file
+                    self.min_offset = first_offset
+                pad = np.zeros(first_offset - pad_from, dtype=CQ_DTYPE)
+                pad["size"] = PAD_SIZE
+                self._write(pad_from, pad.tobytes())
+            skip = max(0, self.queue.min_offset // CQ_UNIT_SIZE - first_offset)
+            if skip:
+                units = units[skip:]
+                first_offset += skip
+            if len(units):
+                self._write(first_offset, units.tobytes())
+            self.max_offset = max(self.max_offset, first_offset + len(units))
+
+    def _write(self, offset: int, data: bytes) -> None:
+        pos = offset * CQ_UNIT_SIZE
+        end = pos + len(data)
+        q = self.queue
+        while pos < end:
+            f = q.find(pos)
+            if f is None:
+                last = q.last()
+                f = q.create(last.end if last else pos - pos % q.file_size)
+                if not (f.start <= pos < f.end):
+                    continue
+            n = min(end, f.end) - pos
+            done = len(data) - (end - pos)
+            f.write(pos - f.start, data[done:done + n])
+            pos += n
+
+    # ---- read ------------------------------------------------------------------------------------
+    def get_units(self, offset: int, max_units: int) -> np.ndarray | None:
+        """Units from ``offset`` (at most ``max_units``, never past max_offset); None if not stored."""
+        stop = min(self.max_offset, offset + max_units)
+        parts = []
+        pos = offset * CQ_UNIT_SIZE
+        end = stop * CQ_UNIT_SIZE
+        while pos < end:
+            f = self.queue.find(pos)
+            if f is None:
+                break
+            n = min(end, f.end) - pos
+            try:
+                parts.append(np.frombuffer(f.read(pos - f.start, n), dtype=CQ_DTYPE))
+            except ValueError:  # closed under us by retention
+                break
+            pos += n
+        if not parts:
+            return None
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def unit(self, offset: int) -> tuple[int, int, int] | None:
+        u = self.get_units(offset, 1)
+        if u is None or len(u) == 0:
+            return None
+        return int(u["offset"][0]), int(u["size"][0]), int(u["tag"][0])
+
+    def last_unit_end(self) -> int:
+        """Commit-log offset just after the last unit's record, or -1 when the queue is empty."""
+        for off in range(self.max_offset - 1, max(self.min_offset, self.max_offset - 64) - 1, -1):
+            u = self.unit(off)
+            if u and 0 < u[1] < PAD_SIZE:
+                return u[0] + u[1]
+        return -1
+
+    # ---- recovery and retention ------------------------------------------------------------------
+    def truncate_after_commitlog(self, commitlog_end: int) -> int:
+        """Drop units whose record ends after ``commitlog_end``; return how many were dropped."""
+        with self.lock:
+            new_max = self.max_offset
+            for f in reversed(self.queue.files):
+                first = f.start // CQ_UNIT_SIZE
+                if first >= new_max:
+                    continue
+                units = self._file_units(f)[: new_max - first]
+                real = (units["size"] > 0) & (units["size"] != PAD_SIZE)
+                bad = real & (units["offset"] + units["size"] > commitlog_end)
+                if not bad.any():
+                    break
+                keep = np.flatnonzero(real & ~bad)
+                new_max = first + (int(keep[-1]) + 1 if len(keep) else 0)
+                if len(keep):
+                    break
+            dropped = self.max_offset - new_max
+            if dropped:
+                self.queue.truncate(new_max * CQ_UNIT_SIZE, dirty_end=self.max_offset * CQ_UNIT_SIZE)
+                self.max_offset = new_max
+                self.min_offset = min(self.min_offset, new_max)
+            return dropped
+
+    def truncate(self, offset: int) -> None:
+        """Forget units at and after queue offset ``offset``."""
+        with self.lock:
+            if offset < self.max_offset:
+                self.queue.truncate(offset * CQ_UNIT_SIZE, dirty_end=self.max_offset * CQ_UNIT_SIZE)
+                self.max_offset = offset
+                self.min_offset = min(self.min_offset, offset)
+
+    def delete_below(self, commitlog_min: int) -> int:
+        """Delete files whose units all point below ``commitlog_min`` (never the last); move min_offset."""
+        with self.lock:
+            count = 0
+            files = self.queue.files
+            for f in files[:-1]:
+                units = self._file_units(f)
+                real = units[(units["size"] > 0) & (units["size"] != PAD_SIZE)]
+                if len(real) and int(real["offset"][-1]) >= commitlog_min:
+                    break
+                count += 1
+            if count:
+                self.queue.delete_first(count)
+            self._correct_min(commitlog_min)
+            return count
+
+    def _correct_min(self, commitlog_min: int) -> None:
+        for f in self.queue.files:
+            units = self._file_units(f)
+            first = f.start // CQ_UNIT_SIZE
+            valid = units[: max(0, self.max_offset - first)]
+            ok = np.flatnonzero((valid["size"] > 0) & (valid["size"] != PAD_SIZE) & (valid["offset"] >= commitlog_min))
+            if len(ok):
+                self.min_offset = first + int(ok[0])
+                return
+        self.min_offset = self.max_offset
+
+    def flush(self) -> None:
+        target = self.max_offset
+        if target != self._flushed_units:
+            self.queue.sync(self._flushed_units * CQ_UNIT_SIZE, target * CQ_UNIT_SIZE + 1)
+            self._flushed_units = target
+
+
+class ConsumeQueueTable:
+    """All consume queues of the store, created on first use."""
+
+    def __init__(self, root: Path, units_per_file: int) -> None:
+        self.root = root
+        self.units_per_file = units_per_file
+        self.queues: dict[tuple[str, int], ConsumeQueue] = {}
+        self._lock = threading.Lock()
+
+    def load(self) -> None:
+        if not self.root.is_dir():
+            return
+        for tdir in sorted(self.root.iterdir()):
+            if not tdir.is_dir():
+                continue
+            for qdir in sorted(tdir.iterdir()):
+                if qdir.is_dir() and qdir.name.isdigit():
+                    cq = ConsumeQueue(tdir.name, int(qdir.name), qdir, self.units_per_file)
+                    cq.load()
+                    self.queues[(tdir.name, int(qdir.name))] = cq
+
+    def get(self, topic: str, queue_id: int) -> ConsumeQueue | None:
+        return self.queues.get((topic, queue_id))
+
+    def get_or_create(self, topic: str, queue_id: int) -> ConsumeQueue:
+        cq = self.queues.get((topic, queue_id))
+        if cq is None:
+            with self._lock:
+                cq = self.queues.get((topic, queue_id))
+                if cq is None:
+                    cq = ConsumeQueue(topic, queue_id, self.root / topic / str(queue_id), self.units_per_file)
+                    self.queues = {**self.queues, (topic, queue_id): cq}
+        return cq
+
+    def all(self) -> list[ConsumeQueue]:
+        return list(self.queues.values())
+
+    def flush(self) -> None:
+        for cq in self.all():
+            cq.flush()
+
+    def close(self) -> None:
+        for cq in self.all():
+            cq.close()

@@ -1,0 +1,182 @@
+"""Dispatch (RocketMQ's ReputMessageService): follow the commit log, build consume queues and the key index.
+
+A thread reads the commit log from ``reput_offset`` in chunks, parses each
+record's header, topic and properties (no CRC: the records were just written,
+or verified by recovery), and hands the batch to the registered dispatchers
+first (e.g. the filter engine's bitmap calculator, which may replace
+``tag_code``), then writes consume-queue units one numpy batch per queue, then
+feeds the key index. Readers see a message once its unit is written.
+"""
+from __future__ import annotations
+
+import logging
+import struct
+import threading
+import time
+from collections import defaultdict
+
+import numpy as np
+
+from sluice.errors import CorruptRecordError
+from sluice.filter.tagcode import tag_code
+from sluice.protocol import properties as P
+from sluice.protocol.record import BLANK_MAGIC
+from sluice.store.commitlog import CommitLog, parse_record
+from sluice.store.consumequeue import CQ_DTYPE, ConsumeQueueTable
+from sluice.store.index import IndexService
+from sluice.store.types import Dispatcher, DispatchRequest
+
+log = logging.getLogger(__name__)
+
+_TOTAL_MAGIC = struct.Struct(">iI")
+_TRAN_MASK = 0xC
+_TRAN_PREPARED = 0x4
+_TRAN_ROLLBACK = 0xC
+
+
+def is_queued(sysflag: int) -> bool:
+    """Prepared and rolled-back transactional messages get no consume-queue unit (as in RocketMQ)."""
+    t = sysflag & _TRAN_MASK
+    return t != _TRAN_PREPARED and t != _TRAN_ROLLBACK
+
+
+class DispatchService:
+    def __init__(self, commitlog: CommitLog, queues: ConsumeQueueTable, index: IndexService | None,
+                 *, batch_bytes: int) -> None:
+        self.commitlog = commitlog
+        self.queues = queues
+        self.index = index
+        self.batch_bytes = batch_bytes
+        self.reput_offset = 0
+        self.dispatchers: list[Dispatcher] = []
+        self.dispatched_messages = 0
+        self.error: Exception | None = None
+        self._cond = threading.Condition()
+        self._run_lock = threading.Lock()  # one reput at a time (thread, catch-up, tests)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def add_dispatcher(self, d: Dispatcher) -> None:
+        # Copy on write: the dispatch thread iterates without a lock.
+        self.dispatchers = self.dispatchers + [d]
+
+    # ---- the work ----------------------------------------------------------------------------------
+    def reput(self) -> int:
+        """Dispatch everything written so far; return how many records were dispatched."""
+        done = 0
+        with self._run_lock:
+            while True:
+                batch, new_offset = self._read_batch(self.reput_offset)
+                if new_offset == self.reput_offset:
+                    break
+                if batch:
+                    self._dispatch(batch)
+                    done += len(batch)
+                with self._cond:
+                    self.reput_offset = new_offset
+                    self.dispatched_messages += len(batch)
+                    self._cond.notify_all()
+        return done
+
+    def _read_batch(self, start: int) -> tuple[list[DispatchRequest], int]:
+        cl = self.commitlog
+        if start >= cl.write_pos:
+            return [], start
+        if cl.queue.find(start) is None:
+            # Below the oldest segment (retention ran ahead) or between segments: move to the next one.
+            first = cl.queue.min_offset
+            return [], first if start < first else start
+        data, seg_end = cl.read_span(start, self.batch_bytes)
+        out: list[DispatchRequest] = []
+        rel, n = 0, len(data)
+        while rel + 8 <= n:
+            total, magic = _TOTAL_MAGIC.unpack_from(data, rel)
+            if magic == BLANK_MAGIC:
+                return out, seg_end
+            if total <= 0:
+                break
+            if rel + total > n:
+                if rel == 0:  # a record larger than one batch: read exactly it
+                    data = cl.read_span(start, total)[0]
+                    n = len(data)
+                    if total > n:
+                        break
+                else:
+                    break
+            rec = parse_record(data, rel, check_crc=False, where="commitlog", base=start)
+            props = P.decode_properties(rec.properties)
+            out.append(DispatchRequest(
+                rec.topic, rec.queue_id, rec.queue_offset, rec.physical_offset, total,
+                tag_code(props.get(P.TAGS)), props, rec.store_timestamp,
+                P.split_keys(props.get(P.KEYS)), props.get(P.UNIQ_KEY), rec.sysflag))
+            rel += total
+        return out, start + rel
+
+    def _dispatch(self, batch: list[DispatchRequest]) -> None:
+        for d in self.dispatchers:
+            try:
+                d.dispatch(batch)
+            except Exception:  # a plug-in's failure must not stop the store (RocketMQ logs and goes on)
+                log.exception("dispatcher %r failed", d)
+        groups: dict[tuple[str, int], list[DispatchRequest]] = defaultdict(list)
+        for r in batch:
+            if is_queued(r.sysflag):
+                groups[(r.topic, r.queue_id)].append(r)
+        for (topic, qid), reqs in groups.items():
+            cq = self.queues.get_or_create(topic, qid)
+            units = np.array([(r.commitlog_offset, r.size, r.tag_code) for r in reqs], dtype=CQ_DTYPE)
+            first = reqs[0].queue_offset
+            if reqs[-1].queue_offset - first == len(reqs) - 1:
+                cq.put(first, units)
+            else:  # not contiguous (should not happen): put runs one by one
+                for i, r in enumerate(reqs):
+                    cq.put(r.queue_offset, units[i:i + 1])
+        if self.index is not None:
+            for r in batch:
+                if (r.uniq_key or r.keys) and (r.sysflag & _TRAN_MASK) != _TRAN_ROLLBACK:
+                    self.index.build_index(r.topic, r.uniq_key, r.keys, r.commitlog_offset, r.store_timestamp)
+
+    # ---- waiting -----------------------------------------------------------------------------------
+    def wait_for(self, offset: int, timeout: float) -> bool:
+        """Block until everything below commit-log ``offset`` is dispatched; False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self.reput_offset < offset:
+                left = deadline - time.monotonic()
+                if left <= 0 or self.error is not None:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    # ---- the thread --------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="sluice-store-dispatch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        appended = self.commitlog.appended
+        while not self._stop.is_set():
+            appended.wait(0.2)
+            appended.clear()
+            if self._stop.is_set():
+                break
+            try:
+                self.reput()
+                self.error = None
+            except CorruptRecordError as e:
+                # Cannot step over a record whose size is untrustworthy; recovery or check must handle it.
+                if self.error is None:
+                    log.error("dispatch stopped at commit-log offset %d: %s", self.reput_offset, e)
+                self.error = e
+                self._stop.wait(1.0)
+            except Exception as e:
+                log.exception("dispatch failed at commit-log offset %d", self.reput_offset)
+                self.error = e
+                self._stop.wait(1.0)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.commitlog.appended.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None

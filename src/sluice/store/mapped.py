@@ -1,0 +1,204 @@
+"""Fixed-size files mapped into memory, and the ordered queue of them that makes one log.
+
+A file is named by the log offset of its first byte, zero-padded to 20 digits
+(RocketMQ's UtilAll.offset2FileName). Files are created at full size, sparse,
+so untouched bytes read as zeros: a zero where a length should be ends the data.
+Writes go through a shared mmap; durability is ``os.fdatasync`` on the file's
+descriptor (on Linux that writes back the mapping's dirty pages, and unlike
+``mmap.flush`` it releases the GIL so appends continue during an fsync).
+"""
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import threading
+from pathlib import Path
+
+from sluice.errors import StoreError
+
+log = logging.getLogger(__name__)
+
+_ZERO_CHUNK = bytes(1 << 20)
+
+
+def offset_to_name(offset: int) -> str:
+    return f"{offset:020d}"
+
+
+class MappedFile:
+    """One fixed-size file mapped read/write."""
+
+    __slots__ = ("path", "start", "size", "_fd", "mm", "closed")
+
+    def __init__(self, path: Path, start: int, size: int) -> None:
+        self.path = path
+        self.start = start
+        self.size = size
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            actual = os.fstat(fd).st_size
+            if actual > size:
+                raise StoreError(f"{path} is {actual} bytes; files of this log are {size} bytes")
+            if actual < size:
+                # A crash between create and resize leaves a short file; its missing bytes were never written.
+                os.ftruncate(fd, size)
+            self.mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        self.closed = False
+
+    @property
+    def end(self) -> int:
+        return self.start + self.size
+
+    def write(self, pos: int, data: bytes | bytearray | memoryview) -> None:
+        self.mm[pos:pos + len(data)] = data
+
+    def read(self, pos: int, n: int) -> bytes:
+        return self.mm[pos:pos + n]
+
+    def zero(self, pos: int, end: int | None = None) -> None:
+        """Zero bytes [pos, end) (to the file's end by default), skipping chunks that are zero already."""
+        end = self.size if end is None else min(end, self.size)
+        while pos < end:
+            n = min(len(_ZERO_CHUNK), end - pos)
+            if self.mm[pos:pos + n] != _ZERO_CHUNK[:n]:
+                self.mm[pos:pos + n] = _ZERO_CHUNK[:n]
+            pos += n
+
+    def sync(self) -> None:
+        if not self.closed:
+            os.fdatasync(self._fd)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.mm.close()
+        except BufferError:
+            # A reader still holds a view; the mapping goes away with its last reference.
+            log.debug("mapping of %s still exported at close", self.path)
+        os.close(self._fd)
+
+    def delete(self) -> None:
+        self.close()
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+
+
+class MappedFileQueue:
+    """The ordered, contiguous files of one log (the commit log or one consume queue)."""
+
+    def __init__(self, directory: Path, file_size: int) -> None:
+        self.directory = directory
+        self.file_size = file_size
+        self.files: list[MappedFile] = []
+        # Guards the list itself (roll-over, retention, truncation); data access needs no lock.
+        self.lock = threading.RLock()
+
+    def load(self) -> None:
+        if not self.directory.is_dir():
+            return
+        names = sorted(p for p in self.directory.iterdir() if p.is_file() and p.name.isdigit() and len(p.name) == 20)
+        files: list[MappedFile] = []
+        try:
+            for p in names:
+                start = int(p.name)
+                if start % self.file_size:
+                    raise StoreError(f"{p} does not start at a multiple of the file size {self.file_size}")
+                if files and start != files[-1].end:
+                    raise StoreError(f"{p} does not follow {files[-1].path}: a file is missing")
+                files.append(MappedFile(p, start, self.file_size))
+        except BaseException:
+            for f in files:
+                f.close()
+            raise
+        self.files = files
+
+    @property
+    def min_offset(self) -> int:
+        files = self.files
+        return files[0].start if files else 0
+
+    @property
+    def end_offset(self) -> int:
+        files = self.files
+        return files[-1].end if files else 0
+
+    def last(self) -> MappedFile | None:
+        files = self.files
+        return files[-1] if files else None
+
+    def find(self, offset: int) -> MappedFile | None:
+        """The file holding log offset ``offset``, or None when it is not (or no longer) stored."""
+        files = self.files
+        if not files:
+            return None
+        i = (offset - files[0].start) // self.file_size
+        if 0 <= i < len(files):
+            f = files[i]
+            if f.start <= offset < f.end:
+                return f
+        return None
+
+    def create(self, start: int) -> MappedFile:
+        """Append a new file beginning at ``start`` (the next file, or the first one of an empty log)."""
+        with self.lock:
+            if start % self.file_size:
+                raise StoreError(f"file start {start} is not a multiple of {self.file_size}")
+            if self.files and start != self.files[-1].end:
+                raise StoreError(f"new file at {start} would not follow {self.files[-1].path}")
+            self.directory.mkdir(parents=True, exist_ok=True)
+            f = MappedFile(self.directory / offset_to_name(start), start, self.file_size)
+            self.files = self.files + [f]
+            return f
+
+    def truncate(self, offset: int, dirty_end: int | None = None) -> None:
+        """Forget everything at and after ``offset``: later files are deleted, the rest of its file zeroed.
+
+        ``dirty_end`` bounds how far the zeroing has to look, when the caller knows where data ended.
+        """
+        with self.lock:
+            keep = [f for f in self.files if f.start <= offset]
+            for f in self.files[len(keep):]:
+                f.delete()
+            if keep and offset < keep[-1].end:
+                f = keep[-1]
+                end = None if dirty_end is None else max(0, dirty_end - f.start)
+                f.zero(offset - f.start, end)
+            if keep and offset == keep[-1].start and len(keep) > 1:
+                keep[-1].delete()
+                keep = keep[:-1]
+            self.files = keep
+
+    def delete_first(self, count: int) -> list[Path]:
+        with self.lock:
+            gone = self.files[:count]
+            self.files = self.files[count:]
+        for f in gone:
+            f.delete()
+        return [f.path for f in gone]
+
+    def sync(self, start: int, end: int) -> None:
+        """fdatasync the files that hold bytes [start, end)."""
+        for f in self.files:
+            if f.end > start and f.start < end:
+                f.sync()
+
+    def close(self) -> None:
+        with self.lock:
+            for f in self.files:
+                f.close()
+            self.files = []
+
+    def destroy(self) -> None:
+        with self.lock:
+            for f in self.files:
+                f.delete()
+            self.files = []

@@ -1,0 +1,523 @@
+"""MessageStore: the facade the broker uses (RocketMQ's DefaultMessageStore).
+
+On-disk layout under ``root_dir``::
+
+    commitlog/{20-digit offset}                  records, fixed-size segments
+    consumequeue/{topic}/{queueId}/{20 digits}   20-byte units
+    index/{yyyyMMddHHmmssSSS}                    key index files
+    checkpoint                                   what is durable (checkpoint.py)
+    abort                                        present while open: its presence at start means a crash
+    lock                                         flock'd while open: one process per store
+    commitlog-tails/                             bytes cut from a torn tail, kept for forensics
+
+Thread-safe: appends serialise on the commit log's lock; reads take no store
+lock (files are only unmapped by retention, and a read of a vanished file
+answers as "removed").
+"""
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import struct
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from sluice.errors import CorruptRecordError, InvalidParameterError, MessageIllegalError, StoreError
+from sluice.message import MessageExt
+from sluice.protocol import properties as P
+from sluice.protocol.msgid import decode_offset_msg_id, offset_msg_id_prefix
+from sluice.protocol.record import decode_record, encode_record
+from sluice.store import recovery, retention
+from sluice.store.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from sluice.store.commitlog import CommitLog, parse_record, verify_record_bytes
+from sluice.store.config import StoreConfig
+from sluice.store.consumequeue import CQ_DTYPE, CQ_UNIT_SIZE, PAD_SIZE, ConsumeQueueTable
+from sluice.store.dispatch import DispatchService, is_queued
+from sluice.store.flush import FlushService
+from sluice.store.index import IndexService
+from sluice.store.types import (
+    Dispatcher,
+    GetMessageResult,
+    GetMessageStatus,
+    MessageFilter,
+    PutResult,
+    StoreMessage,
+)
+
+log = logging.getLogger(__name__)
+
+_Q = struct.Struct(">q")
+_S = GetMessageStatus
+_MAX_TS = (1 << 63) - 1
+
+
+class MessageStore:
+    def __init__(self, root_dir: str | os.PathLike[str], config: StoreConfig | None = None) -> None:
+        self.root = Path(root_dir)
+        self.config = config or StoreConfig()
+        c = self.config
+        self.commitlog = CommitLog(self.root / "commitlog", c.commitlog_file_size)
+        self.queues = ConsumeQueueTable(self.root / "consumequeue", c.consumequeue_units_per_file)
+        self.index: IndexService | None = (
+            IndexService(self.root / "index", max_hash_slots=c.index_max_hash_slots,
+                         max_index_num=c.index_max_index_num) if c.index_enable else None)
+        self.dispatch = DispatchService(self.commitlog, self.queues, self.index, batch_bytes=c.dispatch_batch_bytes)
+        self.flusher = FlushService(self.commitlog, interval_ms=c.flush_interval_ms, timeout_s=c.sync_flush_timeout_s)
+        self.recovery_report: recovery.RecoveryReport | None = None
+        self._msgid_prefix = offset_msg_id_prefix(*c.store_host)
+        self._sync = c.flush_mode == "sync"
+        self._open = False
+        self._lock_fd: int | None = None
+        self._stop = threading.Event()
+        self._maint: threading.Thread | None = None
+        self._ckpt_lock = threading.Lock()
+        self._last_retention = 0.0
+        self.put_count = 0
+        self.put_bytes = 0
+
+    # ---- lifecycle ---------------------------------------------------------------------------------
+    @property
+    def abort_path(self) -> Path:
+        return self.root / "abort"
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.root / "checkpoint"
+
+    def start(self) -> MessageStore:
+        """Open the files, recover, catch dispatch up, and start the service threads."""
+        if self._open:
+            return self
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._take_lock()
+        try:
+            self._load_and_recover()
+        except BaseException:
+            self._close_files()
+            self._release_lock()
+            raise
+        self._write_abort()
+        self._open = True
+        self._stop.clear()
+        self.dispatch.start()
+        if not self._sync:
+            self.flusher.start_async()
+        self._maint = threading.Thread(target=self._maintain, name="sluice-store-maintenance", daemon=True)
+        self._maint.start()
+        return self
+
+    open = start
+
+    def _take_lock(self) -> None:
+        fd = os.open(self.root / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise StoreError(f"store {self.root} is open in another process") from None
+        self._lock_fd = fd
+
+    def _release_lock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _load_and_recover(self) -> None:
+        abnormal = self.abort_path.exists()
+        cp = load_checkpoint(self.checkpoint_path)
+        cl = self.commitlog
+        cl.load()
+        self.queues.load()
+        if self.index is not None:
+            self.index.load()
+        rep = recovery.recover_commitlog(cl, self.root, cp, abnormal)
+        end = cl.write_pos
+        for cq in self.queues.all():
+            dropped = recovery.reconcile_queue(cq, cl, end)
+            if dropped:
+                rep.queues_truncated[f"{cq.topic}/{cq.queue_id}"] = dropped
+            cq.delete_below(cl.min_offset)
+        if self.index is not None and self.index.max_indexed_offset() >= end:
+            self.index.truncate(end)
+        if cp is not None and cl.min_offset <= cp.dispatch_offset:
+            reput_from = min(cp.dispatch_offset, end)
+        else:
+            reput_from = cl.min_offset
+        rep.reput_from = reput_from
+        if abnormal or rep.cut_bytes or rep.queues_truncated:
+            log.warning("store %s recovered: %s", self.root, rep)
+        self.dispatch.reput_offset = reput_from
+        self.dispatch.reput()
+        cl.queue_offsets = {(cq.topic, cq.queue_id): cq.max_offset for cq in self.queues.all()}
+        cl.last_store_timestamp = cp.commitlog_time if cp else 0
+        # Bytes that survived a crash in the page cache may not be on disk yet: make them durable now.
+        self.flusher.reset(min(cp.commitlog_offset, end) if cp and abnormal else end)
+        self.flusher.flush()
+        self.recovery_report = rep
+        self._checkpoint()
+
+    def _write_abort(self) -> None:
+        fd = os.open(self.abort_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        _fsync_dir(self.root)
+
+    def close(self) -> None:
+        """Clean shutdown: dispatch the rest, flush, checkpoint, remove the abort file."""
+        if not self._open:
+            return
+        self._open = False
+        self._stop.set()
+        if self._maint is not None:
+            self._maint.join()
+            self._maint = None
+        self.dispatch.stop()
+        self.flusher.stop()
+        try:
+            self.dispatch.reput()
+            self.flusher.flush()
+            self._checkpoint()
+        finally:
+            self._close_files()
+            if self.dispatch.error is None:
+                try:
+                    self.abort_path.unlink()
+                except FileNotFoundError:
+                    pass
+                _fsync_dir(self.root)
+            self._release_lock()
+
+    def _close_files(self) -> None:
+        self.queues.close()
+        if self.index is not None:
+            self.index.close()
+        self.commitlog.close()
+
+    def __enter__(self) -> MessageStore:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if not self._open:
+            raise StoreError(f"store {self.root} is not open")
+
+    # ---- services ----------------------------------------------------------------------------------
+    def _checkpoint(self) -> None:
+        with self._ckpt_lock:
+            dispatched = self.dispatch.reput_offset  # before flushing: units below it are in the queues
+            self.queues.flush()
+            index_offset = -1
+            if self.index is not None:
+                self.index.flush()
+                index_offset = self.index.max_indexed_offset()
+            save_checkpoint(self.checkpoint_path, Checkpoint(
+                commitlog_offset=self.flusher.flushed_offset, commitlog_time=self.flusher.flush_time,
+                dispatch_offset=dispatched, index_offset=index_offset, min_offset=self.commitlog.min_offset))
+
+    def _maintain(self) -> None:
+        interval = self.config.checkpoint_interval_ms / 1000.0
+        while not self._stop.wait(interval):
+            try:
+                self._checkpoint()
+                if time.monotonic() - self._last_retention >= self.config.retention_check_interval_s:
+                    self._last_retention = time.monotonic()
+                    self.delete_expired_files()
+            except Exception:  # keep the service alive; the next tick retries
+                log.exception("store maintenance failed")
+
+    def add_dispatcher(self, dispatcher: Dispatcher) -> None:
+        """Register a dispatcher; it runs before the consume queues are written. Register before start()
+        to see the records replayed by recovery."""
+        self.dispatch.add_dispatcher(dispatcher)
+
+    def wait_dispatched(self, timeout: float = 5.0) -> bool:
+        """Block until everything appended so far is visible to readers."""
+        return self.dispatch.wait_for(self.commitlog.write_pos, timeout)
+
+    def delete_expired_files(self, now: float | None = None) -> retention.RetentionResult:
+        """Apply retention at ``now`` (seconds since the epoch; default the current time)."""
+        self._check_open()
+        now_ms = int((time.time() if now is None else now) * 1000)
+        return retention.delete_expired(self, now_ms)
+
+    def check(self, fix: bool = False) -> recovery.CheckReport:
+        """Verify the whole store (every record's CRC, every unit, the index); ``fix`` rebuilds bad queues."""
+        self._check_open()
+        self.dispatch.reput()
+        return recovery.check_store(self, fix=fix)
+
+    def rebuild_queue(self, topic: str, queue_id: int) -> None:
+        """Throw away one consume queue and rebuild it from the commit log."""
+        with self.dispatch._run_lock:
+            cq = self.queues.get_or_create(topic, queue_id)
+            cq.destroy()
+            found: list[tuple[int, int, int, int]] = []
+
+            def on_record(rec) -> None:
+                if rec.topic == topic and rec.queue_id == queue_id and is_queued(rec.sysflag):
+                    tags = P.decode_properties(rec.properties).get(P.TAGS)
+                    from sluice.filter.tagcode import tag_code
+                    found.append((rec.queue_offset, rec.physical_offset, rec.total_size, tag_code(tags)))
+
+            self.commitlog.scan(self.commitlog.min_offset, check_crc=False, on_record=on_record)
+            for qoff, phys, size, tag in found:
+                cq.put(qoff, np.array([(phys, size, tag)], dtype=CQ_DTYPE))
+
+    # ---- writes ------------------------------------------------------------------------------------
+    def _encode(self, m: StoreMessage) -> bytearray:
+        if not isinstance(m.body, (bytes, bytearray, memoryview)):
+            raise MessageIllegalError(f"message body must be bytes, not {type(m.body).__name__}")
+        if m.queue_id < 0:
+            raise MessageIllegalError(f"queue id {m.queue_id} is negative")
+        for name, value in m.properties.items():
+            if not isinstance(name, str) or not isinstance(value, str):
+                raise MessageIllegalError(f"property {name!r} must map a str to a str")
+            P.check_property(name, value)
+        return encode_record(
+            topic=m.topic, body=m.body, properties=P.encode_properties(m.properties), queue_id=m.queue_id,
+            flag=m.flag, sysflag=m.sysflag, born_timestamp=m.born_timestamp, born_host=m.born_host,
+            store_host=self.config.store_host, reconsume_times=m.reconsume_times,
+            prepared_tx_offset=m.prepared_tx_offset, max_body=self.config.max_message_size)
+
+    def put_message(self, msg: StoreMessage) -> PutResult:
+        return self.put_messages([msg])[0]
+
+    def put_messages(self, batch: Sequence[StoreMessage]) -> list[PutResult]:
+        """Append a batch for one topic/queue; every message is validated before anything is written."""
+        if not batch:
+            return []
+        topic, qid = batch[0].topic, batch[0].queue_id
+        for m in batch:
+            if m.topic != topic or m.queue_id != qid:
+                raise InvalidParameterError(
+                    f"a batch goes to one queue: {topic}/{qid} and {m.topic}/{m.queue_id} are mixed")
+        records = [self._encode(m) for m in batch]
+        ts_pos = [68 if r[39] & 0x10 else 56 for r in records]
+        queued = [is_queued(r[39]) for r in records]
+        self._check_open()
+        placed, ts, end = self.commitlog.append(records, topic, qid, ts_pos, None if all(queued) else queued)
+        if self._sync:
+            self.flusher.wait_flushed(end)
+        self.put_count += len(records)
+        self.put_bytes += end - placed[0][0]
+        prefix = self._msgid_prefix
+        return [PutResult(phys, qoff, (prefix + _Q.pack(phys)).hex().upper(), ts, size)
+                for phys, qoff, size in placed]
+
+    # ---- reads -------------------------------------------------------------------------------------
+    def get_messages(self, topic: str, queue_id: int, offset: int, max_msgs: int = 32,
+                     message_filter: MessageFilter | None = None, max_bytes: int | None = None) -> GetMessageResult:
+        """A pull: up to ``max_msgs`` records from queue ``offset`` that pass ``message_filter``."""
+        self._check_open()
+        max_bytes = self.config.max_transfer_bytes if max_bytes is None else max_bytes
+        cq = self.queues.get(topic, queue_id)
+        if cq is None:
+            return GetMessageResult(_S.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0)
+        lo, hi = cq.min_offset, cq.max_offset
+        if hi == 0:
+            return GetMessageResult(_S.NO_MESSAGE_IN_QUEUE, 0, lo, hi)
+        if offset < lo:
+            return GetMessageResult(_S.OFFSET_TOO_SMALL, lo, lo, hi)
+        if offset == hi:
+            return GetMessageResult(_S.OFFSET_OVERFLOW_ONE, offset, lo, hi)
+        if offset > hi:
+            return GetMessageResult(_S.OFFSET_OVERFLOW_BADLY, lo if lo == 0 else hi, lo, hi)
+        # Like RocketMQ, a filtered pull looks at a bounded number of units (maxFilterMessageSize).
+        scan = max(max_msgs, self.config.max_filter_scan_bytes // CQ_UNIT_SIZE) if message_filter else max_msgs
+        units = cq.get_units(offset, scan)
+        if units is None or len(units) == 0:
+            upf = self.config.consumequeue_units_per_file
+            return GetMessageResult(_S.OFFSET_FOUND_NULL, (offset // upf + 1) * upf, lo, hi)
+        return self._collect(cq, offset, units, max_msgs, max_bytes, message_filter, lo, hi)
+
+    def _collect(self, cq, offset: int, units: np.ndarray, max_msgs: int, max_bytes: int,
+                 mf: MessageFilter | None, lo: int, hi: int) -> GetMessageResult:
+        phys = units["offset"].astype(np.int64)
+        sizes = units["size"].astype(np.int64)
+        real = (sizes > 0) & (sizes != PAD_SIZE)
+        wanted = real
+        if mf is not None:
+            mask = mf.match_units(units["tag"].astype(np.int64))
+            if mask is not None:
+                wanted = real & np.asarray(mask, dtype=bool)
+        filtered = bool((real & ~wanted).any())
+        needs_record = mf is not None and mf.needs_record
+        verify = self.config.verify_crc_on_read
+        cl = self.commitlog
+        clog_min = cl.min_offset
+        parts: list[bytes] = []
+        res = GetMessageResult(_S.FOUND, offset, lo, hi)
+        removed = False
+        total = 0
+        stop_at = len(units)
+        for i in np.flatnonzero(wanted).tolist():
+            p, s = int(phys[i]), int(sizes[i])
+            if len(parts) >= max_msgs or (parts and total + s > max_bytes):
+                stop_at = i
+                break
+            data = cl.read(p, s) if p >= clog_min else None
+            if data is None:
+                removed = True
+                continue
+            if verify:
+                try:
+                    f = cl.queue.find(p)
+                    verify_record_bytes(data, p, where=str(f.path) if f else "commitlog",
+                                        file_offset=p - f.start if f else p)
+                except CorruptRecordError as e:
+                    log.error("not serving %s/%d offset %d: %s", cq.topic, cq.queue_id, offset + i, e)
+                    if not parts:
+                        raise
+                    stop_at = i
+                    break
+            if needs_record:
+                props = P.decode_properties(parse_record(data, 0, check_crc=False).properties)
+                if not mf.match_record(props):  # type: ignore[union-attr]
+                    filtered = True
+                    continue
+            parts.append(data)
+            total += s
+            res.queue_offsets.append(offset + i)
+            res.commitlog_offsets.append(p)
+            res.sizes.append(s)
+        res.next_begin_offset = offset + stop_at
+        if parts:
+            res.data = b"".join(parts)
+        elif filtered:
+            res.status = _S.NO_MATCHED_MESSAGE
+        elif removed:
+            res.status = _S.MESSAGE_WAS_REMOVING
+        else:
+            res.status = _S.NO_MATCHED_MESSAGE
+        return res
+
+    def read_record(self, commitlog_offset: int) -> bytes | None:
+        """The raw stored record at a commit-log offset (CRC-checked), or None when there is none."""
+        self._check_open()
+        data = self.commitlog.read_record(commitlog_offset)
+        if data is not None:
+            f = self.commitlog.queue.find(commitlog_offset)
+            verify_record_bytes(data, commitlog_offset, where=str(f.path) if f else "commitlog",
+                                file_offset=commitlog_offset - f.start if f else commitlog_offset)
+        return data
+
+    def get_message_by_offset(self, commitlog_offset: int) -> MessageExt | None:
+        data = self.read_record(commitlog_offset)
+        if data is None:
+            return None
+        return MessageExt.from_record(decode_record(data, where=f"commitlog offset {commitlog_offset}"))
+
+    def get_message_by_id(self, offset_msg_id: str) -> MessageExt | None:
+        """Look a message up by its offset message id (store host + commit-log offset)."""
+        return self.get_message_by_offset(decode_offset_msg_id(offset_msg_id).offset)
+
+    def query_messages_by_key(self, topic: str, key: str, max_num: int = 32, begin_ts: int = 0,
+                              end_ts: int = _MAX_TS) -> list[MessageExt]:
+        """Messages of ``topic`` whose KEYS hold ``key`` or whose UNIQ_KEY is ``key``, newest first."""
+        self._check_open()
+        if self.index is None or max_num <= 0:
+            return []
+        out: list[MessageExt] = []
+        # Ask for more candidates than wanted: hash collisions are dropped below.
+        for off in self.index.query_offsets(topic, key, max_num * 2 + 16, begin_ts, end_ts):
+            try:
+                m = self.get_message_by_offset(off)
+            except CorruptRecordError as e:
+                log.error("key query %s#%s: %s", topic, key, e)
+                continue
+            if m is None or m.topic != topic:
+                continue
+            if key in m.keys or m.properties.get(P.UNIQ_KEY) == key:
+                out.append(m)
+                if len(out) >= max_num:
+                    break
+        return out
+
+    def get_min_offset(self, topic: str, queue_id: int) -> int:
+        cq = self.queues.get(topic, queue_id)
+        return cq.min_offset if cq else 0
+
+    def get_max_offset(self, topic: str, queue_id: int) -> int:
+        cq = self.queues.get(topic, queue_id)
+        return cq.max_offset if cq else 0
+
+    def _store_time_of(self, cq, qoff: int) -> int | None:
+        u = cq.unit(qoff)
+        if u is None or not 0 < u[1] < PAD_SIZE:
+            return None
+        return self.commitlog.store_timestamp_at(u[0])
+
+    def get_offset_by_timestamp(self, topic: str, queue_id: int, timestamp: int) -> int:
+        """The first queue offset whose store time is >= ``timestamp`` (max offset if none; binary search)."""
+        self._check_open()
+        cq = self.queues.get(topic, queue_id)
+        if cq is None:
+            return 0
+        lo, hi = cq.min_offset, cq.max_offset
+        while lo < hi:
+            mid = (lo + hi) // 2
+            ts = self._store_time_of(cq, mid)
+            if ts is None:  # padding or removed: everything at or below is older than anything kept
+                lo = mid + 1
+            elif ts < timestamp:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def get_earliest_message_time(self, topic: str | None = None, queue_id: int = 0) -> int:
+        """Store time of the oldest message (of one queue, or of the whole store); -1 when there is none."""
+        self._check_open()
+        if topic is None:
+            cl = self.commitlog
+            if cl.write_pos <= cl.min_offset:
+                return -1
+            ts = cl.store_timestamp_at(cl.min_offset)
+            return -1 if ts is None else ts
+        cq = self.queues.get(topic, queue_id)
+        if cq is None or cq.max_offset <= cq.min_offset:
+            return -1
+        ts = self._store_time_of(cq, cq.min_offset)
+        return -1 if ts is None else ts
+
+    def topic_queues(self) -> dict[str, list[int]]:
+        """Every topic the store holds, with its queue ids."""
+        out: dict[str, list[int]] = {}
+        for cq in self.queues.all():
+            out.setdefault(cq.topic, []).append(cq.queue_id)
+        return {t: sorted(q) for t, q in sorted(out.items())}
+
+    def stats(self) -> dict[str, object]:
+        cl = self.commitlog
+        return {
+            "commitlog_min_offset": cl.min_offset,
+            "commitlog_max_offset": cl.write_pos,
+            "commitlog_flushed_offset": self.flusher.flushed_offset,
+            "commitlog_segments": len(cl.queue.files),
+            "dispatch_offset": self.dispatch.reput_offset,
+            "dispatch_behind_bytes": cl.write_pos - self.dispatch.reput_offset,
+            "dispatch_error": None if self.dispatch.error is None else str(self.dispatch.error),
+            "consume_queues": len(self.queues.queues),
+            "put_messages": self.put_count,
+            "put_bytes": self.put_bytes,
+            "fsyncs": self.flusher.fsyncs,
+            "index_max_offset": self.index.max_indexed_offset() if self.index else -1,
+            "flush_mode": self.config.flush_mode,
+        }
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,228 @@
+"""Recovery after a stop, and the whole-store check.
+
+The commit log is the truth; consume queues and the key index are caches of it.
+
+* Clean stop (no ``abort`` file): the checkpoint's flushed offset is the end of
+  the log; only the few bytes after it are looked at (they should be zeros).
+* Unclean stop: records are verified (magic, size, CRC, own offset) from the
+  checkpoint's flushed offset (a record boundary, durable by construction), or
+  from the start of the last three segments when there is no usable checkpoint.
+  The log is cut at the first bad or partial record; the cut bytes are first
+  saved to ``{root}/commitlog-tails/`` (ZODB's ``.trN`` lesson). Consume queues
+  and the index drop everything that points at or past the cut, and dispatch
+  replays from the checkpoint's dispatch offset (units are rewritten in place,
+  the index skips what it holds), so what fell short is rebuilt.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from sluice.errors import CorruptRecordError
+from sluice.protocol import properties as P
+from sluice.store.checkpoint import Checkpoint
+from sluice.store.commitlog import CommitLog, ParsedRecord, parse_record
+from sluice.store.consumequeue import PAD_SIZE, ConsumeQueue
+from sluice.store.dispatch import is_queued
+from sluice.store.types import Problem
+
+if TYPE_CHECKING:
+    from sluice.store.message_store import MessageStore
+
+log = logging.getLogger(__name__)
+
+TAIL_DIR = "commitlog-tails"
+
+
+@dataclass(slots=True)
+class RecoveryReport:
+    abnormal: bool
+    scanned_from: int = 0
+    end_offset: int = 0
+    cut_bytes: int = 0
+    tail_file: str | None = None
+    error: str | None = None
+    queues_truncated: dict[str, int] = field(default_factory=dict)
+    reput_from: int = 0
+
+
+def recover_commitlog(cl: CommitLog, root: Path, cp: Checkpoint | None, abnormal: bool) -> RecoveryReport:
+    """Find the end of the valid log, cut whatever follows it; set ``cl.write_pos``."""
+    rep = RecoveryReport(abnormal)
+    files = cl.queue.files
+    if not files:
+        cl.write_pos = cp.commitlog_offset if cp else 0
+        rep.end_offset = cl.write_pos
+        return rep
+    if cp is not None and cl.queue.min_offset <= cp.commitlog_offset <= cl.queue.end_offset:
+        start = cp.commitlog_offset
+    else:
+        start = files[max(0, len(files) - 3)].start
+    rep.scanned_from = start
+    end, err = cl.scan(start, check_crc=True)
+    rep.end_offset = end
+    if err is not None:
+        rep.error = str(err)
+        log.error("commit log: %s; cutting the log at %d", err, end)
+    dirty = _dirty_end(cl, end)
+    if dirty > end:
+        rep.cut_bytes = dirty - end
+        rep.tail_file = str(_save_tail(cl, root, end, dirty))
+        log.warning("commit log: cut %d bytes after offset %d, saved to %s", dirty - end, end, rep.tail_file)
+        cl.queue.truncate(end, dirty_end=dirty)
+    elif end < cl.queue.end_offset and cl.queue.find(end) is not None:
+        # Segments after the end that hold nothing (a roll-over whose first record never landed).
+        cl.queue.truncate(end, dirty_end=end)
+    cl.write_pos = end
+    return rep
+
+
+def _dirty_end(cl: CommitLog, end: int) -> int:
+    """The offset just after the last non-zero byte at or after ``end`` (``end`` if all zeros)."""
+    chunk = 1 << 20
+    for f in reversed(cl.queue.files):
+        if f.end <= end:
+            break
+        lo = max(end, f.start) - f.start
+        hi = f.size
+        while hi > lo:
+            a = max(lo, hi - chunk)
+            block = np.frombuffer(f.read(a, hi - a), dtype=np.uint8)
+            nz = np.flatnonzero(block)
+            if len(nz):
+                return f.start + a + int(nz[-1]) + 1
+            hi = a
+    return end
+
+
+def _save_tail(cl: CommitLog, root: Path, start: int, end: int) -> Path:
+    d = root / TAIL_DIR
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"{start:020d}.{int(time.time() * 1000)}.tail"
+    with open(path, "wb") as out:
+        pos = start
+        while pos < end:
+            f = cl.queue.find(pos)
+            if f is None:
+                break
+            n = min(end, f.end) - pos
+            out.write(f.read(pos - f.start, n))
+            pos += n
+    return path
+
+
+def reconcile_queue(cq: ConsumeQueue, cl: CommitLog, commitlog_end: int) -> int:
+    """Make ``cq`` agree with the log: drop units past its end, then walk back over units whose record
+    does not say it belongs here. Return how many units were dropped."""
+    dropped = cq.truncate_after_commitlog(commitlog_end)
+    while cq.max_offset > cq.min_offset:
+        u = cq.unit(cq.max_offset - 1)
+        if u is not None and (u[1] == PAD_SIZE or _unit_ok(cl, cq, cq.max_offset - 1, u)):
+            break
+        cq.truncate(cq.max_offset - 1)
+        dropped += 1
+    return dropped
+
+
+def _unit_ok(cl: CommitLog, cq: ConsumeQueue, qoff: int, u: tuple[int, int, int]) -> bool:
+    data = cl.read(u[0], u[1])
+    if data is None:
+        return u[0] < cl.min_offset  # already deleted by retention: not this unit's fault
+    try:
+        rec = parse_record(data, 0, check_crc=False)
+    except CorruptRecordError:
+        return False
+    return rec.topic == cq.topic and rec.queue_id == cq.queue_id and rec.queue_offset == qoff
+
+
+# ---- check ---------------------------------------------------------------------------------------------
+
+@dataclass(slots=True)
+class CheckReport:
+    problems: list[Problem] = field(default_factory=list)
+    records: int = 0
+    units: int = 0
+    fixed: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def check_store(store: MessageStore, *, fix: bool = False) -> CheckReport:
+    """Verify every record, every consume-queue unit and the key index; optionally rebuild bad queues."""
+    cl = store.commitlog
+    rep = CheckReport()
+    by_phys: dict[int, ParsedRecord] = {}
+    per_queue: dict[tuple[str, int], list[ParsedRecord]] = defaultdict(list)
+
+    def on_record(rec: ParsedRecord) -> None:
+        by_phys[rec.physical_offset] = rec
+        if is_queued(rec.sysflag):
+            per_queue[(rec.topic, rec.queue_id)].append(rec)
+
+    pos = cl.min_offset
+    while pos < cl.write_pos:
+        end, err = cl.scan(pos, check_crc=True, on_record=on_record)
+        if err is None:
+            break
+        rep.problems.append(Problem(err.path or "commitlog", err.offset or 0, str(err).split(" (")[0]))
+        f = cl.queue.find(end)
+        if f is None:
+            break
+        pos = f.end  # cannot trust sizes past the damage: resume at the next segment
+    rep.records = len(by_phys)
+    bad_queues: set[tuple[str, int]] = set()
+    for (topic, qid), recs in per_queue.items():
+        cq = store.queues.get(topic, qid)
+        live = [r for r in recs if r.queue_offset >= (cq.min_offset if cq else 0)]
+        if cq is None:
+            if live:
+                rep.problems.append(Problem(f"consumequeue/{topic}/{qid}", 0, "queue missing for stored records"))
+                bad_queues.add((topic, qid))
+            continue
+        for r in live:
+            u = cq.unit(r.queue_offset)
+            if u is None or u[0] != r.physical_offset or u[1] != r.total_size:
+                rep.problems.append(Problem(f"consumequeue/{topic}/{qid}", r.queue_offset * 20,
+                                            f"unit {r.queue_offset} does not point at its record "
+                                            f"{r.physical_offset} ({u})"))
+                bad_queues.add((topic, qid))
+                break
+    for cq in store.queues.all():
+        units = cq.get_units(cq.min_offset, cq.max_offset - cq.min_offset)
+        if units is None:
+            continue
+        rep.units += len(units)
+        for i in np.flatnonzero((units["size"] > 0) & (units["size"] != PAD_SIZE)):
+            phys = int(units["offset"][i])
+            rec = by_phys.get(phys)
+            qoff = cq.min_offset + int(i)
+            if phys < cl.min_offset:
+                continue
+            if rec is None or rec.topic != cq.topic or rec.queue_id != cq.queue_id or rec.queue_offset != qoff:
+                rep.problems.append(Problem(f"consumequeue/{cq.topic}/{cq.queue_id}", qoff * 20,
+                                            f"unit {qoff} points at {phys}, not a record of this queue"))
+                bad_queues.add((cq.topic, cq.queue_id))
+                break
+    if store.index is not None:
+        top = store.index.max_indexed_offset()
+        for rec in by_phys.values():
+            if rec.physical_offset > top:
+                continue
+            props = P.decode_properties(rec.properties)
+            key = props.get(P.UNIQ_KEY) or next(iter(P.split_keys(props.get(P.KEYS))), None)
+            if key and rec.physical_offset not in store.index.query_offsets(rec.topic, key, 1 << 16, 0, 1 << 62):
+                rep.problems.append(Problem("index", rec.physical_offset, f"key {key!r} of {rec.topic} not indexed"))
+                break
+    if fix and bad_queues:
+        for topic, qid in sorted(bad_queues):
+            store.rebuild_queue(topic, qid)
+            rep.fixed.append(f"rebuilt consume queue {topic}/{qid}")
+    return rep
