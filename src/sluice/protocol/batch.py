@@ -1,0 +1,77 @@
+"""The batch message body of SEND_BATCH_MESSAGE (MessageDecoder.encodeMessages / decodeMessages).
+
+Each message, back to back, big-endian::
+
+    int totalSize | int magic | int bodyCRC | int flag | int bodyLen + body | short propsLen + properties
+
+Java's client writes 0 for magic and bodyCRC (the broker computes the CRC
+when it stores the message), and so do we; the decoder ignores both.
+"""
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from sluice.errors import MessageIllegalError
+from sluice.protocol import properties as P
+
+__all__ = ["BatchEntry", "decode_batch", "encode_batch"]
+
+_HEAD = struct.Struct(">iiiii")  # totalSize, magic, bodyCRC, flag, bodyLen
+assert _HEAD.size == 20
+_PROPS_LEN = struct.Struct(">h")
+_FIXED = _HEAD.size + _PROPS_LEN.size  # 22 bytes besides body and properties
+
+
+@dataclass(frozen=True, slots=True)
+class BatchEntry:
+    """One message of a batch: the topic and queue come from the request header."""
+
+    body: bytes
+    properties: dict[str, str] = field(default_factory=dict)
+    flag: int = 0
+
+
+def encode_batch(entries: Iterable[BatchEntry | tuple[bytes, Mapping[str, str], int]]) -> bytes:
+    parts: list[bytes] = []
+    for entry in entries:
+        body, props, flag = (entry.body, entry.properties, entry.flag) if isinstance(entry, BatchEntry) else entry
+        raw_props = P.encode_properties(props).encode("utf-8")
+        if len(raw_props) > P.MAX_PROPERTIES_BYTES:
+            raise MessageIllegalError(
+                f"properties of {len(raw_props)} bytes exceed the {P.MAX_PROPERTIES_BYTES}-byte limit")
+        total = _FIXED + len(body) + len(raw_props)
+        parts += [_HEAD.pack(total, 0, 0, flag, len(body)), bytes(body), _PROPS_LEN.pack(len(raw_props)), raw_props]
+    return b"".join(parts)
+
+
+def decode_batch(data: bytes | memoryview) -> list[BatchEntry]:
+    """Split a batch body; a truncated or inconsistent entry raises MessageIllegalError with its offset."""
+    buf = memoryview(data)
+    end = len(buf)
+    out: list[BatchEntry] = []
+    pos = 0
+    while pos < end:
+        if end - pos < _FIXED:
+            raise MessageIllegalError(f"batch body: {end - pos} stray bytes at offset {pos}")
+        total, _magic, _crc, flag, body_len = _HEAD.unpack_from(buf, pos)
+        if total < _FIXED or pos + total > end:
+            raise MessageIllegalError(f"batch body: message at offset {pos} claims {total} bytes, {end - pos} left")
+        body_start = pos + _HEAD.size
+        props_at = body_start + body_len
+        if body_len < 0 or props_at + _PROPS_LEN.size > pos + total:
+            raise MessageIllegalError(f"batch body: message at offset {pos} has a bad body length {body_len}")
+        (props_len,) = _PROPS_LEN.unpack_from(buf, props_at)
+        if props_len < 0 or props_at + _PROPS_LEN.size + props_len != pos + total:
+            raise MessageIllegalError(
+                f"batch body: message at offset {pos}: sizes do not add up (total {total}, body {body_len}, "
+                f"properties {props_len})")
+        raw_props = buf[props_at + 2:props_at + 2 + props_len]
+        try:
+            props = P.decode_properties(str(raw_props, "utf-8"))
+        except UnicodeDecodeError:
+            raise MessageIllegalError(f"batch body: properties of the message at offset {pos} are not UTF-8") from None
+        out.append(BatchEntry(body=buf[body_start:props_at].tobytes(), properties=props, flag=flag))
+        pos += total
+    return out

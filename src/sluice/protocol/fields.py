@@ -1,0 +1,235 @@
+"""Declarative conversion between dataclasses and the wire: extFields (flat strings) and JSON bodies.
+
+A header or body is a frozen, keyword-only dataclass. Each field's wire name is
+its camelCase name unless ``wire("name")`` overrides it; a field without a
+default is required. Values are read leniently, as the clients send them
+(numbers as strings, enums as ordinals or names, booleans as ``"true"``), and
+written the way Java writes them. Every failure is an InvalidParameterError
+naming the class and the wire field.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from sluice.errors import InvalidParameterError
+
+__all__ = ["camel", "from_ext", "from_jsonable", "to_ext", "to_jsonable", "wire"]
+
+T = TypeVar("T")
+_INT_RE = re.compile(r"[+-]?\d+")
+_JAVA_LONG = (-(2**63), 2**63 - 1)
+
+
+def wire(name: str | None = None, *, default: Any = dataclasses.MISSING, enum: tuple[str, ...] | None = None,
+         default_factory: Any = dataclasses.MISSING) -> Any:
+    """A field with an explicit wire name and/or enum names (an int on the wire is read as ``enum[int]``)."""
+    meta: dict[str, Any] = {}
+    if name is not None:
+        meta["wire"] = name
+    if enum is not None:
+        meta["enum"] = enum
+    return dataclasses.field(default=default, default_factory=default_factory, metadata=meta)
+
+
+def camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(p[:1].upper() + p[1:] for p in rest)
+
+
+class _Field(typing.NamedTuple):
+    name: str
+    wire: str
+    tp: Any
+    optional: bool
+    required: bool
+    default: Any
+    factory: Any
+    enum: tuple[str, ...] | None
+
+
+_PLANS: dict[type, tuple[_Field, ...]] = {}
+
+
+def _plan(cls: type) -> tuple[_Field, ...]:
+    plan = _PLANS.get(cls)
+    if plan is None:
+        hints = typing.get_type_hints(cls)
+        out = []
+        for f in dataclasses.fields(cls):
+            tp = hints[f.name]
+            optional = False
+            if _is_union(tp):
+                args = [a for a in typing.get_args(tp) if a is not type(None)]
+                optional = len(args) < len(typing.get_args(tp))
+                tp = args[0] if len(args) == 1 else tp
+            required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+            factory = None if f.default_factory is dataclasses.MISSING else f.default_factory
+            out.append(_Field(f.name, f.metadata.get("wire", camel(f.name)), tp, optional, required, f.default,
+                              factory, f.metadata.get("enum")))
+        plan = _PLANS[cls] = tuple(out)
+    return plan
+
+
+def _is_union(tp: Any) -> bool:
+    return typing.get_origin(tp) in (typing.Union, types.UnionType)
+
+
+def _default(f: _Field) -> Any:
+    return f.factory() if f.factory is not None else f.default
+
+
+def _bad(where: str, message: str) -> InvalidParameterError:
+    return InvalidParameterError(f"{where}: {message}")
+
+
+# --------------------------------------------------------------------------------------------- scalars
+
+def _to_int(value: Any, where: str) -> int:
+    if isinstance(value, bool):
+        raise _bad(where, f"expected an integer, got {value!r}")
+    if isinstance(value, int):
+        n = value
+    elif isinstance(value, str) and _INT_RE.fullmatch(value.strip()):
+        n = int(value.strip())
+    elif isinstance(value, float) and value.is_integer():
+        n = int(value)
+    else:
+        raise _bad(where, f"expected an integer, got {value!r}")
+    if not _JAVA_LONG[0] <= n <= _JAVA_LONG[1]:
+        raise _bad(where, f"{n} does not fit a 64-bit integer")
+    return n
+
+
+def _to_bool(value: Any, where: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):  # Java Boolean.parseBoolean: only "true" (any case) is true
+        return value.strip().lower() == "true"
+    if isinstance(value, int):
+        return value != 0
+    raise _bad(where, f"expected a boolean, got {value!r}")
+
+
+def _to_str(value: Any, where: str, enum: tuple[str, ...] | None) -> str:
+    if enum is not None and isinstance(value, int) and not isinstance(value, bool):
+        if 0 <= value < len(enum):
+            return enum[value]
+        raise _bad(where, f"enum ordinal {value} is out of range 0..{len(enum) - 1}")
+    if isinstance(value, str):
+        if enum is not None and value.strip().isdigit():
+            return _to_str(int(value), where, enum)
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return str(value)
+    raise _bad(where, f"expected a string, got {type(value).__name__}")
+
+
+def _scalar_to_wire(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return value if isinstance(value, str) else str(value)
+
+
+# -------------------------------------------------------------------------------------------- extFields
+
+def from_ext(cls: type[T], ext: Mapping[str, str]) -> T:
+    """Build a header dataclass from a command's extFields."""
+    kwargs: dict[str, Any] = {}
+    for f in _plan(cls):
+        raw = ext.get(f.wire)
+        where = f"{cls.__name__}.{f.wire}"
+        if raw is None:
+            if f.required and not f.optional:
+                raise _bad(where, "the field is missing")
+            kwargs[f.name] = None if f.required else _default(f)
+            continue
+        kwargs[f.name] = _convert(f.tp, raw, where, f.enum)
+    return cls(**kwargs)
+
+
+def to_ext(obj: Any) -> dict[str, str]:
+    """Render a header dataclass as extFields; ``None`` fields are left out."""
+    out: dict[str, str] = {}
+    for f in _plan(type(obj)):
+        value = getattr(obj, f.name)
+        if value is not None:
+            out[f.wire] = _scalar_to_wire(value)
+    return out
+
+
+# --------------------------------------------------------------------------------------------- JSON
+
+def _convert(tp: Any, value: Any, where: str, enum: tuple[str, ...] | None = None) -> Any:
+    if value is None:
+        raise _bad(where, "must not be null")
+    if tp is int:
+        return _to_int(value, where)
+    if tp is str:
+        return _to_str(value, where, enum)
+    if tp is bool:
+        return _to_bool(value, where)
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise _bad(where, f"expected a number, got {value!r}") from None
+    if tp is Any:
+        return value
+    origin = typing.get_origin(tp)
+    if origin in (list, tuple, frozenset, set):
+        if not isinstance(value, list):
+            raise _bad(where, f"expected a list, got {type(value).__name__}")
+        (item_tp, *_) = typing.get_args(tp)
+        items = [_convert(item_tp, v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return origin(items)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise _bad(where, f"expected an object, got {type(value).__name__}")
+        key_tp, val_tp = typing.get_args(tp)
+        return {_convert(key_tp, k, f"{where} key {k!r}"): _convert(val_tp, v, f"{where}[{k!r}]")
+                for k, v in value.items()}
+    if dataclasses.is_dataclass(tp):
+        return from_jsonable(tp, value, where)
+    raise TypeError(f"unsupported field type {tp!r} at {where}")
+
+
+def from_jsonable(cls: type[T], data: Any, where: str | None = None) -> T:
+    """Build a body dataclass from parsed JSON; unknown keys are ignored."""
+    where = where or cls.__name__
+    if not isinstance(data, dict):
+        raise _bad(where, f"expected an object, got {type(data).__name__}")
+    kwargs: dict[str, Any] = {}
+    for f in _plan(cls):
+        raw = data.get(f.wire)
+        if raw is None:
+            if f.required and not f.optional:
+                raise _bad(f"{where}.{f.wire}", "the field is missing")
+            kwargs[f.name] = None if f.required else _default(f)
+            continue
+        kwargs[f.name] = _convert(f.tp, raw, f"{where}.{f.wire}", f.enum)
+    return cls(**kwargs)
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Plain JSON values for a body dataclass (dict keys as strings, sets as lists); ``None`` left out."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        out: dict[str, Any] = {}
+        for f in _plan(type(obj)):
+            value = getattr(obj, f.name)
+            if value is not None:
+                out[f.wire] = to_jsonable(value)
+        return out
+    if isinstance(obj, dict):
+        return {_scalar_to_wire(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return [to_jsonable(v) for v in obj]
+    return obj

@@ -1,0 +1,351 @@
+"""Typed custom headers (the ``extFields`` of a command), one frozen dataclass per RocketMQ header class.
+
+Field names are RocketMQ's in snake_case; on the wire they are camelCase
+(``SendMessageRequestHeaderV2`` uses the one-letter names ``a``..``n``).
+Parse with ``Header.from_ext(cmd.ext_fields)`` and render with ``header.to_ext()``;
+a missing or malformed field raises InvalidParameterError naming it. Request
+extFields may carry extra keys (real clients add ACL fields such as
+``AccessKey``/``Signature``/``OnsChannel``); they are ignored.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Self
+
+from sluice.protocol import fields as F
+from sluice.protocol.command import RemotingCommand
+
+_HEADER = dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+
+
+class Header:
+    """Base of the header dataclasses."""
+
+    __slots__ = ()
+
+    @classmethod
+    def from_ext(cls, ext: Mapping[str, str]) -> Self:
+        return F.from_ext(cls, ext)
+
+    @classmethod
+    def from_command(cls, cmd: RemotingCommand) -> Self:
+        return F.from_ext(cls, cmd.ext_fields)
+
+    def to_ext(self) -> dict[str, str]:
+        return F.to_ext(self)
+
+
+# ------------------------------------------------------------------------------------------------ send
+
+# SendMessageRequestHeaderV2 letters, in field order (a = producerGroup ... n = brokerName).
+_V2_NAMES = {
+    "producer_group": "a", "topic": "b", "default_topic": "c", "default_topic_queue_nums": "d", "queue_id": "e",
+    "sys_flag": "f", "born_timestamp": "g", "flag": "h", "properties": "i", "reconsume_times": "j",
+    "unit_mode": "k", "max_reconsume_times": "l", "batch": "m", "broker_name": "n",
+}
+
+
+@_HEADER
+class SendMessageRequestHeader(Header):
+    """SEND_MESSAGE (10) with full names; SEND_MESSAGE_V2 (310) and SEND_BATCH_MESSAGE (320) use letters."""
+
+    producer_group: str
+    topic: str
+    default_topic: str = "TBW102"
+    default_topic_queue_nums: int = 4
+    queue_id: int
+    sys_flag: int = 0
+    born_timestamp: int = 0
+    flag: int = 0
+    properties: str | None = None
+    reconsume_times: int | None = None
+    unit_mode: bool = False
+    max_reconsume_times: int | None = None
+    batch: bool = False
+    broker_name: str | None = None
+
+    @classmethod
+    def from_v2_ext(cls, ext: Mapping[str, str]) -> SendMessageRequestHeader:
+        return cls.from_ext(to_v1_names(ext))
+
+    def to_v2_ext(self) -> dict[str, str]:
+        return to_v2_names(self.to_ext())
+
+    @classmethod
+    def from_command(cls, cmd: RemotingCommand) -> SendMessageRequestHeader:
+        """Either naming, whatever the code: Java sends V2 letters with 320, librocketmq full names with 10."""
+        ext = cmd.ext_fields
+        if "producerGroup" not in ext and "a" in ext:
+            return cls.from_v2_ext(ext)
+        return cls.from_ext(ext)
+
+
+_V1_TO_V2 = {F.camel(k): v for k, v in _V2_NAMES.items()}
+_V2_TO_V1 = {v: k for k, v in _V1_TO_V2.items()}
+
+
+def to_v1_names(ext: Mapping[str, str]) -> dict[str, str]:
+    """SendMessageRequestHeaderV2.createSendMessageRequestHeaderV1: letters to full names."""
+    return {_V2_TO_V1.get(k, k): v for k, v in ext.items()}
+
+
+def to_v2_names(ext: Mapping[str, str]) -> dict[str, str]:
+    """SendMessageRequestHeaderV2.createSendMessageRequestHeaderV2: full names to letters."""
+    return {_V1_TO_V2.get(k, k): v for k, v in ext.items()}
+
+
+@_HEADER
+class SendMessageResponseHeader(Header):
+    msg_id: str
+    queue_id: int
+    queue_offset: int
+    transaction_id: str | None = None
+    batch_uniq_id: str | None = None
+
+
+@_HEADER
+class ConsumerSendMsgBackRequestHeader(Header):
+    offset: int
+    group: str
+    delay_level: int
+    origin_msg_id: str | None = None
+    origin_topic: str | None = None
+    unit_mode: bool = False
+    max_reconsume_times: int | None = None
+
+
+@_HEADER
+class EndTransactionRequestHeader(Header):
+    producer_group: str
+    tran_state_table_offset: int
+    commit_log_offset: int
+    commit_or_rollback: int
+    from_transaction_check: bool = False
+    msg_id: str
+    transaction_id: str | None = None
+
+
+# ------------------------------------------------------------------------------------------------ pull
+
+@_HEADER
+class PullMessageRequestHeader(Header):
+    consumer_group: str
+    topic: str
+    queue_id: int
+    queue_offset: int
+    max_msg_nums: int
+    sys_flag: int
+    commit_offset: int
+    suspend_timeout_millis: int
+    subscription: str | None = None
+    sub_version: int
+    expression_type: str | None = None
+    max_msg_bytes: int | None = None
+
+
+@_HEADER
+class PullMessageResponseHeader(Header):
+    suggest_which_broker_id: int
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+
+
+# ----------------------------------------------------------------------------------------- offsets & queries
+
+@_HEADER
+class QueryConsumerOffsetRequestHeader(Header):
+    consumer_group: str
+    topic: str
+    queue_id: int
+
+
+@_HEADER
+class QueryConsumerOffsetResponseHeader(Header):
+    offset: int
+
+
+@_HEADER
+class UpdateConsumerOffsetRequestHeader(Header):
+    consumer_group: str
+    topic: str
+    queue_id: int
+    commit_offset: int
+
+
+@_HEADER
+class GetMaxOffsetRequestHeader(Header):
+    topic: str
+    queue_id: int
+
+
+@_HEADER
+class GetMinOffsetRequestHeader(Header):
+    topic: str
+    queue_id: int
+
+
+@_HEADER
+class OffsetResponseHeader(Header):
+    """GetMaxOffsetResponseHeader, GetMinOffsetResponseHeader and SearchOffsetResponseHeader: ``offset``."""
+
+    offset: int
+
+
+@_HEADER
+class SearchOffsetRequestHeader(Header):
+    topic: str
+    queue_id: int
+    timestamp: int
+
+
+@_HEADER
+class GetEarliestMsgStoretimeRequestHeader(Header):
+    topic: str
+    queue_id: int
+
+
+@_HEADER
+class GetEarliestMsgStoretimeResponseHeader(Header):
+    timestamp: int
+
+
+@_HEADER
+class QueryMessageRequestHeader(Header):
+    topic: str
+    key: str
+    max_num: int
+    begin_timestamp: int
+    end_timestamp: int
+
+
+@_HEADER
+class QueryMessageResponseHeader(Header):
+    index_last_update_timestamp: int
+    index_last_update_phyoffset: int
+
+
+@_HEADER
+class ViewMessageRequestHeader(Header):
+    """VIEW_MESSAGE_BY_ID: ``offset`` is the commit-log offset decoded from an offset message id."""
+
+    offset: int
+    topic: str | None = None
+
+
+# ------------------------------------------------------------------------------------------- clients
+
+@_HEADER
+class GetConsumerListByGroupRequestHeader(Header):
+    consumer_group: str
+
+
+@_HEADER
+class UnregisterClientRequestHeader(Header):
+    client_id: str = F.wire("clientID")
+    producer_group: str | None = None
+    consumer_group: str | None = None
+
+
+@_HEADER
+class NotifyConsumerIdsChangedRequestHeader(Header):
+    consumer_group: str
+
+
+# ------------------------------------------------------------------------------------------ topics / admin
+
+@_HEADER
+class CreateTopicRequestHeader(Header):
+    """UPDATE_AND_CREATE_TOPIC (17)."""
+
+    topic: str
+    default_topic: str = "TBW102"
+    read_queue_nums: int
+    write_queue_nums: int
+    perm: int
+    topic_filter_type: str = "SINGLE_TAG"
+    topic_sys_flag: int | None = None
+    order: bool = False
+
+
+@_HEADER
+class DeleteTopicRequestHeader(Header):
+    """DELETE_TOPIC_IN_BROKER (215) and DELETE_TOPIC_IN_NAMESRV (216)."""
+
+    topic: str
+    cluster_name: str | None = None
+
+
+@_HEADER
+class GetTopicStatsInfoRequestHeader(Header):
+    topic: str
+
+
+@_HEADER
+class GetConsumeStatsRequestHeader(Header):
+    consumer_group: str
+    topic: str | None = None
+
+
+# ---------------------------------------------------------------------------------------------- namesrv
+
+@_HEADER
+class GetRouteInfoRequestHeader(Header):
+    topic: str
+
+
+@_HEADER
+class RegisterBrokerRequestHeader(Header):
+    broker_name: str
+    broker_addr: str
+    cluster_name: str
+    ha_server_addr: str = ""
+    broker_id: int
+    compressed: bool = False
+    body_crc32: int = 0
+
+
+@_HEADER
+class RegisterBrokerResponseHeader(Header):
+    ha_server_addr: str | None = None
+    master_addr: str | None = None
+
+
+@_HEADER
+class UnRegisterBrokerRequestHeader(Header):
+    broker_name: str
+    broker_addr: str
+    cluster_name: str
+    broker_id: int
+
+
+@_HEADER
+class QueryDataVersionRequestHeader(Header):
+    broker_name: str
+    broker_addr: str
+    cluster_name: str
+    broker_id: int
+
+
+@_HEADER
+class QueryDataVersionResponseHeader(Header):
+    changed: bool
+
+
+@_HEADER
+class PutKVConfigRequestHeader(Header):
+    namespace: str
+    key: str
+    value: str
+
+
+@_HEADER
+class GetKVConfigRequestHeader(Header):
+    namespace: str
+    key: str
+
+
+@_HEADER
+class GetKVConfigResponseHeader(Header):
+    value: str | None = None
