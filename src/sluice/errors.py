@@ -72,10 +72,27 @@ class FilterError(SluiceError):
 class SelectorSyntaxError(FilterError):
     """A selector expression that does not parse or compile; `.position` is 0-based."""
 
-    def __init__(self, message: str, *, position: int | None = None, expression: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        position: int | None = None,
+        expression: str | None = None,
+        token: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.position = position
         self.expression = expression
+        self.token = token
+
+
+class FilterEvaluationError(FilterError):
+    """A selector that compiled but could not be evaluated on one message (e.g. 'abc' > 5).
+
+    RocketMQ logs these and treats the message as not matched; `matches()` does the same.
+    """
+
+    code = ResponseCode.SYSTEM_ERROR
 
 
 class ProtocolError(SluiceError):
