@@ -1,0 +1,93 @@
+"""The asyncio remoting client: one pooled connection per ``host:port``, opened on first use.
+
+::
+
+    client = RemotingClient()
+    resp = await client.invoke("127.0.0.1:9876", RemotingCommand.request(105, {"topic": "T"}), timeout=3)
+    await client.close()
+
+A connection that closes fails its pending requests with RemotingError and is
+replaced on the next call. Requests the server sends on a client connection
+(NOTIFY_CONSUMER_IDS_CHANGED, ...) go to handlers registered with :meth:`register`.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from sluice.errors import RemotingError, RemotingTimeoutError
+from sluice.protocol.command import RemotingCommand
+from sluice.protocol.connection import Dispatcher, RemotingConnection, RequestHandler, split_addr
+from sluice.protocol.frame import DEFAULT_MAX_FRAME_SIZE
+
+__all__ = ["RemotingClient"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT = 3.0  # RocketMQ's sendMsgTimeout
+
+
+class RemotingClient:
+    def __init__(
+        self, *, connect_timeout: float = 3.0, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        dispatcher: Dispatcher | None = None,
+    ) -> None:
+        self.connect_timeout = connect_timeout
+        self.max_frame_size = max_frame_size
+        self.dispatcher = dispatcher or Dispatcher()
+        self._conns: dict[str, RemotingConnection] = {}
+        self._connecting: dict[str, asyncio.Lock] = {}
+        self._closed = False
+
+    def register(self, code: int, handler: RequestHandler) -> None:
+        """Handle requests the server sends to us on our connections."""
+        self.dispatcher.register(code, handler)
+
+    async def connection(self, addr: str) -> RemotingConnection:
+        """The live connection to ``addr``, connecting (once, even if called concurrently) if needed."""
+        if self._closed:
+            raise RemotingError("remoting client is closed")
+        conn = self._conns.get(addr)
+        if conn is not None and not conn.is_closed:
+            return conn
+        lock = self._connecting.setdefault(addr, asyncio.Lock())
+        async with lock:
+            conn = self._conns.get(addr)
+            if conn is not None and not conn.is_closed:
+                return conn
+            host, port = split_addr(addr)
+            try:
+                async with asyncio.timeout(self.connect_timeout):
+                    reader, writer = await asyncio.open_connection(host, port)
+            except TimeoutError:
+                raise RemotingTimeoutError(f"connect to {addr} timed out after {self.connect_timeout:g} s") from None
+            except OSError as exc:
+                raise RemotingError(f"cannot connect to {addr}: {exc}") from exc
+            conn = RemotingConnection(reader, writer, dispatcher=self.dispatcher, max_frame_size=self.max_frame_size)
+            conn.on_close(lambda c, addr=addr: self._forget(addr, c))
+            conn.start()
+            self._conns[addr] = conn
+            return conn
+
+    async def invoke(self, addr: str, request: RemotingCommand, timeout: float = DEFAULT_TIMEOUT) -> RemotingCommand:
+        """Send ``request`` to ``addr`` and return the response, whatever its code."""
+        conn = await self.connection(addr)
+        return await conn.request(request, timeout)
+
+    async def invoke_oneway(self, addr: str, request: RemotingCommand) -> None:
+        conn = await self.connection(addr)
+        await conn.send_oneway(request)
+
+    async def close_connection(self, addr: str) -> None:
+        conn = self._conns.pop(addr, None)
+        if conn is not None:
+            await conn.close()
+
+    async def close(self) -> None:
+        self._closed = True
+        conns, self._conns = list(self._conns.values()), {}
+        await asyncio.gather(*(c.close() for c in conns), return_exceptions=True)
+
+    def _forget(self, addr: str, conn: RemotingConnection) -> None:
+        if self._conns.get(addr) is conn:
+            del self._conns[addr]
