@@ -1,0 +1,432 @@
+"""ConsumeQueueExt: per-queue variable-size units holding a message's filter bitmap (RocketMQ 4.x).
+
+A unit, big-endian (rocketmq-facts b.5)::
+
+    size short (20 + bitMapSize) | tagsCode long | msgStoreTime long | bitMapSize short | bitmap bytes
+
+Units are appended to fixed-size files named by their 20-digit start offset in
+``{root}/consumequeue_ext/{topic}/{queueId}/``. A unit never crosses a file
+end: when it does not fit with 4 bytes to spare, short -1 is written at the
+write position and the unit goes to the next file. A unit's address is its
+offset plus Long.MIN_VALUE, which puts every address at or below
+Integer.MIN_VALUE - 1; the consume queue stores it in a unit's tag-code slot,
+where no tag code (never negative in Sluice) nor delivery time can be.
+
+A unit's size short is written after the rest of it, so a crash mid-write
+leaves a zero size, which load() reads as the end of the data.
+"""
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import struct
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from sluice.errors import InvalidParameterError, StoreError
+
+__all__ = [
+    "ConsumeQueueExt", "ExtUnit", "ExtBatch", "decorate", "undecorate", "is_ext_address",
+    "is_ext_address_array", "ext_queue_dir", "MAX_ADDR", "MIN_UNIT_SIZE", "MAX_UNIT_SIZE",
+]
+
+log = logging.getLogger(__name__)
+
+UNIT_HEAD = struct.Struct(">hqqh")
+SIZE = struct.Struct(">h")
+assert UNIT_HEAD.size == 20 and SIZE.size == 2
+_HEAD_DTYPE = np.dtype([("size", ">i2"), ("tags", ">i8"), ("time", ">i8"), ("bm", ">i2")])
+assert _HEAD_DTYPE.itemsize == UNIT_HEAD.size
+
+MIN_UNIT_SIZE = 20
+MAX_UNIT_SIZE = 32767  # the size field is a signed short
+END_BLANK = 4  # room a file always keeps after its last unit, for the -1 end marker
+LONG_MIN = -(1 << 63)
+MAX_ADDR = -(1 << 31) - 1  # Integer.MIN_VALUE - 1: the highest address
+MAX_REAL_OFFSET = MAX_ADDR - LONG_MIN
+_SIGN = np.uint64(1 << 63)
+
+
+def decorate(offset: int) -> int:
+    """The address of the unit at byte ``offset`` of the ext log (offset + Long.MIN_VALUE)."""
+    return offset + LONG_MIN
+
+
+def undecorate(address: int) -> int:
+    return address - LONG_MIN
+
+
+def is_ext_address(code: int) -> bool:
+    """True when a consume-queue tag-code slot holds an ext address rather than a tag code."""
+    return code <= MAX_ADDR
+
+
+def is_ext_address_array(codes: np.ndarray) -> np.ndarray:
+    """Vectorised is_ext_address over int64 tag codes."""
+    return np.asarray(codes, dtype=np.int64) <= MAX_ADDR
+
+
+def ext_queue_dir(store_root: Path, topic: str, queue_id: int) -> Path:
+    return Path(store_root) / "consumequeue_ext" / topic / str(queue_id)
+
+
+@dataclass(frozen=True, slots=True)
+class ExtUnit:
+    tags_code: int
+    msg_store_time: int
+    bitmap: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ExtBatch:
+    """get_many's answer, row i for address i. Unpacks as ``tags_codes, bitmaps = batch``.
+
+    A row whose address is not an ext address, not (or no longer) stored or not a sound unit has
+    ``valid`` False, tag code 0 and an all-zero bitmap; RocketMQ lets such a message through the
+    filter. ``bitmaps`` rows are zero-padded to the longest bitmap; ``bitmap_lengths`` has the real ones.
+    """
+
+    tags_codes: np.ndarray       # int64
+    bitmaps: np.ndarray          # uint8, shape (n, longest bitmap)
+    bitmap_lengths: np.ndarray   # int32
+    msg_store_times: np.ndarray  # int64
+    valid: np.ndarray            # bool
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return iter((self.tags_codes, self.bitmaps))
+
+    def __len__(self) -> int:
+        return len(self.tags_codes)
+
+
+class _ExtFile:
+    __slots__ = ("path", "start", "size", "mm", "_fd", "_arr")
+
+    def __init__(self, path: Path, start: int, size: int, *, create: bool = False) -> None:
+        self.path, self.start, self.size = path, start, size
+        fd = os.open(path, os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0), 0o644)
+        try:
+            actual = os.fstat(fd).st_size
+            if actual > size:
+                raise StoreError(f"{path} is {actual} bytes; files of this ext queue are {size} bytes")
+            if actual < size:
+                os.ftruncate(fd, size)  # sparse; a short file is one whose resize a crash interrupted
+            self.mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        self._arr: np.ndarray | None = None
+
+    @property
+    def end(self) -> int:
+        return self.start + self.size
+
+    @property
+    def arr(self) -> np.ndarray:
+        if self._arr is None:
+            self._arr = np.frombuffer(self.mm, dtype=np.uint8)
+        return self._arr
+
+    def zero_from(self, pos: int) -> None:
+        """Zero [pos, end), touching only the span that is not zero already (the rest may be sparse)."""
+        nz = np.flatnonzero(self.arr[pos:])
+        if len(nz):
+            stop = pos + int(nz[-1]) + 1
+            self.mm[pos:stop] = bytes(stop - pos)
+
+    def sync(self) -> None:
+        os.fdatasync(self._fd)  # releases the GIL, unlike mmap.flush
+
+    def close(self) -> None:
+        if self._fd < 0:
+            return
+        self._arr = None
+        self.mm.close()
+        os.close(self._fd)
+        self._fd = -1
+
+    def delete(self) -> None:
+        self.close()
+        self.path.unlink(missing_ok=True)
+
+
+class ConsumeQueueExt:
+    """The ext units of one topic/queue. ``directory`` is ``ext_queue_dir(root, topic, queue_id)``.
+
+    put runs on the dispatch thread, reads on pull threads; one lock serialises the short critical
+    sections (reads touch only mapped memory).
+    """
+
+    def __init__(self, directory: Path, *, file_size: int = 48 * 1024 * 1024, bitmap_bytes_max: int = 64) -> None:
+        if not 0 <= bitmap_bytes_max <= MAX_UNIT_SIZE - MIN_UNIT_SIZE:
+            raise InvalidParameterError(
+                f"bitmap_bytes_max {bitmap_bytes_max} is outside 0..{MAX_UNIT_SIZE - MIN_UNIT_SIZE}")
+        if file_size < MIN_UNIT_SIZE + bitmap_bytes_max + END_BLANK:
+            raise InvalidParameterError(
+                f"ext file size {file_size} cannot hold a unit with a {bitmap_bytes_max}-byte bitmap")
+        self.directory = Path(directory)
+        self.file_size = file_size
+        self.bitmap_bytes_max = bitmap_bytes_max
+        self.files: list[_ExtFile] = []
+        self._write_off = 0  # ext-log offset where the next unit goes
+        self._dirty: set[_ExtFile] = set()
+        self._lock = threading.RLock()
+
+    # -- opening ---------------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Open the files, find the end of the data in the last one and clear a torn unit after it."""
+        with self._lock:
+            self._close_files()
+            if not self.directory.is_dir():
+                return
+            names = sorted(p for p in self.directory.iterdir()
+                           if p.is_file() and len(p.name) == 20 and p.name.isdigit())
+            files: list[_ExtFile] = []
+            try:
+                for p in names:
+                    start = int(p.name)
+                    if start % self.file_size:
+                        raise StoreError(f"{p} does not start at a multiple of the ext file size {self.file_size}")
+                    if files and start != files[-1].end:
+                        raise StoreError(f"{p} does not follow {files[-1].path}: a file is missing")
+                    files.append(_ExtFile(p, start, self.file_size))
+            except BaseException:
+                for f in files:
+                    f.close()
+                raise
+            self.files = files
+            if files:
+                last = files[-1]
+                pos, full = self._scan(last)
+                self._write_off = last.end if full else last.start + pos
+                if not full:
+                    last.zero_from(pos)
+
+    def _unit_ok(self, f: _ExtFile, pos: int) -> int:
+        """The size of the sound unit at ``pos``; 0 at the end of the data (or a torn unit), -1 at the end marker."""
+        mm = f.mm
+        if pos + MIN_UNIT_SIZE > self.file_size - END_BLANK:
+            return -1 if pos + 2 <= self.file_size and SIZE.unpack_from(mm, pos)[0] == -1 else 0
+        size, _tags, _time, bm = UNIT_HEAD.unpack_from(mm, pos)
+        if size == 0 or size == -1:
+            return -1 if size == -1 else 0
+        if size < MIN_UNIT_SIZE or bm < 0 or size != MIN_UNIT_SIZE + bm or pos + size > self.file_size - END_BLANK:
+            log.warning("%s: a torn or unreadable ext unit at %d (size %d, bitmap %d) ends the data",
+                        f.path, pos, size, bm)
+            return 0
+        return size
+
+    def _scan(self, f: _ExtFile) -> tuple[int, bool]:
+        """Walk the units of ``f``: (position after the last sound unit, whether an end marker follows)."""
+        arr, pos, run = f.arr, 0, 64
+        while True:
+            size = self._unit_ok(f, pos)
+            if size == -1:
+                return pos, True
+            if size == 0:
+                return pos, False
+            # Units of one queue mostly share one size: check a run of them at once, growing the run.
+            k = min(run, (self.file_size - END_BLANK - pos) // size)
+            at = pos + np.arange(k, dtype=np.int64) * size
+            sizes = (arr[at].astype(np.int16) << 8) | arr[at + 1]
+            bms = (arr[at + 18].astype(np.int16) << 8) | arr[at + 19]
+            bad = np.flatnonzero((sizes != size) | (bms != size - MIN_UNIT_SIZE))
+            good = int(bad[0]) if len(bad) else k
+            pos += good * size
+            run = run * 2 if good == k else 64
+
+    # -- writing ---------------------------------------------------------------------------------------
+
+    def put(self, tags_code: int, msg_store_time: int, bitmap: bytes) -> int:
+        """Append a unit; returns its decorated (negative) address for the consume queue's tag-code slot."""
+        n = len(bitmap)
+        if n > self.bitmap_bytes_max:
+            raise InvalidParameterError(f"a {n}-byte filter bitmap exceeds the ext limit of {self.bitmap_bytes_max}")
+        size = MIN_UNIT_SIZE + n
+        try:
+            head = UNIT_HEAD.pack(size, tags_code, msg_store_time, n)
+        except struct.error as e:
+            raise InvalidParameterError(f"ext unit field out of range: {e}") from None
+        with self._lock:
+            if self._write_off + size > MAX_REAL_OFFSET:
+                raise StoreError("the ext log has reached its highest address")
+            f = self.files[-1] if self.files else None
+            if f is None or self._write_off >= f.end:
+                f = self._new_file()
+            pos = self._write_off - f.start
+            if size > self.file_size - pos - END_BLANK:
+                SIZE.pack_into(f.mm, pos, -1)
+                self._dirty.add(f)
+                self._write_off = f.end
+                f = self._new_file()
+                pos = 0
+            mm = f.mm
+            mm[pos + 2:pos + MIN_UNIT_SIZE] = head[2:]
+            mm[pos + MIN_UNIT_SIZE:pos + size] = bitmap
+            mm[pos:pos + 2] = head[:2]  # last: a unit with a size is whole
+            self._dirty.add(f)
+            address = decorate(self._write_off)
+            self._write_off += size
+            return address
+
+    def _new_file(self) -> _ExtFile:
+        start = self._write_off - self._write_off % self.file_size
+        self.directory.mkdir(parents=True, exist_ok=True)
+        f = _ExtFile(self.directory / f"{start:020d}", start, self.file_size, create=True)
+        self.files = self.files + [f]
+        return f
+
+    # -- reading ---------------------------------------------------------------------------------------
+
+    def get(self, address: int) -> ExtUnit | None:
+        """The unit at ``address``, or None when there is no sound unit there."""
+        if not is_ext_address(address):
+            return None
+        off = undecorate(address)
+        with self._lock:
+            f = self._file_of(off)
+            if f is None or off + MIN_UNIT_SIZE > self._write_off:
+                return None
+            pos = off - f.start
+            if pos + MIN_UNIT_SIZE > self.file_size:
+                return None
+            size, tags, stime, bm = UNIT_HEAD.unpack_from(f.mm, pos)
+            if bm < 0 or size != MIN_UNIT_SIZE + bm or pos + size > self.file_size or off + size > self._write_off:
+                return None
+            return ExtUnit(tags, stime, f.mm[pos + MIN_UNIT_SIZE:pos + size])
+
+    def _file_of(self, off: int) -> _ExtFile | None:
+        files = self.files
+        if not files or off < files[0].start:
+            return None
+        i = (off - files[0].start) // self.file_size
+        return files[i] if i < len(files) else None
+
+    def get_many(self, addresses: np.ndarray) -> ExtBatch:
+        """Read many units at once for the pull path (numpy gathers, no per-unit Python)."""
+        a = np.ascontiguousarray(addresses, dtype=np.int64).reshape(-1)
+        n = len(a)
+        tags = np.zeros(n, dtype=np.int64)
+        times = np.zeros(n, dtype=np.int64)
+        lengths = np.zeros(n, dtype=np.int32)
+        valid = np.zeros(n, dtype=bool)
+        with self._lock:
+            files = self.files
+            if n == 0 or not files:
+                return ExtBatch(tags, np.zeros((n, 0), dtype=np.uint8), lengths, times, valid)
+            fs, base = self.file_size, files[0].start
+            off = (a.view(np.uint64) ^ _SIGN).view(np.int64)  # undecorate without overflow
+            cand = (a <= MAX_ADDR) & (off >= base) & (off + MIN_UNIT_SIZE <= self._write_off)
+            rows = np.flatnonzero(cand)
+            fidx = (off[rows] - base) // fs
+            groups = []
+            for i in np.unique(fidx):
+                sel = rows[fidx == i]
+                f = files[int(i)]
+                pos = off[sel] - f.start
+                sel, pos = sel[pos + MIN_UNIT_SIZE <= fs], pos[pos + MIN_UNIT_SIZE <= fs]
+                head = f.arr[pos[:, None] + np.arange(MIN_UNIT_SIZE)].view(_HEAD_DTYPE).reshape(-1)
+                size, bm = head["size"].astype(np.int64), head["bm"].astype(np.int64)
+                ok = (bm >= 0) & (size == MIN_UNIT_SIZE + bm) & (pos + size <= fs) & (off[sel] + size <= self._write_off)
+                sel, pos = sel[ok], pos[ok]
+                tags[sel] = head["tags"][ok]
+                times[sel] = head["time"][ok]
+                lengths[sel] = bm[ok]
+                valid[sel] = True
+                groups.append((f, sel, pos))
+            width = int(lengths.max()) if n else 0
+            bitmaps = np.zeros((n, width), dtype=np.uint8)
+            if width:
+                cols = np.arange(width)
+                for f, sel, pos in groups:
+                    at = np.minimum(pos[:, None] + MIN_UNIT_SIZE + cols, fs - 1)
+                    bitmaps[sel] = np.where(cols < lengths[sel][:, None], f.arr[at], 0)
+        return ExtBatch(tags, bitmaps, lengths, times, valid)
+
+    def max_address(self) -> int:
+        """The address the next unit will get (RocketMQ's getMaxAddress)."""
+        return decorate(self._write_off)
+
+    def min_address(self) -> int:
+        with self._lock:
+            return decorate(self.files[0].start if self.files else self._write_off)
+
+    # -- recovery and retention ------------------------------------------------------------------------
+
+    def truncate(self, address: int) -> None:
+        """Recovery: drop every unit at or after ``address``."""
+        if not is_ext_address(address):
+            raise InvalidParameterError(f"{address} is not a ConsumeQueueExt address")
+        off = undecorate(address)
+        with self._lock:
+            if off >= self._write_off:
+                return
+            if self.files:
+                off = max(off, self.files[0].start)
+            keep = [f for f in self.files if f.start < off]
+            for f in self.files[len(keep):]:
+                self._dirty.discard(f)
+                f.delete()
+            if keep and off < keep[-1].end:
+                keep[-1].zero_from(off - keep[-1].start)
+                self._dirty.add(keep[-1])
+            self.files = keep
+            self._write_off = off
+
+    def truncate_by_max_address(self, address: int) -> None:
+        """Recovery: keep the unit at ``address`` (the highest one the consume queue still points at),
+        drop everything after it (RocketMQ's truncateByMaxAddress)."""
+        unit = self.get(address)
+        if unit is None:
+            log.warning("%s: no unit at %d to truncate after; nothing dropped", self.directory, address)
+            return
+        self.truncate(address + MIN_UNIT_SIZE + len(unit.bitmap))
+
+    def delete_below(self, address: int) -> None:
+        """Retention: delete whole files that end at or below ``address``, never the last one."""
+        off = undecorate(address) if is_ext_address(address) else 0
+        with self._lock:
+            files = list(self.files)
+            gone = []
+            while len(files) > 1 and files[0].end <= off:
+                gone.append(files.pop(0))
+            self.files = files
+            for f in gone:
+                self._dirty.discard(f)
+                f.delete()
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+
+    def flush(self) -> None:
+        with self._lock:
+            dirty, self._dirty = self._dirty, set()
+            for f in dirty:
+                f.sync()
+
+    def _close_files(self) -> None:
+        for f in self.files:
+            f.close()
+        self.files = []
+        self._dirty = set()
+        self._write_off = 0
+
+    def close(self) -> None:
+        with self._lock:
+            self.flush()
+            self._close_files()
+
+    def destroy(self) -> None:
+        """Delete every file of this queue (topic deletion)."""
+        with self._lock:
+            for f in self.files:
+                f.delete()
+            self.files = []
+            self._dirty = set()
+            self._write_off = 0
