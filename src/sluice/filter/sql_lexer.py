@@ -25,7 +25,7 @@ PUNCT = "punct"
 EOF = "end of expression"
 
 _WS = re.compile(r"[ \t\n\r\f]+")
-_LINE_COMMENT = re.compile(r"--[^\n\r]*(?:\r\n|\n|\r)")
+_EOL = re.compile(r"[\n\r]")
 _BLOCK_COMMENT = re.compile(r"/\*.*?\*/", re.S)
 _STRING = re.compile(r"'(?:[^']|'')*'")
 _FLOAT = re.compile(r"[0-9]+\.[0-9]*(?:[eE][+-]?[0-9]+)?|\.[0-9]+(?:[eE][+-]?[0-9]+)?|[0-9]+[eE][+-]?[0-9]+")
@@ -77,6 +77,7 @@ def tokenize(expression: str) -> list[Token]:
     tokens: list[Token] = []
     pos = 0
     n = len(expression)
+    eol = -1  # index of the next line end at or after the last '--' seen (n if none)
     append = tokens.append
     while pos < n:
         ch = expression[pos]
@@ -85,9 +86,12 @@ def tokenize(expression: str) -> list[Token]:
             pos = m.end()
             continue
         if ch == "-" and expression.startswith("--", pos):
-            m = _LINE_COMMENT.match(expression, pos)
-            if m:
-                pos = m.end()
+            # The comment needs a line end; finding it once per line keeps "-----..." linear.
+            if eol < pos:
+                m = _EOL.search(expression, pos)
+                eol = m.start() if m else n
+            if eol < n:
+                pos = eol + (2 if expression.startswith("\r\n", eol) else 1)
                 continue
         if ch == "/":
             m = _BLOCK_COMMENT.match(expression, pos)
