@@ -10,3 +10,8 @@ from sluice import __version__
 @click.version_option(__version__, prog_name="sluice")
 def main() -> None:
     """Sluice: a RocketMQ-compatible message queue with server-side filtering."""
+
+
+from sluice.namesrv.cli import namesrv_command  # noqa: E402
+
+main.add_command(namesrv_command)

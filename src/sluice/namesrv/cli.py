@@ -1,0 +1,61 @@
+"""``sluice namesrv``: run a name server until SIGTERM/SIGINT."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import click
+
+from sluice.errors import SluiceError
+from sluice.namesrv.server import NamesrvConfig, run_namesrv
+
+_CONFIG_KEYS = {"listen": str, "scan_interval": float, "broker_expiry": float, "max_frame_size": int, "log_level": str}
+
+
+def load_config_file(path: Path) -> dict[str, Any]:
+    """Read a TOML file (top level or a ``[namesrv]`` table); unknown keys are an error, not ignored."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise click.BadParameter(f"cannot read {path}: {exc}", param_hint="--config") from None
+    data = data.get("namesrv", data)
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        key = key.replace("-", "_")
+        if key not in _CONFIG_KEYS:
+            raise click.BadParameter(f"{path}: unknown setting {key!r} (known: {', '.join(_CONFIG_KEYS)})",
+                                     param_hint="--config")
+        try:
+            out[key] = _CONFIG_KEYS[key](value)
+        except (TypeError, ValueError):
+            raise click.BadParameter(f"{path}: {key} = {value!r} is not a valid {_CONFIG_KEYS[key].__name__}",
+                                     param_hint="--config") from None
+    return out
+
+
+@click.command("namesrv")
+@click.option("--listen", metavar="HOST:PORT", help="Address to listen on [default: 127.0.0.1:9876].")
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="TOML file with listen, scan_interval, broker_expiry, max_frame_size, log_level; flags win.")
+@click.option("--scan-interval", type=float, help="Seconds between scans for silent brokers [default: 5].")
+@click.option("--broker-expiry", type=float, help="Seconds without registration before a broker is dropped [default: 120].")
+@click.option("--max-frame-size", type=int, help="Largest accepted frame in bytes [default: 16 MiB].")
+@click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+def namesrv_command(config_path: Path | None, log_level: str | None, **flags: Any) -> None:
+    """Run a name server: brokers register here, clients ask it for topic routes."""
+    settings = load_config_file(config_path) if config_path else {}
+    settings.update({k: v for k, v in flags.items() if v is not None})
+    level = (log_level or settings.pop("log_level", None) or "INFO").upper()
+    settings.pop("log_level", None)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = NamesrvConfig(**settings)
+    except SluiceError as exc:
+        raise click.UsageError(str(exc)) from None
+    try:
+        asyncio.run(run_namesrv(config))
+    except OSError as exc:  # typically the port is taken
+        raise click.ClickException(f"cannot listen on {config.listen}: {exc}") from None

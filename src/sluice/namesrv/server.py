@@ -1,0 +1,179 @@
+"""The namesrv: RouteInfoManager behind a RemotingServer, plus the broker-expiry scan.
+
+Handled codes: REGISTER_BROKER, UNREGISTER_BROKER, GET_ROUTEINFO_BY_TOPIC,
+GET_BROKER_CLUSTER_INFO, GET_ALL_TOPIC_LIST_FROM_NAMESERVER,
+DELETE_TOPIC_IN_NAMESRV, PUT_KV_CONFIG, GET_KV_CONFIG, QUERY_DATA_VERSION.
+As in RocketMQ, a broker is forgotten when it unregisters, when it has not
+registered for ``broker_expiry`` seconds, or when the connection it last
+registered on closes.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from dataclasses import dataclass
+
+from sluice.errors import InvalidParameterError, TopicNotExistError
+from sluice.namesrv.routeinfo import RouteInfoManager
+from sluice.protocol import headers as H
+from sluice.protocol.bodies import DataVersion, RegisterBrokerBody, decode_body, encode_body
+from sluice.protocol.codes import RequestCode, ResponseCode
+from sluice.protocol.command import RemotingCommand
+from sluice.protocol.connection import RemotingConnection, split_addr
+from sluice.protocol.frame import DEFAULT_MAX_FRAME_SIZE
+from sluice.protocol.server import RemotingServer
+
+__all__ = ["NamesrvConfig", "NamesrvServer", "run_namesrv"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class NamesrvConfig:
+    listen: str = "127.0.0.1:9876"
+    #: How often to look for silent brokers (NamesrvController: every 5 s).
+    scan_interval: float = 5.0
+    #: A broker silent this long is removed (RouteInfoManager.BROKER_CHANNEL_EXPIRED_TIME: 120 s).
+    broker_expiry: float = 120.0
+    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+
+    def __post_init__(self) -> None:
+        split_addr(self.listen)
+        if self.scan_interval <= 0 or self.broker_expiry <= 0:
+            raise InvalidParameterError("scan_interval and broker_expiry must be positive")
+
+
+class NamesrvServer:
+    def __init__(self, config: NamesrvConfig | None = None) -> None:
+        self.config = config or NamesrvConfig()
+        host, port = split_addr(self.config.listen)
+        self.routes = RouteInfoManager()
+        self.server = RemotingServer(host, port, max_frame_size=self.config.max_frame_size)
+        self._scan_task: asyncio.Task[None] | None = None
+        handlers = {
+            RequestCode.REGISTER_BROKER: self._register_broker,
+            RequestCode.UNREGISTER_BROKER: self._unregister_broker,
+            RequestCode.GET_ROUTEINFO_BY_TOPIC: self._get_route,
+            RequestCode.GET_BROKER_CLUSTER_INFO: self._cluster_info,
+            RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER: self._all_topics,
+            RequestCode.DELETE_TOPIC_IN_NAMESRV: self._delete_topic,
+            RequestCode.PUT_KV_CONFIG: self._put_kv,
+            RequestCode.GET_KV_CONFIG: self._get_kv,
+            RequestCode.QUERY_DATA_VERSION: self._query_data_version,
+        }
+        for code, handler in handlers.items():
+            self.server.register(code, handler)
+        self.server.on_connection_close(self._connection_closed)
+
+    @property
+    def address(self) -> str:
+        return self.server.address
+
+    async def start(self) -> None:
+        await self.server.start()
+        self._scan_task = asyncio.get_running_loop().create_task(self._scan_loop(), name="namesrv-scan")
+        log.info("namesrv serving on %s (broker expiry %gs, scan every %gs)",
+                 self.address, self.config.broker_expiry, self.config.scan_interval)
+
+    async def close(self) -> None:
+        if self._scan_task is not None:
+            self._scan_task.cancel()
+            await asyncio.gather(self._scan_task, return_exceptions=True)
+        await self.server.close()
+
+    async def _scan_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.scan_interval)
+            for addr in self.routes.scan_not_active_brokers(time.monotonic(), self.config.broker_expiry):
+                log.warning("broker %s expired: no registration for %gs", addr, self.config.broker_expiry)
+
+    def _connection_closed(self, conn: RemotingConnection) -> None:
+        for addr in self.routes.remove_brokers_of_connection(conn):
+            log.info("broker %s removed: its connection %s closed", addr, conn.peer)
+
+    # ------------------------------------------------------------------------------------ handlers
+
+    async def _register_broker(self, conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
+        header = H.RegisterBrokerRequestHeader.from_command(req)
+        if header.compressed:
+            raise InvalidParameterError("compressed REGISTER_BROKER bodies are not supported; send JSON")
+        body = decode_body(RegisterBrokerBody, req.body) if req.body else RegisterBrokerBody()
+        result = self.routes.register_broker(
+            cluster_name=header.cluster_name, broker_addr=header.broker_addr, broker_name=header.broker_name,
+            broker_id=header.broker_id, ha_server_addr=header.ha_server_addr,
+            topic_config_wrapper=body.topic_config_serialize_wrapper, filter_server_list=body.filter_server_list,
+            now=time.monotonic(), conn_key=conn,
+        )
+        log.debug("broker %s (%s id %d) registered %d topics", header.broker_addr, header.broker_name,
+                  header.broker_id, len(body.topic_config_serialize_wrapper.topic_config_table))
+        reply = H.RegisterBrokerResponseHeader(ha_server_addr=result.ha_server_addr, master_addr=result.master_addr)
+        return req.make_response(ext_fields=reply.to_ext())
+
+    async def _unregister_broker(self, conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
+        header = H.UnRegisterBrokerRequestHeader.from_command(req)
+        self.routes.unregister_broker(cluster_name=header.cluster_name, broker_addr=header.broker_addr,
+                                      broker_name=header.broker_name, broker_id=header.broker_id)
+        log.info("broker %s (%s id %d) unregistered", header.broker_addr, header.broker_name, header.broker_id)
+        return req.make_response()
+
+    async def _get_route(self, conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
+        topic = H.GetRouteInfoRequestHeader.from_command(req).topic
+        route = self.routes.pick_topic_route_data(topic)
+        if route is None:
+            raise TopicNotExistError(f"No topic route info in name server for the topic: {topic}")
+        return req.make_response(body=encode_body(route))
+
+    async def _cluster_info(self, conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
+        return req.make_response(body=encode_body(self.routes.cluster_info()))
+
+    async def _all_topics(self, conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
+        return req.make_response(body=encode_body(self.routes.all_topics()))
+
+    async def _delete_topic(self, conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
+        topic = H.DeleteTopicRequestHeader.from_command(req).topic
+        self.routes.delete_topic(topic)
+        return req.make_response()
+
+    async def _put_kv(self, conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
+        h = H.PutKVConfigRequestHeader.from_command(req)
+        self.routes.put_kv(h.namespace, h.key, h.value)
+        return req.make_response()
+
+    async def _get_kv(self, conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
+        h = H.GetKVConfigRequestHeader.from_command(req)
+        value = self.routes.get_kv(h.namespace, h.key)
+        if value is None:
+            return req.make_response(ResponseCode.QUERY_NOT_FOUND,
+                                     f"No config item, Namespace: {h.namespace} Key: {h.key}")
+        return req.make_response(ext_fields=H.GetKVConfigResponseHeader(value=value).to_ext())
+
+    async def _query_data_version(self, conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
+        h = H.QueryDataVersionRequestHeader.from_command(req)
+        version = decode_body(DataVersion, req.body)
+        changed = self.routes.is_topic_config_changed(h.broker_addr, version)
+        if not changed:
+            self.routes.touch(h.broker_addr, time.monotonic())
+        held = self.routes.data_version_of(h.broker_addr)
+        return req.make_response(ext_fields=H.QueryDataVersionResponseHeader(changed=changed).to_ext(),
+                                 body=encode_body(held) if held is not None else b"")
+
+
+async def run_namesrv(config: NamesrvConfig, *, ready: asyncio.Event | None = None) -> None:
+    """Serve until SIGTERM or SIGINT, then close connections and return."""
+    server = NamesrvServer(config)
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    if ready is not None:
+        ready.set()
+    try:
+        await stop.wait()
+        log.info("namesrv stopping")
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        await server.close()
