@@ -295,12 +295,12 @@ class MessageStore:
         """Append a batch for one topic/queue; every message is validated before anything is written."""
         if not batch:
             return []
+        records = [self._encode(m) for m in batch]
         topic, qid = batch[0].topic, batch[0].queue_id
         for m in batch:
             if m.topic != topic or m.queue_id != qid:
                 raise InvalidParameterError(
                     f"a batch goes to one queue: {topic}/{qid} and {m.topic}/{m.queue_id} are mixed")
-        records = [self._encode(m) for m in batch]
         ts_pos = [68 if r[39] & 0x10 else 56 for r in records]
         queued = [is_queued(r[39]) for r in records]
         self._check_open()
@@ -361,7 +361,7 @@ class MessageStore:
         stop_at = len(units)
         for i in np.flatnonzero(wanted).tolist():
             p, s = int(phys[i]), int(sizes[i])
-            if len(parts) >= max_msgs or (parts and total + s > max_bytes):
+            if parts and total + s > max_bytes:
                 stop_at = i
                 break
             data = cl.read(p, s) if p >= clog_min else None
@@ -389,6 +389,9 @@ class MessageStore:
             res.queue_offsets.append(offset + i)
             res.commitlog_offsets.append(p)
             res.sizes.append(s)
+            if len(parts) >= max_msgs:
+                stop_at = i + 1  # like RocketMQ: resume right after the last message taken
+                break
         res.next_begin_offset = offset + stop_at
         if parts:
             res.data = b"".join(parts)
