@@ -374,6 +374,22 @@ def test_a_broken_chain_is_cut_where_it_breaks(tmp_path: Path) -> None:
     assert s.query_offsets("T", "k", 100, *ALL) == [20, 10, 0]
 
 
+def test_a_chain_that_skips_an_entry_is_cut(tmp_path: Path) -> None:
+    s = svc(tmp_path / "a", slots=1, num=20)  # one slot: entries chain 1 <- 2 <- 3 <- ...
+    for i in range(6):
+        s.build_index("T", None, ["k"], i * 10, T0)
+    path = s.files[-1].path
+    s.close()
+    raw = bytearray(path.read_bytes())
+    at = 44 + 4 * 20
+    h, phy, diff, _prev = ENTRY.unpack_from(raw, at)
+    ENTRY.pack_into(raw, at, h, phy, diff, 2)  # entry 4 skips entry 3: two entries now name entry 2
+    path.write_bytes(bytes(raw))
+    s = svc(tmp_path / "a", slots=1, num=20)
+    assert s.max_indexed_offset() == 10
+    assert s.query_offsets("T", "k", 100, *ALL) == [10, 0]
+
+
 def test_an_unusable_header_drops_the_file(tmp_path: Path) -> None:
     s = svc(tmp_path, slots=3, num=5)
     for i in range(6):

@@ -49,8 +49,6 @@ ENTRY = struct.Struct(">iqii")
 assert HEADER.size == 40 and SLOT.size == 4 and ENTRY.size == 20
 
 INT_MAX = 0x7FFFFFFF
-_ENTRY_DTYPE = np.dtype([("hash", ">i4"), ("phy", ">i8"), ("diff", ">i4"), ("prev", ">i4")])
-assert _ENTRY_DTYPE.itemsize == ENTRY.size
 
 
 @lru_cache(maxsize=4096)
@@ -230,70 +228,89 @@ class IndexFile:
         """Validate the entries against each other and the header; fix what a crash can leave behind.
 
         Returns False when the header itself is unusable (the file must be dropped and rebuilt).
-        Logs what it changed.
+        Logs what it changed. O(entries) numpy work; a sort only when the fast chain check fails.
         """
         if not 1 <= self.count <= self.index_num:
             log.warning("%s: header indexCount %d is outside 1..%d; the file will be rebuilt",
                         self.path, self.count, self.index_num)
             return False
-        view = np.frombuffer(self.mm, dtype=_ENTRY_DTYPE, count=self.index_num, offset=self._entries_at)
-        slots_view = np.frombuffer(self.mm, dtype=">i4", count=self.slot_num, offset=HEADER.size)
-        try:
-            changed = self._repair(view, slots_view)
-        finally:
-            del view, slots_view
-        if changed:
+        changes = self._repair()
+        for c in changes:
+            log.warning("%s: repaired after an unclean stop: %s", self.path, c)
+        if changes:
             self._write_header()
         return True
 
-    def _repair(self, view: np.ndarray, slots_view: np.ndarray) -> list[str]:
-        n = self.count
-        ents = view[1:n]
-        h = ents["hash"].astype(np.int64)
-        phy = ents["phy"].astype(np.int64)
-        prev = ents["prev"].astype(np.int64)
-        idx = np.arange(1, n, dtype=np.int64)
-        bad = (h < 0) | (phy < 0) | (ents["diff"] < 0)
+    def _columns(self, n: int) -> tuple[np.ndarray, ...]:
+        """Entries 1..n-1 as native columns: hash, phyOffset, timeDiff, prevIndex (one byteswap pass)."""
+        raw = np.frombuffer(self.mm, dtype=">i4", count=(n - 1) * 5, offset=self._entries_at + ENTRY.size)
+        cols = raw.reshape(-1, 5).astype(np.int32)
+        del raw
+        phy = (cols[:, 1].astype(np.int64) << 32) | cols[:, 2].view(np.uint32).astype(np.int64)
+        return cols[:, 0], phy, cols[:, 3], cols[:, 4]
+
+    def _first_bad(self, h: np.ndarray, phy: np.ndarray, diff: np.ndarray, prev: np.ndarray,
+                   slot: np.ndarray) -> int:
+        """Position (0-based, entry number - 1) of the first entry that breaks the file's invariants, or -1."""
+        m = len(h)
+        idx = np.arange(1, m + 1, dtype=np.int32)
+        bad = (h < 0) | (phy < 0) | (diff < 0) | (prev < 0) | (prev >= idx)
         bad[1:] |= phy[1:] < phy[:-1]
-        slot = np.where(h >= 0, h, 0) % self.slot_num
-        # Each entry's prev must be the previous entry of its slot: sort by slot, keep order inside a slot.
+        prev_slot = slot[np.clip(prev - 1, 0, max(m - 1, 0))]
+        bad |= (prev > 0) & (prev_slot != slot)
+        if not bad.any():
+            # Sound chains: in-slot links, no entry anyone's prev twice, one chain start per slot. Then
+            # each slot's links run through all its entries in order, which is what inserts produce.
+            refs = np.bincount(prev, minlength=m + 1)
+            used = np.count_nonzero(np.bincount(slot, minlength=self.slot_num))
+            if refs[1:].max(initial=0) <= 1 and refs[0] == used:
+                return -1
+        # Slow path, exact: each entry's prev must be the previous entry of its slot.
         order = np.argsort(slot, kind="stable")
         s_sorted, i_sorted = slot[order], idx[order]
         exp_sorted = np.zeros_like(i_sorted)
-        if len(order) > 1:
-            same = s_sorted[1:] == s_sorted[:-1]
-            exp_sorted[1:] = np.where(same, i_sorted[:-1], 0)
-        expected_prev = np.empty_like(exp_sorted)
-        expected_prev[order] = exp_sorted
-        bad |= prev != expected_prev
+        if m > 1:
+            exp_sorted[1:] = np.where(s_sorted[1:] == s_sorted[:-1], i_sorted[:-1], 0)
+        expected = np.empty_like(exp_sorted)
+        expected[order] = exp_sorted
+        bad |= prev != expected
+        return int(np.argmax(bad)) if bad.any() else -1
+
+    def _repair(self) -> list[str]:
         changes: list[str] = []
-        if bad.any():
-            cut = int(np.argmax(bad)) + 1  # index number of the first bad entry
+        n = self.count
+        h, phy, diff, prev = self._columns(n) if n > 1 else (np.zeros(0, np.int32),) * 4
+        slot = np.where(h >= 0, h, 0) % self.slot_num
+        first_bad = self._first_bad(h, phy, diff, prev, slot) if n > 1 else -1
+        if first_bad >= 0:
+            cut = first_bad + 1  # the entry number of the first bad entry
             if cut > 1:
                 # The message of the last good entry may have lost keys past the cut: drop it whole.
                 last_phy = phy[cut - 2]
                 while cut > 1 and phy[cut - 2] == last_phy:
                     cut -= 1
-            changes.append(f"indexCount {n} -> {cut} (entry {int(np.argmax(bad)) + 1} is inconsistent)")
+            changes.append(f"indexCount {n} -> {cut} (entry {first_bad + 1} is inconsistent)")
             n = self.count = cut
         # Entries written past the header's count belong to a message whose header never got written.
-        tail = view[n:n + 4096]
-        written = np.flatnonzero(tail.view(np.uint8).reshape(-1, ENTRY.size).any(axis=1))
+        at = self._entries_at + n * ENTRY.size
+        tail = np.frombuffer(self.mm, dtype=np.uint8, count=min(4096, self.index_num - n) * ENTRY.size, offset=at)
+        written = np.flatnonzero(tail.reshape(-1, ENTRY.size).any(axis=1))
+        del tail
         if len(written):
             stop = n + int(written[-1]) + 1
-            self.mm[self._entries_at + n * 20:self._entries_at + stop * 20] = bytes((stop - n) * 20)
+            self.mm[at:self._entries_at + stop * ENTRY.size] = bytes((stop - n) * ENTRY.size)
             changes.append(f"zeroed {stop - n} entries past indexCount")
-        # The slot table must point at the newest entry of each slot, and nowhere else.
-        expected_slots = np.zeros(self.slot_num, dtype=np.int64)
+        # The slot table must point at the newest entry of each slot (one no entry names as its prev).
+        expected_slots = np.zeros(self.slot_num, dtype=np.int32)
         if n > 1:
-            s, i = slot[: n - 1], idx[: n - 1]
-            rev_slots, first = np.unique(s[::-1], return_index=True)
-            expected_slots[rev_slots] = i[::-1][first]
-        if not np.array_equal(slots_view.astype(np.int64), expected_slots):
-            slots_view_w = np.frombuffer(self.mm, dtype=">i4", count=self.slot_num, offset=HEADER.size)
-            slots_view_w[:] = expected_slots
-            del slots_view_w
+            refs = np.bincount(prev[: n - 1], minlength=n)
+            heads = np.flatnonzero(refs[1:n] == 0)  # positions of the newest entry of each slot
+            expected_slots[slot[heads]] = heads + 1
+        slots_view = np.frombuffer(self.mm, dtype=">i4", count=self.slot_num, offset=HEADER.size)
+        if not np.array_equal(slots_view, expected_slots):
+            slots_view[:] = expected_slots
             changes.append("rebuilt the hash-slot table")
+        del slots_view
         slot_count = int(np.count_nonzero(expected_slots))
         if slot_count != self.slot_count:
             changes.append(f"hashSlotCount {self.slot_count} -> {slot_count}")
@@ -308,8 +325,6 @@ class IndexFile:
         elif self.begin_phy or self.end_phy or self.begin_ts or self.end_ts:
             changes.append("cleared the begin/end of an empty file")
             self._set_end_from_entries()
-        for c in changes:
-            log.warning("%s: repaired after an unclean stop: %s", self.path, c)
         return changes
 
     # -- lifecycle -------------------------------------------------------------------------------------
