@@ -55,6 +55,11 @@ def test_key_hash_maps_integer_min_to_zero() -> None:
     assert key_hash("T", key) == 0
 
 
+def test_lone_surrogates_hash_as_java_code_units() -> None:
+    expected = ((java_string_hash("T#") & 0xFFFFFFFF) * 31 * 31 + 0xD800 * 31 + ord("x")) & 0xFFFFFFFF
+    assert key_hash("T", "\ud800x") == ((1 << 32) - expected if expected & 0x80000000 else expected)
+
+
 def test_index_keys_uniq_first_and_empty_tokens_skipped() -> None:
     assert index_keys("U1", ["a", "", "b"]) == ["U1", "a", "b"]
     assert index_keys(None, []) == []

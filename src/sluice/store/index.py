@@ -51,9 +51,21 @@ assert HEADER.size == 40 and SLOT.size == 4 and ENTRY.size == 20
 INT_MAX = 0x7FFFFFFF
 
 
+def _java_hash(s: str) -> int:
+    try:
+        return java_string_hash(s)
+    except UnicodeEncodeError:
+        # A lone surrogate: Java strings hold those as plain UTF-16 code units.
+        h = 0
+        data = s.encode("utf-16-be", "surrogatepass")
+        for i in range(0, len(data), 2):
+            h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
+        return h
+
+
 @lru_cache(maxsize=4096)
 def _prefix_hash(topic: str) -> int:
-    return java_string_hash(topic + "#") & 0xFFFFFFFF
+    return _java_hash(topic + "#") & 0xFFFFFFFF
 
 
 @lru_cache(maxsize=256)
@@ -67,8 +79,8 @@ def key_hash(topic: str, key: str) -> int:
     Java's hash is a polynomial, so hash(a + b) = hash(a) * 31**len(b) + hash(b) (mod 2**32, len in
     UTF-16 units); caching the topic part leaves only the key itself to hash.
     """
-    units = len(key) if key.isascii() else len(key.encode("utf-16-be")) // 2
-    h = (_prefix_hash(topic) * _pow31(units) + java_string_hash(key)) & 0xFFFFFFFF
+    units = len(key) if key.isascii() else len(key.encode("utf-16-be", "surrogatepass")) // 2
+    h = (_prefix_hash(topic) * _pow31(units) + _java_hash(key)) & 0xFFFFFFFF
     if h & 0x80000000:
         h -= 1 << 32
     return 0 if h == -(1 << 31) else abs(h)
