@@ -148,6 +148,8 @@ def test_namesrv_client_helpers(namesrv: SluiceProcess) -> None:
     with SyncNamesrvClient(namesrv.addr) as ns:
         ns.put_kv("NS", "k", "v")
         assert ns.get_kv("NS", "k") == "v"
+        ns.delete_kv("NS", "k")
+        assert ns.get_kv("NS", "k") is None
         ns.delete_topic("T1")
         with pytest.raises(TopicNotExistError, match="T1"):
             ns.get_route("T1")

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 from sluice.namesrv.routeinfo import RouteInfoManager
-from sluice.protocol.bodies import DataVersion, TopicConfig, TopicConfigSerializeWrapper, encode_body
+from sluice.protocol.bodies import (
+    DataVersion, RegisterBrokerBody, TopicConfig, TopicConfigSerializeWrapper, decode_body, encode_body,
+)
 
 
 def wrapper(*topics: tuple[str, int], counter: int = 1) -> TopicConfigSerializeWrapper:
@@ -88,3 +90,13 @@ def test_delete_topic_and_kv() -> None:
     assert rim.pick_topic_route_data("T") is None
     rim.delete_kv("ORDER_TOPIC_CONFIG", "T")
     assert rim.get_kv("ORDER_TOPIC_CONFIG", "T") is None
+
+
+def test_register_body_is_read_leniently() -> None:
+    body = decode_body(RegisterBrokerBody, b'{"topicConfigSerializeWrapper":{"topicConfigTable":{"T":{"readQueueNums":"2",'
+                                           b'"writeQueueNums":2,"perm":6,"attributes":{}}}},"somethingNew":1}')
+    assert body.filter_server_list == [] and body.topic_config_serialize_wrapper.data_version == DataVersion()
+    rim = RouteInfoManager()
+    register(rim, "b1", "h1:10911", topics=body.topic_config_serialize_wrapper)
+    route = rim.pick_topic_route_data("T")
+    assert route is not None and route.queue_datas[0].read_queue_nums == 2

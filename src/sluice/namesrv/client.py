@@ -161,6 +161,14 @@ class NamesrvClient:
                 raise result
 
 
+    async def delete_kv(self, namespace: str, key: str) -> None:
+        req = RemotingCommand.request(RequestCode.DELETE_KV_CONFIG,
+                                      H.GetKVConfigRequestHeader(namespace=namespace, key=key).to_ext())
+        for addr, result in await self._broadcast(req):
+            if isinstance(result, SluiceError):
+                raise result
+
+
 class SyncNamesrvClient:
     """Blocking NamesrvClient: the same methods, run on a LoopThread."""
 
@@ -188,6 +196,9 @@ class SyncNamesrvClient:
 
     def put_kv(self, namespace: str, key: str, value: str) -> None:
         self._run("put_kv", namespace, key, value)
+
+    def delete_kv(self, namespace: str, key: str) -> None:
+        self._run("delete_kv", namespace, key)
 
     def register_broker(self, **kwargs: Any) -> list[RegisterOutcome]:
         return self._run("register_broker", **kwargs)

@@ -73,8 +73,8 @@ class RouteInfoManager:
 
         if topic_config_wrapper is not None and broker_id == MASTER_ID:
             if register_first or self._topic_config_changed(broker_addr, topic_config_wrapper.data_version):
-                for config in topic_config_wrapper.topic_config_table.values():
-                    self._create_and_update_queue_data(broker_name, config)
+                for topic, config in topic_config_wrapper.topic_config_table.items():
+                    self._create_and_update_queue_data(broker_name, config.topic_name or topic, config)
 
         data_version = topic_config_wrapper.data_version if topic_config_wrapper is not None else DataVersion()
         self.broker_live_table[broker_addr] = BrokerLive(now, data_version, ha_server_addr, conn_key)
@@ -95,12 +95,12 @@ class RouteInfoManager:
         live = self.broker_live_table.get(broker_addr)
         return live is None or live.data_version != version
 
-    def _create_and_update_queue_data(self, broker_name: str, config: TopicConfig) -> None:
+    def _create_and_update_queue_data(self, broker_name: str, topic: str, config: TopicConfig) -> None:
         queue = QueueData(
             broker_name=broker_name, read_queue_nums=config.read_queue_nums,
             write_queue_nums=config.write_queue_nums, perm=config.perm, topic_syn_flag=config.topic_sys_flag,
         )
-        self.topic_queue_table.setdefault(config.topic_name, {})[broker_name] = queue
+        self.topic_queue_table.setdefault(topic, {})[broker_name] = queue
 
     def is_topic_config_changed(self, broker_addr: str, version: DataVersion) -> bool:
         """QUERY_DATA_VERSION: does the broker's version differ from what we hold?"""

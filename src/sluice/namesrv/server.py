@@ -2,7 +2,7 @@
 
 Handled codes: REGISTER_BROKER, UNREGISTER_BROKER, GET_ROUTEINFO_BY_TOPIC,
 GET_BROKER_CLUSTER_INFO, GET_ALL_TOPIC_LIST_FROM_NAMESERVER,
-DELETE_TOPIC_IN_NAMESRV, PUT_KV_CONFIG, GET_KV_CONFIG, QUERY_DATA_VERSION.
+DELETE_TOPIC_IN_NAMESRV, PUT_KV_CONFIG, GET_KV_CONFIG, DELETE_KV_CONFIG, QUERY_DATA_VERSION.
 As in RocketMQ, a broker is forgotten when it unregisters, when it has not
 registered for ``broker_expiry`` seconds, or when the connection it last
 registered on closes.
@@ -61,6 +61,7 @@ class NamesrvServer:
             RequestCode.DELETE_TOPIC_IN_NAMESRV: self._delete_topic,
             RequestCode.PUT_KV_CONFIG: self._put_kv,
             RequestCode.GET_KV_CONFIG: self._get_kv,
+            RequestCode.DELETE_KV_CONFIG: self._delete_kv,
             RequestCode.QUERY_DATA_VERSION: self._query_data_version,
         }
         for code, handler in handlers.items():
@@ -148,6 +149,11 @@ class NamesrvServer:
             return req.make_response(ResponseCode.QUERY_NOT_FOUND,
                                      f"No config item, Namespace: {h.namespace} Key: {h.key}")
         return req.make_response(ext_fields=H.GetKVConfigResponseHeader(value=value).to_ext())
+
+    async def _delete_kv(self, conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
+        h = H.GetKVConfigRequestHeader.from_command(req)  # DeleteKVConfigRequestHeader: the same two fields
+        self.routes.delete_kv(h.namespace, h.key)
+        return req.make_response()
 
     async def _query_data_version(self, conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
         h = H.QueryDataVersionRequestHeader.from_command(req)

@@ -58,7 +58,7 @@ def encode_body(obj: Any) -> bytes:
 
 @_BODY
 class TopicConfig:
-    topic_name: str
+    topic_name: str = ""  # RegisterBrokerBody tables are keyed by name; readers fall back to the key
     read_queue_nums: int = 16
     write_queue_nums: int = 16
     perm: int = PERM_READ | PERM_WRITE

@@ -187,7 +187,9 @@ def _decode_json_header(data: bytes | memoryview, body: bytes) -> RemotingComman
         opaque=_lenient_int(header, "opaque", 0),
         flag=_lenient_int(header, "flag", 0),
         remark=None if remark is None else _java_string(remark),
-        ext_fields={str(k): _java_string(v) for k, v in ext.items() if v is not None},
+        # Real clients send string values; only convert when one is not (JSON keys are always strings).
+        ext_fields=ext if all(type(v) is str for v in ext.values())
+        else {k: _java_string(v) for k, v in ext.items() if v is not None},
         body=body,
         serialize_type=SerializeType.JSON,
     )

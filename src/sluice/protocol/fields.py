@@ -144,13 +144,19 @@ def from_ext(cls: type[T], ext: Mapping[str, str]) -> T:
     kwargs: dict[str, Any] = {}
     for f in _plan(cls):
         raw = ext.get(f.wire)
-        where = f"{cls.__name__}.{f.wire}"
         if raw is None:
             if f.required and not f.optional:
-                raise _bad(where, "the field is missing")
+                raise _bad(f"{cls.__name__}.{f.wire}", "the field is missing")
             kwargs[f.name] = None if f.required else _default(f)
             continue
-        kwargs[f.name] = _convert(f.tp, raw, where, f.enum)
+        if type(raw) is not str:
+            kwargs[f.name] = _convert(f.tp, raw, f"{cls.__name__}.{f.wire}", f.enum)
+        elif f.tp is str and f.enum is None:
+            kwargs[f.name] = raw
+        elif f.tp is int and raw.isdigit() and raw.isascii() and len(raw) < 19:
+            kwargs[f.name] = int(raw)  # the common case, without the regex and range checks
+        else:
+            kwargs[f.name] = _convert(f.tp, raw, f"{cls.__name__}.{f.wire}", f.enum)
     return cls(**kwargs)
 
 
