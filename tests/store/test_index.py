@@ -96,6 +96,16 @@ def test_constructor_rejects_nonsense_sizes(tmp_path: Path) -> None:
         IndexService(tmp_path, max_index_num=1)
 
 
+def test_a_file_created_but_never_sized_is_removed(tmp_path: Path) -> None:
+    s = svc(tmp_path, slots=5, num=10)
+    s.build_index("T", "U", [], 0, T0)
+    s.close()
+    (tmp_path / "29991231235959999").touch()
+    s = svc(tmp_path, slots=5, num=10)
+    assert len(s.files) == 1 and not (tmp_path / "29991231235959999").exists()
+    assert s.query_offsets("T", "U", 10, *ALL) == [0]
+
+
 def test_reopening_with_other_sizes_is_refused(tmp_path: Path) -> None:
     s = svc(tmp_path, slots=5, num=10)
     s.build_index("T", "U", [], 0, T0)

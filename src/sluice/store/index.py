@@ -381,6 +381,11 @@ class IndexService:
             files: list[IndexFile] = []
             try:
                 for p in names:
+                    if p.stat().st_size == 0:
+                        # A crash between creating the file and sizing it: it never held an entry.
+                        log.warning("%s: empty index file removed", p)
+                        p.unlink()
+                        continue
                     files.append(IndexFile(p, self.slot_num, self.index_num))
             except BaseException:
                 for f in files:
