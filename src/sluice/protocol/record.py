@@ -20,6 +20,7 @@ import struct
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import lru_cache
 
 from sluice.errors import CorruptRecordError, MessageIllegalError
 
@@ -75,6 +76,7 @@ def check_topic(topic: str) -> None:
         raise MessageIllegalError(f"topic {topic!r} contains {bad!r}; allowed are A-Z a-z 0-9 _ % | -")
 
 
+@lru_cache(maxsize=1024)  # a broker sees few distinct hosts; parsing an address costs more than the rest
 def _host_bytes(host: tuple[str, int]) -> tuple[bytes, bool]:
     ip = ipaddress.ip_address(host[0])
     return ip.packed + _I32.pack(host[1]), ip.version == 6
