@@ -5,15 +5,12 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from sluice.errors import FilterEvaluationError
 from sluice.filter.base import Selector
 from sluice.filter.limits import DEFAULT_LIMITS, SelectorLimits
 from sluice.filter.sql_ast import Node
 from sluice.filter.sql_codegen import compile_ast
 from sluice.filter.sql_interp import Explanation, explain, interpret
 from sluice.filter.sql_parser import parse
-
-_UNEXPECTED = (TypeError, AttributeError, ValueError)
 
 
 class SqlSelector(Selector):
@@ -25,16 +22,13 @@ class SqlSelector(Selector):
         self.expression = expression
         self.ast: Node = parse(expression, limits)
         self._evaluate, self._matches, self.source = compile_ast(self.ast)
-        # The broker's per-message decision: the compiled function itself, no wrapper call.
+        # The compiled functions themselves, no wrapper call per message: evaluate raises
+        # FilterEvaluationError (only), matches returns the broker's decision.
+        self.evaluate = self._evaluate  # type: ignore[method-assign]
         self.matches = self._matches  # type: ignore[method-assign]
 
-    def evaluate(self, properties: Mapping[str, str]) -> bool | None:
-        try:
-            return self._evaluate(properties)
-        except FilterEvaluationError:
-            raise
-        except _UNEXPECTED as exc:  # a non-string property value, a mapping without .get, ...
-            raise FilterEvaluationError(f"cannot evaluate {self.expression!r}: {exc}") from exc
+    def evaluate(self, properties: Mapping[str, str]) -> bool | None:  # replaced per instance
+        return self._evaluate(properties)
 
     def interpret(self, properties: Mapping[str, str]) -> bool | None:
         """The same outcome as evaluate, from the tree-walking interpreter (slow; the oracle)."""

@@ -70,6 +70,10 @@ HELPERS: dict[str, Any] = {
     "_ss": _ss,
     "_ord": _ord,
     "_E": (FilterEvaluationError, TypeError, AttributeError, ValueError),
+    # Anything but FilterEvaluationError (a non-str value, a mapping without .get) becomes one.
+    "_U": (TypeError, AttributeError, ValueError),
+    "_FEE": FilterEvaluationError,
+    "_why": lambda e: f"cannot evaluate selector on these properties: {e}",
 }
 
 _FLIP = {">": "<", ">=": "<=", "<": ">", "<=": ">="}
@@ -185,13 +189,15 @@ def generate(node: Node) -> tuple[str, list[str]]:
     props = properties_of(node)
     gen = _Gen(props)
     body = gen.pred(node)
-    loads = "".join(f"    {gen.var[name]} = g({name!r})\n" for name in props)
     loads_try = "".join(f"        {gen.var[name]} = g({name!r})\n" for name in props)
     source = (
         "def _evaluate(p):\n"
-        "    g = p.get\n"
-        f"{loads}"
-        f"    return {body}\n"
+        "    try:\n"
+        "        g = p.get\n"
+        f"{loads_try}"
+        f"        return {body}\n"
+        "    except _U as e:\n"
+        "        raise _FEE(_why(e)) from e\n"
         "\n"
         "def _matches(p):\n"
         "    try:\n"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+from functools import lru_cache
 
 from sluice.errors import FilterEvaluationError
 
@@ -36,16 +37,21 @@ def _java_integer(s: str, lo: int, hi: int, name: str) -> int:
     return value
 
 
+# Property values repeat (regions, codes, small numbers): caching the parsed value makes
+# the common case one C-level lookup. Failures raise and are not cached.
+@lru_cache(maxsize=65536)
 def parse_int(s: str) -> int:
     """Java ``Integer.valueOf(s)``: optional sign, decimal digits, 32-bit range; no spaces."""
     return _java_integer(s, INT_MIN, INT_MAX, "Integer")
 
 
+@lru_cache(maxsize=65536)
 def parse_long(s: str) -> int:
     """Java ``Long.valueOf(s)``."""
     return _java_integer(s, LONG_MIN, LONG_MAX, "Long")
 
 
+@lru_cache(maxsize=65536)
 def parse_double(s: str) -> float:
     """Java ``Double.valueOf(s)``: trims, accepts NaN/Infinity, f/d suffixes and hex floats."""
     t = s.strip(_TRIM)
