@@ -154,10 +154,14 @@ class _Gen:
             return f"(None if {lc} is None else {'_pi' if rk == 'I' else '_pl'}({lc}) {op} {rc})"
         if rk == "S?" and lk in ("I", "L"):
             return f"(None if {rc} is None else {lc} {op} {'_pi' if lk == 'I' else '_pl'}({rc}))"
-        if lk == "S?" and rk == "D":
-            return f"(None if {lc} is None else _dcs({lc}, {rc}) {op} 0)"
-        if rk == "S?" and lk == "D":
-            return f"(None if {rc} is None else _dcs({rc}, {lc}) {_FLIP[op]} 0)"
+        if "S?" in (lk, rk) and "D" in (lk, rk):
+            v, c, op = (lc, rc, op) if lk == "S?" else (rc, lc, _FLIP[op])
+            if float(c.strip("()")) != 0.0:
+                # Away from zero, Double.compare is Python's order except that NaN is the largest.
+                t = self.temp()
+                nan = f" or {t} != {t}" if op in (">", ">=") else ""
+                return f"(None if {v} is None else (({t} := _pd({v})) {op} {c}{nan}))"
+            return f"(None if {v} is None else _dcs({v}, {c}) {op} 0)"
         if lk == "S?" and rk == "S?":
             return f"(None if {lc} is None or {rc} is None else _ss({lc}, {rc}) {op} 0)"
         t = self.temp()
