@@ -38,9 +38,14 @@ def emit(**fields: Any) -> None:
 
 
 def finish(code: int, **summary: Any) -> NoReturn:
-    emit(event="summary", ok=code == 0, **summary)
+    """Print the summary as the last line and exit at once."""
+    line = json.dumps({"event": "summary", "ok": code == 0, **summary}, sort_keys=True)
+    # Holding the lock until exit keeps callback threads from printing after the summary.
     # os._exit skips the wheel's __del__ hooks: they shut down and destroy the native clients a
     # second time, which librocketmq does not survive.
+    _out_lock.acquire()
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
     os._exit(code)
 
 
@@ -285,12 +290,12 @@ def main(argv: list[str]) -> NoReturn:
         os._exit(2 if exc.code else 0)
     deadline = time.monotonic() + args.timeout
     start_watchdog(args.timeout + 10.0)
-    check_namesrv(args.namesrv)
     try:
         if args.command == "send":
             load_messages(args.messages)
     except (OSError, ValueError) as exc:
         finish(2, error=f"bad --messages: {exc}")
+    check_namesrv(args.namesrv)
     try:
         {"send": cmd_send, "push": cmd_push, "pull": cmd_pull}[args.command](args, deadline)
     except Exception as exc:

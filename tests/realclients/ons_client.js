@@ -18,15 +18,17 @@
 const net = require('net');
 const { Producer, Consumer, Message } = require('ali-ons');
 
+let finished = false;
+
+// The summary is the last line: whatever the client reports while shutting down is dropped.
 function emit(obj) {
-  process.stdout.write(JSON.stringify(obj) + '\n');
+  if (!finished) process.stdout.write(JSON.stringify(obj) + '\n');
 }
 
-let finished = false;
 function finish(code, summary) {
   if (finished) return;
-  finished = true;
   emit(Object.assign({ event: 'summary', ok: code === 0 }, summary));
+  finished = true;
   // Exit only once stdout has drained: a pipe write can still be pending here.
   process.stdout.write('', () => process.exit(code));
 }
@@ -114,6 +116,8 @@ async function runSend(opts, specs) {
   let error = null;
   for (const [index, spec] of specs.entries()) {
     const msg = new Message(opts.topic, spec.tags || null, Buffer.from(spec.body_b64 || '', 'base64'));
+    // The constructor stores a null tag as the string "null": an untagged message has no TAGS at all.
+    if (!spec.tags) delete msg.properties.TAGS;
     if (spec.keys && spec.keys.length) msg.keys = spec.keys;
     for (const [k, v] of Object.entries(spec.props || {})) msg.properties[k] = String(v);
     try {
@@ -199,6 +203,7 @@ process.on('exit', code => {
   // A promise that never settles lets node exit quietly with status 0: never report that as success.
   if (!finished) {
     emit({ event: 'summary', ok: false, error: 'exited without finishing its job' });
+    finished = true;
     process.exitCode = code || 1;
   }
 });
