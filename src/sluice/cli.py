@@ -15,3 +15,7 @@ def main() -> None:
 from sluice.namesrv.cli import namesrv_command  # noqa: E402
 
 main.add_command(namesrv_command)
+
+from sluice.store.cli import store_group  # noqa: E402
+
+main.add_command(store_group)

@@ -8,6 +8,7 @@ On-disk layout under ``root_dir``::
     checkpoint                                   what is durable (checkpoint.py)
     abort                                        present while open: its presence at start means a crash
     lock                                         flock'd while open: one process per store
+    store.json                                   the layout settings the files depend on (file sizes)
     commitlog-tails/                             bytes cut from a torn tail, kept for forensics
 
 Thread-safe: appends serialise on the commit log's lock; reads take no store
@@ -26,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import orjson
 
 from sluice.errors import CorruptRecordError, InvalidParameterError, MessageIllegalError, StoreError
 from sluice.message import MessageExt
@@ -96,6 +98,7 @@ class MessageStore:
         self.root.mkdir(parents=True, exist_ok=True)
         self._take_lock()
         try:
+            self._check_layout()
             self._load_and_recover()
         except BaseException:
             self._close_files()
@@ -126,6 +129,23 @@ class MessageStore:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+
+    def _check_layout(self) -> None:
+        """Refuse a config whose file sizes differ from the ones the files were written with."""
+        want = layout_of(self.config)
+        path = self.root / LAYOUT_FILE
+        if path.exists():
+            have = read_layout(self.root)
+            diff = {k: (have.get(k), v) for k, v in want.items() if have.get(k) != v}
+            if diff:
+                raise StoreError(f"store {self.root} was created with a different layout: " + ", ".join(
+                    f"{k}={a} (config says {b})" for k, (a, b) in diff.items()))
+            return
+        tmp = path.with_name(LAYOUT_FILE + ".tmp")
+        tmp.write_bytes(orjson.dumps(want, option=orjson.OPT_INDENT_2))
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
 
     def _load_and_recover(self) -> None:
         abnormal = self.abort_path.exists()
@@ -516,6 +536,25 @@ class MessageStore:
             "index_max_offset": self.index.max_indexed_offset() if self.index else -1,
             "flush_mode": self.config.flush_mode,
         }
+
+
+LAYOUT_FILE = "store.json"
+_LAYOUT_KEYS = ("commitlog_file_size", "consumequeue_units_per_file", "index_max_hash_slots", "index_max_index_num")
+
+
+def layout_of(config: StoreConfig) -> dict[str, int]:
+    return {k: getattr(config, k) for k in _LAYOUT_KEYS}
+
+
+def read_layout(root: str | os.PathLike[str]) -> dict[str, int]:
+    """The layout settings saved in a store directory ({} when it has none)."""
+    try:
+        data = orjson.loads((Path(root) / LAYOUT_FILE).read_bytes())
+    except FileNotFoundError:
+        return {}
+    except orjson.JSONDecodeError as e:
+        raise StoreError(f"{Path(root) / LAYOUT_FILE} is not valid JSON: {e}") from None
+    return {k: int(v) for k, v in data.items() if k in _LAYOUT_KEYS}
 
 
 def _fsync_dir(path: Path) -> None:

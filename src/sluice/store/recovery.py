@@ -167,16 +167,22 @@ def check_store(store: MessageStore, *, fix: bool = False) -> CheckReport:
         if is_queued(rec.sysflag):
             per_queue[(rec.topic, rec.queue_id)].append(rec)
 
+    damaged: set[int] = set()
     pos = cl.min_offset
     while pos < cl.write_pos:
         end, err = cl.scan(pos, check_crc=True, on_record=on_record)
         if err is None:
             break
         rep.problems.append(Problem(err.path or "commitlog", err.offset or 0, str(err).split(" (")[0]))
+        damaged.add(end)
         f = cl.queue.find(end)
         if f is None:
             break
-        pos = f.end  # cannot trust sizes past the damage: resume at the next segment
+        data = cl.read_record_unchecked(end)
+        if data is not None and str(err).startswith("body CRC mismatch"):
+            pos = end + len(data)  # the record's structure decoded, so its size can be trusted
+        else:
+            pos = f.end  # cannot trust sizes past the damage: resume at the next segment
     rep.records = len(by_phys)
     bad_queues: set[tuple[str, int]] = set()
     for (topic, qid), recs in per_queue.items():
@@ -204,7 +210,7 @@ def check_store(store: MessageStore, *, fix: bool = False) -> CheckReport:
             phys = int(units["offset"][i])
             rec = by_phys.get(phys)
             qoff = cq.min_offset + int(i)
-            if phys < cl.min_offset:
+            if phys < cl.min_offset or phys in damaged:
                 continue
             if rec is None or rec.topic != cq.topic or rec.queue_id != cq.queue_id or rec.queue_offset != qoff:
                 rep.problems.append(Problem(f"consumequeue/{cq.topic}/{cq.queue_id}", qoff * 20,
