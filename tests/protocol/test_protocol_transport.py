@@ -261,3 +261,38 @@ def test_sync_facade() -> None:
         with pytest.raises(RemotingError):
             own.invoke(f"127.0.0.1:{unused_port()}", RemotingCommand.request(ECHO), 2)
     assert not own.loop_thread.running
+
+
+def test_reading_pauses_while_too_many_requests_are_in_flight() -> None:
+    async def main() -> None:
+        release = asyncio.Event()
+        started: list[int] = []
+
+        async def held(conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
+            started.append(req.opaque)
+            await release.wait()
+            return req.make_response()
+
+        async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            from sluice.protocol.connection import Dispatcher
+            conn = RemotingConnection(reader, writer, dispatcher=Dispatcher({1: held}), max_inflight=3)
+            conns.append(conn)
+            conn.start()
+        conns: list[RemotingConnection] = []
+        srv = await asyncio.start_server(accept, "127.0.0.1", 0)
+        client = RemotingClient()
+        addr = f"127.0.0.1:{srv.sockets[0].getsockname()[1]}"
+        try:
+            calls = [asyncio.ensure_future(client.invoke(addr, RemotingCommand.request(1), 10)) for _ in range(8)]
+            await asyncio.sleep(0.3)
+            assert len(started) == 3  # the other five wait in the socket, not in memory
+            release.set()
+            assert [r.code for r in await asyncio.gather(*calls)] == [0] * 8
+            assert len(started) == 8
+        finally:
+            await client.close()
+            for c in conns:
+                await c.close()
+            srv.close()
+            await srv.wait_closed()
+    run(main)

@@ -20,7 +20,7 @@ from sluice.protocol.codes import ResponseCode
 from sluice.protocol.command import FLAG_ONEWAY, FLAG_RESPONSE, RemotingCommand
 from sluice.protocol.frame import DEFAULT_MAX_FRAME_SIZE, NEED_DATA, FrameCodec, encode_frame_parts
 
-__all__ = ["CloseCallback", "Dispatcher", "RemotingConnection", "RequestHandler", "split_addr"]
+__all__ = ["DEFAULT_MAX_INFLIGHT", "CloseCallback", "Dispatcher", "RemotingConnection", "RequestHandler", "split_addr"]
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +28,8 @@ RequestHandler = Callable[["RemotingConnection", RemotingCommand], Awaitable[Rem
 CloseCallback = Callable[["RemotingConnection"], None]
 
 _READ_CHUNK = 256 * 1024
+#: Requests from the peer being handled at once on one connection; beyond it we stop reading (backpressure).
+DEFAULT_MAX_INFLIGHT = 4096
 
 
 def split_addr(addr: str) -> tuple[str, int]:
@@ -77,8 +79,11 @@ class RemotingConnection:
     def __init__(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *,
         dispatcher: Dispatcher | None = None, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        max_inflight: int = DEFAULT_MAX_INFLIGHT,
     ) -> None:
         self._reader = reader
+        self._max_inflight = max_inflight
+        self._slot_free = asyncio.Event()
         self._writer = writer
         self._dispatcher = dispatcher
         self._codec = FrameCodec(max_frame_size)
@@ -172,6 +177,9 @@ class RemotingConnection:
                 self._codec.receive_data(data)
                 while (frame := self._codec.next_frame()) is not NEED_DATA:
                     self._on_frame(frame)  # type: ignore[arg-type]
+                    while len(self._handler_tasks) >= self._max_inflight:
+                        self._slot_free.clear()
+                        await self._slot_free.wait()
                 if not data:
                     break
         except SluiceError as exc:  # ProtocolError: the stream cannot be resynchronised
@@ -194,7 +202,11 @@ class RemotingConnection:
             return
         task = asyncio.get_running_loop().create_task(self._serve(cmd))
         self._handler_tasks.add(task)
-        task.add_done_callback(self._handler_tasks.discard)
+        task.add_done_callback(self._handler_done)
+
+    def _handler_done(self, task: asyncio.Task[None]) -> None:
+        self._handler_tasks.discard(task)
+        self._slot_free.set()
 
     async def _serve(self, request: RemotingCommand) -> None:
         dispatcher = self._dispatcher or _NO_HANDLERS

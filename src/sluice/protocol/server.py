@@ -17,7 +17,9 @@ import asyncio
 import logging
 
 from sluice.errors import RemotingError
-from sluice.protocol.connection import CloseCallback, Dispatcher, RemotingConnection, RequestHandler
+from sluice.protocol.connection import (
+    DEFAULT_MAX_INFLIGHT, CloseCallback, Dispatcher, RemotingConnection, RequestHandler,
+)
 from sluice.protocol.frame import DEFAULT_MAX_FRAME_SIZE
 
 __all__ = ["RemotingServer"]
@@ -28,9 +30,10 @@ log = logging.getLogger(__name__)
 class RemotingServer:
     def __init__(
         self, host: str = "127.0.0.1", port: int = 0, *, dispatcher: Dispatcher | None = None,
-        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, max_inflight: int = DEFAULT_MAX_INFLIGHT,
     ) -> None:
         self.host = host
+        self.max_inflight = max_inflight
         self.port = port
         self.dispatcher = dispatcher or Dispatcher()
         self.max_frame_size = max_frame_size
@@ -78,7 +81,8 @@ class RemotingServer:
             self._server = None
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = RemotingConnection(reader, writer, dispatcher=self.dispatcher, max_frame_size=self.max_frame_size)
+        conn = RemotingConnection(reader, writer, dispatcher=self.dispatcher, max_frame_size=self.max_frame_size,
+                                  max_inflight=self.max_inflight)
         self.connections.add(conn)
         conn.on_close(self._closed)
         for cb in self._open_callbacks:
