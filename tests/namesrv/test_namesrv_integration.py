@@ -190,8 +190,12 @@ def test_config_file_flags_win_and_sigterm_stops_cleanly(tmp_path: Path) -> None
     cfg.write_text('[namesrv]\nbroker_expiry = 999.0\nscan_interval = 0.2\nlog_level = "INFO"\n')
     with SluiceProcess.start(["namesrv", "--config", str(cfg), "--broker-expiry", "0.5"], tmp_path, name="cfg") as ns:
         ns.wait_for_stderr("broker expiry 0.5s")
-        ns.signal(signal.SIGTERM)
-        assert ns.proc.wait(10) == 0
+        with SyncRemotingClient() as client:  # a live connection does not hold up a graceful stop
+            assert client.invoke(ns.addr, route_request("X"), 5).code == ResponseCode.TOPIC_NOT_EXIST
+            ns.signal(signal.SIGTERM)
+            assert ns.proc.wait(10) == 0
+            with pytest.raises(RemotingError):
+                client.invoke(ns.addr, route_request("X"), 2)
         assert "namesrv stopping" in ns.stderr()
     bad = tmp_path / "bad.toml"
     bad.write_text("brokr_expiry = 1\n")
