@@ -1,0 +1,142 @@
+"""CommitLog and MappedFileQueue: append, roll-over, reads, scans, truncation, the record parser."""
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sluice.errors import CorruptRecordError, StoreError
+from sluice.protocol.record import BLANK_MAGIC, decode_record, encode_record
+from sluice.store.commitlog import CommitLog, parse_record, verify_record_bytes
+from sluice.store.mapped import MappedFileQueue, offset_to_name
+
+SEG = 64 * 1024
+
+
+def rec(body: bytes = b"x" * 100, topic: str = "T", props: str = "") -> bytearray:
+    return encode_record(topic=topic, body=body, properties=props)
+
+
+def append(cl: CommitLog, records: list[bytearray], topic: str = "T", qid: int = 0):
+    return cl.append(records, topic, qid, [56] * len(records))
+
+
+@pytest.fixture
+def cl(tmp_path: Path):
+    c = CommitLog(tmp_path / "commitlog", SEG)
+    c.load()
+    yield c
+    c.close()
+
+
+def test_append_assigns_offsets_and_patches_fields(cl: CommitLog) -> None:
+    placed, ts, end = append(cl, [rec(), rec(b"yy")])
+    (p0, q0, n0), (p1, q1, n1) = placed
+    assert (p0, q0, p1, q1, end) == (0, 0, n0, 1, n0 + n1)
+    r = decode_record(cl.read(p1, n1))
+    assert (r.physical_offset, r.queue_offset, r.store_timestamp, r.body) == (p1, 1, ts, b"yy")
+    assert append(cl, [rec()], "T", 1)[0][0][1] == 0  # another queue counts from 0
+    assert append(cl, [rec()])[0][0][1] == 2
+
+
+def test_roll_over_blank_marker_and_scan(cl: CommitLog) -> None:
+    placed = []
+    for _ in range(40):
+        placed += append(cl, [rec(b"z" * 3000)])[0]
+    assert len(cl.segments()) >= 2
+    last_first = max(p for p, _, n in placed if p + n <= SEG)
+    size = placed[0][2]
+    blank_at = last_first + size
+    assert struct.unpack_from(">iI", cl.segments()[0].mm, blank_at) == (SEG - blank_at, BLANK_MAGIC)
+    seen = []
+    end, err = cl.scan(0, on_record=lambda r: seen.append(r.physical_offset))
+    assert err is None and end == cl.write_pos and seen == [p for p, _, _ in placed]
+    assert [p.name for p in sorted(cl.queue.directory.iterdir())][:2] == [offset_to_name(0), offset_to_name(SEG)]
+
+
+def test_batch_larger_than_a_segment_splits_at_record_boundaries(cl: CommitLog) -> None:
+    placed, _, end = append(cl, [rec(b"q" * 5000) for _ in range(30)])
+    assert all(p // SEG == (p + n - 1) // SEG for p, _, n in placed)
+    assert cl.scan(0) == (end, None)
+
+
+def test_scan_stops_at_damage(cl: CommitLog) -> None:
+    placed, _, end = append(cl, [rec() for _ in range(5)])
+    p3 = placed[3][0]
+    f = cl.segments()[0]
+    f.write(p3 + 4, b"\xde\xad\xbe\xef")
+    stop, err = cl.scan(0)
+    assert stop == p3 and "bad magic" in str(err) and err.offset == p3 and err.path == str(f.path)
+
+
+def test_truncate_zeros_and_drops_later_segments(cl: CommitLog) -> None:
+    for _ in range(40):
+        append(cl, [rec(b"z" * 3000)])
+    cut = 1000 + 0  # anywhere: truncate does not care about record boundaries
+    cl.truncate(cut)
+    assert cl.write_pos == cut and len(cl.segments()) == 1
+    assert bytes(cl.segments()[0].mm[cut:SEG]) == bytes(SEG - cut)
+
+
+def test_read_record_and_reads_out_of_range(cl: CommitLog) -> None:
+    placed, _, _ = append(cl, [rec(b"abc")])
+    assert decode_record(cl.read_record(0)).body == b"abc"
+    assert cl.read_record(10 * SEG) is None and cl.read(10 * SEG, 10) is None
+    cl.segments()[0].write(4, b"\x00\x00\x00\x00")
+    with pytest.raises(CorruptRecordError, match="magic"):
+        cl.read_record(0)
+
+
+def test_mapped_queue_refuses_a_gap(tmp_path: Path) -> None:
+    q = MappedFileQueue(tmp_path, SEG)
+    q.create(0)
+    q.create(SEG)
+    q.create(2 * SEG)
+    q.close()
+    (tmp_path / offset_to_name(SEG)).unlink()
+    with pytest.raises(StoreError, match="missing"):
+        MappedFileQueue(tmp_path, SEG).load()
+
+
+def test_mapped_queue_extends_a_short_file(tmp_path: Path) -> None:
+    (tmp_path / offset_to_name(0)).write_bytes(b"abc")
+    q = MappedFileQueue(tmp_path, SEG)
+    q.load()
+    assert q.files[0].read(0, 4) == b"abc\x00" and (tmp_path / offset_to_name(0)).stat().st_size == SEG
+    q.close()
+
+
+@settings(max_examples=150, deadline=None)
+@given(body=st.binary(max_size=600), topic=st.from_regex(r"[A-Za-z0-9_%|-]{1,40}", fullmatch=True),
+       props=st.text(max_size=50), qid=st.integers(0, 1000), born_v6=st.booleans(), store_v6=st.booleans())
+def test_parse_record_agrees_with_decode_record(body, topic, props, qid, born_v6, store_v6) -> None:
+    r = encode_record(topic=topic, body=body, properties=props, queue_id=qid, queue_offset=7, physical_offset=99,
+                      born_host=("::1", 5) if born_v6 else ("10.0.0.1", 5),
+                      store_host=("::2", 6) if store_v6 else ("10.0.0.2", 6), store_timestamp=1234)
+    p = parse_record(bytes(r), 0, check_crc=True)
+    d = decode_record(r)
+    assert (p.total_size, p.queue_id, p.queue_offset, p.physical_offset, p.sysflag, p.store_timestamp, p.topic,
+            p.properties) == (d.total_size, d.queue_id, d.queue_offset, d.physical_offset, d.sysflag,
+                              d.store_timestamp, d.topic, d.properties)
+    verify_record_bytes(bytes(r), 99)
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_parse_record_rejects_any_damage_or_cut(data) -> None:
+    """A cut record, or one with a flipped bit in the body, never parses as valid."""
+    body = data.draw(st.binary(min_size=1, max_size=200))
+    r = bytes(encode_record(topic="T", body=body, properties="a\x01b\x02"))
+    cut = data.draw(st.integers(0, len(r) - 1))
+    with pytest.raises(CorruptRecordError):
+        parse_record(r[:cut], 0, check_crc=True)
+    i = data.draw(st.integers(88, 88 + len(body) - 1))  # inside the body
+    bad = bytearray(r)
+    bad[i] ^= 1 << data.draw(st.integers(0, 7))
+    with pytest.raises(CorruptRecordError):
+        parse_record(bytes(bad), 0, check_crc=True)
+    with pytest.raises(CorruptRecordError):
+        verify_record_bytes(bytes(bad), 0)
