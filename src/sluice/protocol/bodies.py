@@ -214,5 +214,14 @@ class UnlockBatchRequestBody:
 
 
 @_BODY
+class CheckClientRequestBody:
+    """CHECK_CLIENT_CONFIG (46) body: a consumer asks whether the broker accepts its subscription."""
+
+    client_id: str = ""
+    group: str
+    subscription_data: SubscriptionData | None = None
+
+
+@_BODY
 class KVTable:
     table: dict[str, str] = dataclasses.field(default_factory=dict)

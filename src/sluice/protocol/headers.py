@@ -253,6 +253,40 @@ class NotifyConsumerIdsChangedRequestHeader(Header):
     consumer_group: str
 
 
+@_HEADER
+class GetConsumerConnectionListRequestHeader(Header):
+    consumer_group: str
+
+
+@_HEADER
+class GetConsumerRunningInfoRequestHeader(Header):
+    """GET_CONSUMER_RUNNING_INFO (307), sent by the broker/admin to a client."""
+
+    consumer_group: str
+    client_id: str
+    jstack_enable: bool = False
+
+
+@_HEADER
+class ConsumeMessageDirectlyResultRequestHeader(Header):
+    """CONSUME_MESSAGE_DIRECTLY (309), sent by the broker/admin to a client."""
+
+    consumer_group: str
+    client_id: str | None = None
+    msg_id: str | None = None
+    broker_name: str | None = None
+
+
+@_HEADER
+class ResetOffsetRequestHeader(Header):
+    """INVOKE_BROKER_TO_RESET_OFFSET (222) and RESET_CONSUMER_CLIENT_OFFSET (220)."""
+
+    topic: str
+    group: str
+    timestamp: int
+    is_force: bool = False
+
+
 # ------------------------------------------------------------------------------------------ topics / admin
 
 @_HEADER
