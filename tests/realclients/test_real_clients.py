@@ -15,6 +15,7 @@ re-checked by the client at all.
 from __future__ import annotations
 
 import base64
+import json
 import os
 import shutil
 import signal
@@ -22,7 +23,6 @@ import subprocess
 import sys
 import threading
 import time
-import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -179,6 +179,29 @@ class Clients:
                 "--topic", topic, "--group", group, "--timeout", str(CLIENT_TIMEOUT), *args]
         return self._start(f"ons-{command}", argv, dict(os.environ))
 
+    def send(self, kind: str, topic: str, specs: list[dict[str, Any]], *, batch: bool = False) -> list[dict[str, Any]]:
+        """Send with the C++ ("cpp") or ali-ons ("ons") producer and check every result.
+
+        The first send auto-creates the topic; waiting until the namesrv routes it lets a consumer
+        started next find its queues at once instead of at its next route poll (30 s).
+        """
+        start = self.cpp if kind == "cpp" else self.ons
+        extra = ["--batch"] if batch else []
+        sender = start("send", *extra, "--messages", json.dumps(specs), topic=topic, group=f"{kind}_producer")
+        summary = sender.finish()
+        assert summary["ok"], f"{sender.name} failed: {summary.get('error')}"
+        sent = sender.of("sent")
+        assert len(sent) == (1 if batch else len(specs)), sent
+        assert all(s["status"] in ("OK", "SEND_OK") for s in sent), sent
+        wait_for_route(self.namesrv, topic)
+        return sent
+
+    def warm_up(self, topic: str) -> None:
+        """Create the topic before a C++ push consumer starts: a new librocketmq group begins at the
+        queue tail, and with no route yet it would only find the queues 30 s later. The warm-up
+        message's tag is outside every subscription used here, so no consumer may deliver it."""
+        self.send("cpp", topic, [spec(b"warm-up", "WarmUp")])
+
     def kill_all(self) -> None:
         for run in self.runs:
             run.kill()
@@ -230,6 +253,23 @@ def run(cluster: tuple[Any, Any], tmp_path: Path) -> Iterator[Clients]:
             print(f"=== {server.stderr_path.name} (tail)\n{server.stderr()[-6000:]}")
 
 
+def wait_for_route(namesrv: str, topic: str, timeout: float = 20.0) -> None:
+    from sluice.errors import SluiceError
+    from sluice.namesrv.client import SyncNamesrvClient
+
+    deadline = time.monotonic() + timeout
+    with SyncNamesrvClient(namesrv, timeout=3.0) as client:
+        while True:
+            try:
+                client.get_route(topic)
+                return
+            except SluiceError as exc:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"namesrv has no route for {topic} {timeout:g} s after a send to it ({exc}); "
+                                "the broker must register an auto-created topic with the namesrv at once")
+            time.sleep(0.2)
+
+
 def wait_for_registration(namesrv: str, timeout: float = 30.0) -> None:
     """Bounded wait until the broker has registered, so the first client gets a route."""
     from sluice.namesrv.client import SyncNamesrvClient
@@ -262,15 +302,6 @@ def received(run: ClientRun) -> Counter[tuple[Any, ...]]:
     return Counter(view(m["tags"], m["keys"], m["properties"], m["body_b64"]) for m in run.of("message"))
 
 
-def assert_sent(run: ClientRun, specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    summary = run.finish()
-    assert summary["ok"], f"{run.name} failed: {summary.get('error')}"
-    sent = run.of("sent")
-    assert len(sent) == len(specs)
-    assert all(s["status"] in ("OK", "SEND_OK") for s in sent), sent
-    return sent
-
-
 def assert_consumed(run: ClientRun, want: Counter[tuple[Any, ...]]) -> None:
     summary = run.finish()
     got = received(run)
@@ -301,11 +332,11 @@ TAG_A_OR_B = [s for s in TAGGED if s["tags"] in ("TagA", "TagB")]
 
 def test_cpp_send_then_cpp_push_with_tag_expression(run: Clients) -> None:
     topic, group = unique("CppTags"), unique("cpp_push_tags")
+    run.warm_up(topic)
     consumer = run.cpp("push", "--expression", "TagA || TagB", "--expect", str(len(TAG_A_OR_B)),
                        "--props", ",".join(USER_PROPS), topic=topic, group=group)
     consumer.wait_event("ready", CLIENT_TIMEOUT)
-    sender = run.cpp("send", "--messages", json.dumps(TAGGED), topic=topic, group="cpp_producer")
-    sent = assert_sent(sender, TAGGED)
+    sent = run.send("cpp", topic, TAGGED)
     assert_consumed(consumer, expected(TAG_A_OR_B))
     # librocketmq reports the client-made UNIQ_KEY as the message id on both ends.
     want_ids = {s["msg_id"] for s, m in zip(sent, TAGGED) if m["tags"] in ("TagA", "TagB")}
@@ -315,7 +346,7 @@ def test_cpp_send_then_cpp_push_with_tag_expression(run: Clients) -> None:
 
 def test_cpp_pull_consumer_reads_everything_from_offset_zero(run: Clients) -> None:
     topic = unique("CppPull")
-    assert_sent(run.cpp("send", "--messages", json.dumps(TAGGED), topic=topic, group="cpp_producer"), TAGGED)
+    run.send("cpp", topic, TAGGED)
     puller = run.cpp("pull", "--expect", str(len(TAGGED)), "--props", ",".join(USER_PROPS),
                      topic=topic, group=unique("cpp_pull_all"))
     assert_consumed(puller, expected(TAGGED))
@@ -332,9 +363,7 @@ def test_cpp_batch_is_stored_as_separate_messages(run: Clients) -> None:
     # librocketmq 1.0.1 sends a batch as SEND_MESSAGE (10) with batch=1; the broker must split it.
     topic = unique("CppBatch")
     batch = [spec(f"batch-{i}".encode(), "TagA", (f"bk{i}",), a=str(i)) for i in range(5)]
-    sender = run.cpp("send", "--batch", "--messages", json.dumps(batch), topic=topic, group="cpp_producer")
-    summary = sender.finish()
-    assert summary["ok"], f"batch send failed: {summary.get('error')}"
+    run.send("cpp", topic, batch, batch=True)
     puller = run.cpp("pull", "--expect", str(len(batch)), "--props", ",".join(USER_PROPS),
                      topic=topic, group=unique("cpp_pull_batch"))
     assert_consumed(puller, expected(batch))
@@ -347,7 +376,7 @@ def test_ons_send_then_ons_push_with_tag_expression(run: Clients) -> None:
     # ali-ons passes untagged messages through its own tag check: only the broker can drop this one.
     untagged = spec(b"no tag at all", None, ("k0",), a="10", region="eu")
     specs = TAGGED + [untagged]
-    sent = assert_sent(run.ons("send", "--messages", json.dumps(specs), topic=topic, group="ons_producer"), specs)
+    sent = run.send("ons", topic, specs)
     consumer = run.ons("push", "--expression", "TagA || TagB", "--expect", str(len(TAG_A_OR_B)),
                        topic=topic, group=unique("ons_push_tags"))
     assert_consumed(consumer, expected(TAG_A_OR_B))
@@ -370,7 +399,7 @@ def test_ons_push_with_sql92_expression_is_filtered_by_the_server(run: Clients) 
     sql = "a > 5 AND region IN ('eu', 'us')"
     want = [s for s in specs if s["body_b64"] in {spec(b, None)["body_b64"]
                                                  for b in (b"match eu", b"match us, any tag", b"match big a")}]
-    assert_sent(run.ons("send", "--messages", json.dumps(specs), topic=topic, group="ons_producer"), specs)
+    run.send("ons", topic, specs)
     consumer = run.ons("push", "--sql", sql, "--expect", str(len(want)), topic=topic, group=unique("ons_push_sql"))
     assert_consumed(consumer, expected(want))
 
@@ -381,7 +410,7 @@ def test_cpp_sends_ons_consumes(run: Clients) -> None:
     topic = unique("CppToOns")
     # A body with NUL and high bytes: librocketmq sends it by length, ali-ons reads it by length.
     specs = TAGGED + [spec(b"\x00\x01binary\xff\x00", "TagB", ("bin",), a="11")]
-    sent = assert_sent(run.cpp("send", "--messages", json.dumps(specs), topic=topic, group="cpp_producer"), specs)
+    sent = run.send("cpp", topic, specs)
     consumer = run.ons("push", "--expression", "*", "--expect", str(len(specs)), topic=topic, group=unique("ons_from_cpp"))
     assert_consumed(consumer, expected(specs))
     assert {m["uniq_key"] for m in consumer.of("message")} == {s["msg_id"] for s in sent}
@@ -389,8 +418,9 @@ def test_cpp_sends_ons_consumes(run: Clients) -> None:
 
 def test_ons_sends_cpp_consumes(run: Clients) -> None:
     topic = unique("OnsToCpp")
+    run.warm_up(topic)
     consumer = run.cpp("push", "--expression", "TagA || TagB", "--expect", str(len(TAG_A_OR_B)),
                        "--props", ",".join(USER_PROPS), topic=topic, group=unique("cpp_from_ons"))
     consumer.wait_event("ready", CLIENT_TIMEOUT)
-    assert_sent(run.ons("send", "--messages", json.dumps(TAGGED), topic=topic, group="ons_producer"), TAGGED)
+    run.send("ons", topic, TAGGED)
     assert_consumed(consumer, expected(TAG_A_OR_B))
