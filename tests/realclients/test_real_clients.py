@@ -207,11 +207,13 @@ class Clients:
             run.kill()
 
     def report(self) -> str:
-        parts = [run.report() for run in self.runs]
-        for log in sorted((self.cpp_home / "logs").rglob("*")) if (self.cpp_home / "logs").exists() else []:
-            if log.is_file():
+        parts = []
+        for run in self.runs:
+            parts.append(run.report())
+            # librocketmq 1.0.1 logs to $HOME/logs/rocketmq-cpp/<pid>_rocketmq-cpp.log.N
+            for log in sorted((self.cpp_home / "logs" / "rocketmq-cpp").glob(f"{run.proc.pid}_*")):
                 lines = log.read_text(errors="replace").splitlines()[-60:]
-                parts.append(f"=== librocketmq log {log.name} (tail)\n" + "\n".join(lines))
+                parts.append(f"--- librocketmq log {log.name} (tail) ---\n" + "\n".join(lines))
         return "\n".join(parts)
 
 
