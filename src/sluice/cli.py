@@ -19,3 +19,7 @@ main.add_command(namesrv_command)
 from sluice.store.cli import store_group  # noqa: E402
 
 main.add_command(store_group)
+
+from sluice.broker.cli import broker_command  # noqa: E402
+
+main.add_command(broker_command)

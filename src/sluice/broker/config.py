@@ -60,6 +60,10 @@ class BrokerConfig:
     max_error_rate_of_bloom_filter: int = 20
     #: Remove filter data that has been dead this long (RocketMQ's filterDataCleanTimeSpan, 24 h).
     filter_data_clean_time_span_ms: int = 24 * 3600 * 1000
+    #: Hold pulls that found nothing until a message arrives (longPollingEnable); off = short polling.
+    long_polling_enable: bool = True
+    #: With long polling off, a pull is held this long at most (shortPollingTimeMills).
+    short_polling_ms: int = 1000
     #: Held pulls are re-checked this often besides being woken by arrivals (PullRequestHoldService: 5 s).
     long_polling_check_ms: int = 5000
     #: Broker → namesrv registration period (registerNameServerPeriod).

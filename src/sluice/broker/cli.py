@@ -1,0 +1,71 @@
+"""``sluice broker``: run a broker until SIGTERM/SIGINT, then stop gracefully.
+
+Flags win over the TOML file given with ``--config`` (BrokerConfig.load).
+Logs go to stderr. Exit status 0 after a graceful stop, 1 when the broker
+cannot start (bad settings, store locked or damaged, port taken).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from pathlib import Path
+
+import click
+
+from sluice.broker.config import BrokerConfig
+from sluice.errors import SluiceError
+
+log = logging.getLogger("sluice.broker")
+
+
+async def run_broker(config: BrokerConfig) -> None:
+    """Start a broker, wait for SIGTERM or SIGINT, stop it gracefully."""
+    from sluice.broker.controller import BrokerController
+
+    broker = BrokerController(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await broker.start()
+    except BaseException:
+        await broker.stop()
+        raise
+    try:
+        await stop.wait()
+    finally:
+        await broker.stop()
+
+
+@click.command("broker")
+@click.option("--listen", metavar="HOST:PORT", help="Address to listen on [default: 127.0.0.1:10911].")
+@click.option("--namesrv", metavar="HOST:PORT[;HOST:PORT...]", help="Namesrvs to register with.")
+@click.option("--store", metavar="DIR", help="Store directory [default: ./sluice-store].")
+@click.option("--broker-name", help="Broker name [default: broker-a].")
+@click.option("--cluster-name", help="Cluster name [default: DefaultCluster].")
+@click.option("--flush", type=click.Choice(["sync", "async"]), help="Acknowledge sends after fsync (sync) or not.")
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="TOML file with any broker setting (see docs/broker.md); flags win.")
+@click.option("--auto-create-topic/--no-auto-create-topic", default=None,
+              help="Create unknown topics on first send [default: on].")
+def broker_command(config_path: Path | None, listen: str | None, namesrv: str | None, store: str | None,
+                   broker_name: str | None, cluster_name: str | None, flush: str | None,
+                   auto_create_topic: bool | None) -> None:
+    """Run a broker: stores messages, serves sends and (long-polling) pulls, registers with namesrvs."""
+    level = os.environ.get("SLUICE_LOG_LEVEL", "INFO").upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = BrokerConfig.load(config_path, listen=listen, namesrv=namesrv, store=store,
+                                   broker_name=broker_name, cluster_name=cluster_name, flush=flush,
+                                   auto_create_topic=auto_create_topic)
+    except SluiceError as exc:
+        raise click.UsageError(str(exc)) from None
+    try:
+        asyncio.run(run_broker(config))
+    except SluiceError as exc:
+        raise click.ClickException(f"broker failed: {exc}") from None
+    except OSError as exc:  # typically the port is taken
+        raise click.ClickException(f"cannot start the broker on {config.listen}: {exc}") from None

@@ -1,0 +1,98 @@
+"""Client bookkeeping requests (RocketMQ's ClientManageProcessor and ConsumerManageProcessor).
+
+HEART_BEAT (34) accepts both enum forms (ordinals from librocketmq, names from
+ali-ons/Java), recomputes tag codes from the subscription strings (never
+trusting the client's ``codeSet``), compiles SQL92 subscriptions — one bad
+expression refuses the whole heartbeat with SUBSCRIPTION_PARSE_FAILED — and
+creates the group's ``%RETRY%`` topic. UNREGISTER_CLIENT (35),
+GET_CONSUMER_LIST_BY_GROUP (38) and CHECK_CLIENT_CONFIG (46) complete the set.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sluice.broker.filtering import CompiledSubscription, compile_subscription_data
+from sluice.broker.topics import retry_topic
+from sluice.errors import InvalidParameterError, SluiceError
+from sluice.protocol import fields as F
+from sluice.protocol.bodies import ConsumerListBody, HeartbeatData, SubscriptionData, decode_body, encode_body, \
+    loads_lenient
+from sluice.protocol.codes import RequestCode, ResponseCode
+from sluice.protocol.command import RemotingCommand
+from sluice.protocol.connection import RemotingConnection
+from sluice.protocol.headers import GetConsumerListByGroupRequestHeader, UnregisterClientRequestHeader
+
+if TYPE_CHECKING:
+    from sluice.broker.controller import BrokerController
+
+__all__ = ["ClientManageProcessor"]
+
+CLIENT_ID = "client_id"  # key in RemotingConnection.attributes
+
+
+class ClientManageProcessor:
+    def __init__(self, broker: BrokerController) -> None:
+        self.broker = broker
+
+    def register(self, server) -> None:  # noqa: ANN001 - RemotingServer
+        server.register(RequestCode.HEART_BEAT, self.heartbeat)
+        server.register(RequestCode.UNREGISTER_CLIENT, self.unregister_client)
+        server.register(RequestCode.GET_CONSUMER_LIST_BY_GROUP, self.consumer_list)
+        server.register(RequestCode.CHECK_CLIENT_CONFIG, self.check_client_config)
+
+    async def heartbeat(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
+        b = self.broker
+        hb = decode_body(HeartbeatData, request.body)
+        if not hb.client_id:
+            raise InvalidParameterError("heartbeat without clientID")
+        # Compile everything first: a bad subscription must not leave half a registration behind.
+        compiled: list[tuple[object, list[CompiledSubscription]]] = []
+        for cd in hb.consumer_data_set:
+            if not cd.group_name:
+                raise InvalidParameterError("heartbeat consumer data without groupName")
+            subs = [compile_subscription_data(sd, enable_property_filter=b.config.enable_property_filter)
+                    for sd in cd.subscription_data_set]
+            compiled.append((cd, subs))
+        conn.attributes[CLIENT_ID] = hb.client_id
+        created = False
+        for cd, subs in compiled:
+            rt = retry_topic(cd.group_name)  # type: ignore[attr-defined]
+            if b.topics.get(rt) is None:
+                b.topics.create_retry_or_dlq(rt, 1)
+                created = True
+            b.consumers.register_consumer(
+                cd.group_name, hb.client_id, conn, language=request.language, version=request.version,  # type: ignore[attr-defined]
+                consume_type=cd.consume_type, message_model=cd.message_model,  # type: ignore[attr-defined]
+                consume_from_where=cd.consume_from_where, subscriptions=subs)  # type: ignore[attr-defined]
+        for pd in hb.producer_data_set:
+            b.consumers.register_producer(pd.group_name, hb.client_id, conn, language=request.language,
+                                          version=request.version)
+        if created:
+            b.topics_changed()
+        return request.make_response()
+
+    async def unregister_client(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
+        h = UnregisterClientRequestHeader.from_command(request)
+        consumers = self.broker.consumers
+        if h.consumer_group:
+            consumers.unregister_consumer(h.consumer_group, h.client_id)
+        if h.producer_group:
+            consumers.unregister_producer(h.producer_group, h.client_id)
+        return request.make_response()
+
+    async def consumer_list(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
+        h = GetConsumerListByGroupRequestHeader.from_command(request)
+        info = self.broker.consumers.get(h.consumer_group)
+        if info is None or not info.channels:
+            raise SluiceError(f"no consumer for this group, {h.consumer_group}")
+        return request.make_response(body=encode_body(ConsumerListBody(consumer_id_list=info.client_ids())))
+
+    async def check_client_config(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
+        if not request.body:
+            raise InvalidParameterError("CHECK_CLIENT_CONFIG without a body")
+        doc = loads_lenient(request.body)
+        if not isinstance(doc, dict) or not isinstance(doc.get("subscriptionData"), dict):
+            raise InvalidParameterError("CHECK_CLIENT_CONFIG body needs a subscriptionData object")
+        sd = F.from_jsonable(SubscriptionData, doc["subscriptionData"], "subscriptionData")
+        compile_subscription_data(sd, enable_property_filter=self.broker.config.enable_property_filter)
+        return request.make_response(ResponseCode.SUCCESS)

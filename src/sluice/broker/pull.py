@@ -1,0 +1,121 @@
+"""PULL_MESSAGE (11) with long polling (RocketMQ's PullMessageProcessor).
+
+The subscription comes from the pull itself when its SUBSCRIPTION flag (0x4)
+is set — every real 4.x client sets it — and otherwise from the group's last
+heartbeat. Store statuses map to response codes exactly as RocketMQ maps them
+(rocketmq-facts e.3). A PULL_NOT_FOUND with the SUSPEND flag is held in the
+HoldService up to the client's suspendTimeoutMillis, then pulled once more
+and answered whatever that gives.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sluice.broker.filtering import CompiledSubscription, compile_subscription
+from sluice.broker.longpoll import TIMED_OUT
+from sluice.errors import SluiceError, TopicNotExistError
+from sluice.protocol.codes import RequestCode, ResponseCode
+from sluice.protocol.command import RemotingCommand
+from sluice.protocol.connection import RemotingConnection
+from sluice.protocol.headers import PullMessageRequestHeader
+from sluice.store.types import GetMessageResult, GetMessageStatus
+
+if TYPE_CHECKING:
+    from sluice.broker.controller import BrokerController
+
+__all__ = ["PullProcessor", "pull_response_code", "FLAG_COMMIT_OFFSET", "FLAG_SUSPEND", "FLAG_SUBSCRIPTION"]
+
+FLAG_COMMIT_OFFSET = 0x1
+FLAG_SUSPEND = 0x2
+FLAG_SUBSCRIPTION = 0x4
+FLAG_CLASS_FILTER = 0x8
+
+_S = GetMessageStatus
+_R = ResponseCode
+_FIXED = {
+    _S.FOUND: _R.SUCCESS,
+    _S.NO_MATCHED_MESSAGE: _R.PULL_RETRY_IMMEDIATELY,
+    _S.MESSAGE_WAS_REMOVING: _R.PULL_RETRY_IMMEDIATELY,
+    _S.OFFSET_FOUND_NULL: _R.PULL_NOT_FOUND,
+    _S.OFFSET_OVERFLOW_ONE: _R.PULL_NOT_FOUND,
+    _S.OFFSET_OVERFLOW_BADLY: _R.PULL_OFFSET_MOVED,
+    _S.OFFSET_TOO_SMALL: _R.PULL_OFFSET_MOVED,
+}
+
+
+def pull_response_code(status: GetMessageStatus, requested_offset: int) -> ResponseCode:
+    """RocketMQ's mapping; an empty or unknown queue means 'moved' unless the client asked for offset 0."""
+    code = _FIXED.get(status)
+    if code is not None:
+        return code
+    # NO_MESSAGE_IN_QUEUE, NO_MATCHED_LOGIC_QUEUE
+    return _R.PULL_OFFSET_MOVED if requested_offset != 0 else _R.PULL_NOT_FOUND
+
+
+class PullProcessor:
+    def __init__(self, broker: BrokerController) -> None:
+        self.broker = broker
+        self.pulled_messages = 0
+
+    def register(self, server) -> None:  # noqa: ANN001 - RemotingServer
+        server.register(RequestCode.PULL_MESSAGE, self.handle)
+
+    def _subscription(self, h: PullMessageRequestHeader) -> CompiledSubscription:
+        b = self.broker
+        if h.sys_flag & FLAG_SUBSCRIPTION:
+            return compile_subscription(h.topic, h.expression_type, h.subscription, h.sub_version,
+                                        enable_property_filter=b.config.enable_property_filter)
+        info = b.consumers.get(h.consumer_group)
+        if info is None:
+            raise SluiceError(f"the consumer's group info not exist: group {h.consumer_group!r} has sent no "
+                              "heartbeat to this broker", code=_R.SUBSCRIPTION_NOT_EXIST)
+        sub = info.subscriptions.get(h.topic)
+        if sub is None:
+            raise SluiceError(f"the consumer's subscription not exist: group {h.consumer_group!r} does not "
+                              f"subscribe topic {h.topic!r}", code=_R.SUBSCRIPTION_NOT_EXIST)
+        if sub.sub_version < h.sub_version:
+            raise SluiceError(f"the consumer's subscription not latest (broker has version {sub.sub_version}, "
+                              f"the pull says {h.sub_version})", code=_R.SUBSCRIPTION_NOT_LATEST)
+        return sub
+
+    async def handle(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
+        b = self.broker
+        h = PullMessageRequestHeader.from_command(request)
+        cfg = b.topics.get(h.topic)
+        if cfg is None:
+            raise TopicNotExistError(f"topic[{h.topic}] not exist, apply first please!")
+        b.topics.check_readable(cfg)
+        if not 0 <= h.queue_id < cfg.read_queue_nums:
+            raise SluiceError(f"queueId[{h.queue_id}] is illegal, topic:[{h.topic}] "
+                              f"topicConfig.readQueueNums:[{cfg.read_queue_nums}] consumer:[{conn.peer}]")
+        sub = self._subscription(h)
+        mf = None if sub.filter.passes_all else sub.filter
+        if h.sys_flag & FLAG_COMMIT_OFFSET:
+            b.offsets.commit(h.consumer_group, h.topic, h.queue_id, h.commit_offset)
+        max_msgs = max(1, h.max_msg_nums)
+        max_bytes = h.max_msg_bytes if h.max_msg_bytes and h.max_msg_bytes > 0 else None
+        store = b.store
+        res: GetMessageResult = await b.run_blocking(
+            store.get_messages, h.topic, h.queue_id, h.queue_offset, max_msgs, mf, max_bytes)
+        code = pull_response_code(res.status, h.queue_offset)
+        if code == _R.PULL_NOT_FOUND and h.sys_flag & FLAG_SUSPEND:
+            timeout_ms = h.suspend_timeout_millis if b.config.long_polling_enable else b.config.short_polling_ms
+            woke = await b.hold.hold(h.topic, h.queue_id, h.queue_offset, mf, max(0, timeout_ms) / 1000.0)
+            if woke != TIMED_OUT and woke > 0:
+                await b.run_blocking(store.dispatch.wait_for, woke, 1.0)
+            res = await b.run_blocking(
+                store.get_messages, h.topic, h.queue_id, h.queue_offset, max_msgs, mf, max_bytes)
+            code = pull_response_code(res.status, h.queue_offset)
+        fields = {"suggestWhichBrokerId": "0", "nextBeginOffset": str(res.next_begin_offset),
+                  "minOffset": str(res.min_offset), "maxOffset": str(res.max_offset)}
+        if code == _R.SUCCESS:
+            self.pulled_messages += res.message_count
+            return request.make_response(code, ext_fields=fields, body=res.data)
+        return request.make_response(code, _REMARKS.get(code), ext_fields=fields)
+
+
+_REMARKS = {
+    _R.PULL_NOT_FOUND: "no new message",
+    _R.PULL_RETRY_IMMEDIATELY: "no matched message, pull again from nextBeginOffset",
+    _R.PULL_OFFSET_MOVED: "the requested offset is out of the queue's range",
+}
