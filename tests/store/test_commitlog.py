@@ -21,7 +21,7 @@ def rec(body: bytes = b"x" * 100, topic: str = "T", props: str = "") -> bytearra
 
 
 def append(cl: CommitLog, records: list[bytearray], topic: str = "T", qid: int = 0):
-    return cl.append(records, topic, qid, [56] * len(records))
+    return cl.append(bytearray().join(records), [len(r) for r in records], topic, qid, [56] * len(records))
 
 
 @pytest.fixture

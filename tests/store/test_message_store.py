@@ -271,3 +271,26 @@ def test_round_trip_property(store: MessageStore, batch) -> None:
         assert m.properties == props
         got = store.get_messages("P", q, r.queue_offset, 1)
         assert got.status is S.FOUND and got.data == store.read_record(r.commitlog_offset)
+
+
+def test_dispatch_from_appenders_equals_dispatch_from_the_log(store: MessageStore) -> None:
+    """Live dispatch uses what put handed over; replay parses the log: dispatchers must not tell them apart."""
+    seen: list = []
+
+    class D:
+        def dispatch(self, reqs) -> None:
+            seen.extend(reqs)
+
+    store.add_dispatcher(D())
+    batch = [StoreMessage("T", b"a", 1, {"TAGS": "x", "KEYS": "k1 k2", "empty": "", "__RMQ.TRANSIENT.t": "v"}),
+             StoreMessage("T", b"b", 1, {"UNIQ_KEY": "U"}, sysflag=0x4, born_host=("::1", 9))]
+    store.put_messages(batch)
+    store.put_messages([StoreMessage("T", bytes(300_000 // 2), 1, {"n": str(i)}) for i in range(8)])  # rolls over
+    store.wait_dispatched()
+    replay, end = [], 0
+    while end < store.commitlog.write_pos:
+        got, end = store.dispatch._parse_batch(end)
+        replay.extend(got)
+    assert len(seen) == 10 and seen == replay
+    assert seen[0].properties == {"TAGS": "x", "KEYS": "k1 k2"} and seen[0].keys == ["k1", "k2"]
+    assert seen[1].uniq_key == "U" and seen[1].sysflag == 0x14

@@ -42,6 +42,8 @@ _TOTAL_MAGIC = struct.Struct(">iI")
 
 #: the smallest possible record (IPv4 hosts, empty body, topic and properties)
 MIN_RECORD_SIZE = 91
+#: how many appended batches may wait for dispatch with their metadata (beyond that, dispatch parses the log)
+MAX_PENDING_BATCHES = 8192
 
 
 @dataclass(slots=True)
@@ -142,6 +144,8 @@ class CommitLog:
         self.last_store_timestamp = 0
         # Serves the dispatcher: set after every append.
         self.appended = threading.Event()
+        #: batches appended but not yet dispatched, by the commit-log offset of their first record
+        self.pending: dict[int, tuple[str, int, list[tuple[dict[str, str], int]], list[tuple[int, int, int]], int]] = {}
 
     # ---- lifecycle -------------------------------------------------------------------------------
     def load(self) -> None:
@@ -155,15 +159,18 @@ class CommitLog:
         return self.queue.min_offset
 
     # ---- append ----------------------------------------------------------------------------------
-    def append(self, records: Sequence[bytearray], topic: str, queue_id: int, ts_positions: Sequence[int],
-               queued: Sequence[bool] | None = None) -> tuple[list[tuple[int, int, int]], int, int]:
-        """Append encoded records of one topic/queue; return ([(phys offset, queue offset, size)],
-        store timestamp, end offset). Validation happened at encoding: nothing here can refuse a record.
+    def append(self, buf: bytearray, sizes: Sequence[int], topic: str, queue_id: int, ts_positions: Sequence[int],
+               queued: Sequence[bool] | None = None, meta: list[tuple[dict[str, str], int]] | None = None,
+               ) -> tuple[list[tuple[int, int, int]], int, int]:
+        """Append encoded records of one topic/queue (``buf`` holds them back to back, ``sizes`` says where
+        each ends); return ([(phys offset, queue offset, size)], store timestamp, end offset). Validation
+        happened at encoding: nothing here can refuse a record.
 
         ``queued[i]`` false (prepared/rolled-back transactional records) stores queue offset 0 and does
-        not advance the queue, as RocketMQ does."""
-        sizes = [len(r) for r in records]
-        buf = bytearray().join(records) if len(records) > 1 else records[0]
+        not advance the queue, as RocketMQ does.
+
+        ``meta`` ((properties, sysflag) per record) is handed to dispatch through ``pending`` so it need not
+        parse the records back; it is registered before ``write_pos`` moves, so dispatch never misses it."""
         key = (topic, queue_id)
         out: list[tuple[int, int, int]] = []
         with self.put_lock:
@@ -195,6 +202,8 @@ class CommitLog:
                 rel += n
             f.write(chunk_phys - f.start, memoryview(buf)[chunk_start:rel] if chunk_start else buf)
             self.queue_offsets[key] = qoff
+            if meta is not None and len(self.pending) < MAX_PENDING_BATCHES:
+                self.pending[out[0][0]] = (topic, queue_id, meta, out, now)
             self.write_pos = wpos
         self.appended.set()
         return out, now, wpos
@@ -318,6 +327,7 @@ class CommitLog:
         with self.put_lock:
             self.queue.truncate(offset, dirty_end=None)
             self.write_pos = offset
+            self.pending.clear()
 
     def segments(self) -> list[MappedFile]:
         return list(self.queue.files)

@@ -82,6 +82,32 @@ class DispatchService:
         cl = self.commitlog
         if start >= cl.write_pos:
             return [], start
+        if start in cl.pending:
+            return self._from_pending(start)
+        out, end = self._parse_batch(start)
+        if cl.pending:
+            # Batches registered while the table was full may now lie behind: forget them.
+            for k in [k for k in list(cl.pending) if k < end]:
+                cl.pending.pop(k, None)
+        return out, end
+
+    def _from_pending(self, start: int) -> tuple[list[DispatchRequest], int]:
+        """Requests straight from what the appenders registered: no parsing of the records."""
+        pending = self.commitlog.pending
+        out: list[DispatchRequest] = []
+        off = start
+        tags_name, keys_name, uniq_name = P.TAGS, P.KEYS, P.UNIQ_KEY
+        split = P.split_keys
+        while off in pending and len(out) < 8192:
+            topic, qid, meta, placed, ts = pending.pop(off)
+            for (props, sysflag), (phys, qoff, size) in zip(meta, placed):
+                out.append(DispatchRequest(topic, qid, qoff, phys, size, tag_code(props.get(tags_name)), props, ts,
+                                           split(props.get(keys_name)), props.get(uniq_name), sysflag))
+            off = placed[-1][0] + placed[-1][2]
+        return out, off
+
+    def _parse_batch(self, start: int) -> tuple[list[DispatchRequest], int]:
+        cl = self.commitlog
         if cl.queue.find(start) is None:
             # Below the oldest segment (retention ran ahead) or between segments: move to the next one.
             first = cl.queue.min_offset

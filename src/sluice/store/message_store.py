@@ -29,17 +29,18 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from sluice.errors import CorruptRecordError, InvalidParameterError, MessageIllegalError, StoreError
+from sluice.errors import CorruptRecordError, InvalidParameterError, StoreError
 from sluice.message import MessageExt
 from sluice.protocol import properties as P
 from sluice.protocol.msgid import decode_offset_msg_id, offset_msg_id_prefix
-from sluice.protocol.record import decode_record, encode_record
+from sluice.protocol.record import check_topic, decode_record
 from sluice.store import recovery, retention
 from sluice.store.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from sluice.store.commitlog import CommitLog, parse_record, verify_record_bytes
 from sluice.store.config import StoreConfig
 from sluice.store.consumequeue import CQ_DTYPE, CQ_UNIT_SIZE, PAD_SIZE, ConsumeQueueTable
 from sluice.store.dispatch import DispatchService, is_queued
+from sluice.store.encode import encode_batch
 from sluice.store.flush import FlushService
 from sluice.store.index import IndexService
 from sluice.store.types import (
@@ -293,21 +294,6 @@ class MessageStore:
                 cq.put(qoff, np.array([(phys, size, tag)], dtype=CQ_DTYPE))
 
     # ---- writes ------------------------------------------------------------------------------------
-    def _encode(self, m: StoreMessage) -> bytearray:
-        if not isinstance(m.body, (bytes, bytearray, memoryview)):
-            raise MessageIllegalError(f"message body must be bytes, not {type(m.body).__name__}")
-        if m.queue_id < 0:
-            raise MessageIllegalError(f"queue id {m.queue_id} is negative")
-        for name, value in m.properties.items():
-            if not isinstance(name, str) or not isinstance(value, str):
-                raise MessageIllegalError(f"property {name!r} must map a str to a str")
-            P.check_property(name, value)
-        return encode_record(
-            topic=m.topic, body=m.body, properties=P.encode_properties(m.properties), queue_id=m.queue_id,
-            flag=m.flag, sysflag=m.sysflag, born_timestamp=m.born_timestamp, born_host=m.born_host,
-            store_host=self.config.store_host, reconsume_times=m.reconsume_times,
-            prepared_tx_offset=m.prepared_tx_offset, max_body=self.config.max_message_size)
-
     def put_message(self, msg: StoreMessage) -> PutResult:
         return self.put_messages([msg])[0]
 
@@ -315,19 +301,23 @@ class MessageStore:
         """Append a batch for one topic/queue; every message is validated before anything is written."""
         if not batch:
             return []
-        records = [self._encode(m) for m in batch]
+        enc = encode_batch(batch, store_host=self.config.store_host, max_body=self.config.max_message_size)
         topic, qid = batch[0].topic, batch[0].queue_id
         for m in batch:
             if m.topic != topic or m.queue_id != qid:
+                check_topic(m.topic)  # a bad topic is the more precise complaint
                 raise InvalidParameterError(
                     f"a batch goes to one queue: {topic}/{qid} and {m.topic}/{m.queue_id} are mixed")
-        ts_pos = [68 if r[39] & 0x10 else 56 for r in records]
-        queued = [is_queued(r[39]) for r in records]
         self._check_open()
-        placed, ts, end = self.commitlog.append(records, topic, qid, ts_pos, None if all(queued) else queued)
+        # What dispatch would decode from the record (empty values and transient names are not stored),
+        # copied: dispatchers see it after put returns, and the caller may reuse its dicts.
+        transient = P.TRANSIENT_PREFIX
+        meta = [({k: v for k, v in m.properties.items() if v and not k.startswith(transient)}, sysflag)
+                for m, sysflag in zip(batch, enc.sysflags)]
+        placed, ts, end = self.commitlog.append(enc.buf, enc.sizes, topic, qid, enc.ts_positions, enc.queued, meta)
         if self._sync:
             self.flusher.wait_flushed(end)
-        self.put_count += len(records)
+        self.put_count += len(placed)
         self.put_bytes += end - placed[0][0]
         prefix = self._msgid_prefix
         return [PutResult(phys, qoff, (prefix + _Q.pack(phys)).hex().upper(), ts, size)

@@ -1,0 +1,49 @@
+"""The batch encoder is byte-for-byte the reference codec (sluice.protocol.record.encode_record)."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sluice.errors import MessageIllegalError
+from sluice.protocol.properties import encode_properties
+from sluice.protocol.record import encode_record
+from sluice.store.encode import encode_batch
+from sluice.store.types import StoreMessage
+
+text = st.text(st.characters(blacklist_characters="\x01\x02", blacklist_categories=("Cs",)), min_size=1, max_size=12)
+hosts = st.sampled_from([("127.0.0.1", 0), ("10.1.2.3", 10911), ("::1", 7), ("fe80::1", 65535)])
+messages = st.builds(
+    StoreMessage, topic=st.just("Topic_1"), body=st.binary(max_size=300), queue_id=st.just(3),
+    properties=st.dictionaries(text, text, max_size=4), flag=st.integers(-2**31, 2**31 - 1),
+    sysflag=st.sampled_from([0, 0x1, 0x2, 0x4, 0x8, 0xC, 0x10, 0x30]), born_timestamp=st.integers(0, 2**62),
+    born_host=hosts, reconsume_times=st.integers(0, 16), prepared_tx_offset=st.integers(0, 2**40))
+
+
+@settings(max_examples=200, deadline=None)
+@given(batch=st.lists(messages, min_size=1, max_size=6), store_host=hosts)
+def test_batch_equals_reference(batch, store_host) -> None:
+    enc = encode_batch(batch, store_host=store_host, max_body=1000)
+    buf, sizes, ts_pos, queued = enc.buf, enc.sizes, enc.ts_positions, enc.queued
+    ref = [encode_record(topic=m.topic, body=m.body, properties=encode_properties(m.properties),
+                         queue_id=m.queue_id, flag=m.flag, sysflag=m.sysflag, born_timestamp=m.born_timestamp,
+                         born_host=m.born_host, store_host=store_host, reconsume_times=m.reconsume_times,
+                         prepared_tx_offset=m.prepared_tx_offset) for m in batch]
+    assert bytes(buf) == b"".join(ref)
+    assert sizes == [len(r) for r in ref]
+    assert ts_pos == [68 if r[39] & 0x10 else 56 for r in ref]
+    assert enc.sysflags == [int.from_bytes(r[36:40], "big", signed=True) for r in ref]
+    want_queued = [(m.sysflag & 0xC) not in (0x4, 0xC) for m in batch]
+    assert queued == (None if all(want_queued) else want_queued)
+
+
+@pytest.mark.parametrize("m, why", [
+    (StoreMessage("T", bytes(11)), "limit is 10"),
+    (StoreMessage("T", b"x", 0, {"": "v"}), "name is empty"),
+    (StoreMessage("T", b"x", 0, {"a": 1}), "str to a str"),  # type: ignore[dict-item]
+    (StoreMessage("T", b"x", 0, {"a": "x" * 40000}), "32767"),
+    (StoreMessage("T/x", b"x"), "contains"),
+])
+def test_refusals(m: StoreMessage, why: str) -> None:
+    with pytest.raises(MessageIllegalError, match=why):
+        encode_batch([m], store_host=("127.0.0.1", 1), max_body=10 if "limit" in why else 100_000)
