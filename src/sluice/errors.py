@@ -117,3 +117,10 @@ class RemotingTimeoutError(RemotingError):
 
 class BrokerResponseError(SluiceError):
     """A server answered a request with an error code; `.code` is that code, the message its remark."""
+
+
+class ClientError(SluiceError):
+    """The SDK is used in a way it cannot honour: not started, shut down, a group registered twice,
+    no route or broker for a topic."""
+
+    code = ResponseCode.SYSTEM_ERROR

@@ -144,3 +144,8 @@ def _unhex(msg_id: str, sizes: tuple[int, ...]) -> bytes:
             f"message id {msg_id!r} has {len(msg_id)} characters; expected {' or '.join(str(2 * s) for s in sizes)}"
         )
     return raw
+
+
+def local_ip() -> str:
+    """The local address message ids and client ids carry, as text."""
+    return str(ipaddress.ip_address(_local_ip()))

@@ -1,0 +1,135 @@
+"""Pure send-side encoding: a Message to the bytes and header fields a SEND_MESSAGE(_V2) carries,
+a list of Messages to a SEND_BATCH_MESSAGE body, and a send response to a SendResult.
+
+Compression follows DefaultMQProducerImpl.tryToCompressMessage: a single
+message's body of ``compress_over`` bytes or more is zlib-compressed at
+``level`` and the COMPRESSED sysflag bit set. Batches are never compressed,
+as in the Java client (a MessageBatch is excluded there): the batch body
+codec has no per-message sysflag, so a compressed entry could not be marked.
+"""
+from __future__ import annotations
+
+import time
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sluice.client.results import MessageQueue, SendResult, SendStatus
+from sluice.errors import MessageIllegalError
+from sluice.message import Message
+from sluice.protocol import headers as H
+from sluice.protocol import properties as P
+from sluice.protocol.batch import BatchEntry, encode_batch
+from sluice.protocol.codes import RequestCode, ResponseCode
+from sluice.protocol.command import RemotingCommand, error_for_response
+from sluice.protocol.msgid import new_unique_id
+from sluice.protocol.record import FLAG_COMPRESSED
+
+__all__ = [
+    "DEFAULT_COMPRESS_LEVEL", "DEFAULT_COMPRESS_OVER", "DEFAULT_MAX_MESSAGE_SIZE", "PreparedSend",
+    "build_send_request", "parse_send_response", "prepare_batch", "prepare_message",
+]
+
+DEFAULT_COMPRESS_OVER = 4096  # compressMsgBodyOverHowmuch
+DEFAULT_COMPRESS_LEVEL = 5  # rocketmq.message.compressLevel
+DEFAULT_MAX_MESSAGE_SIZE = 4 * 1024 * 1024  # maxMessageSize
+
+_STATUS_BY_CODE = {
+    ResponseCode.SUCCESS: SendStatus.SEND_OK,
+    ResponseCode.FLUSH_DISK_TIMEOUT: SendStatus.FLUSH_DISK_TIMEOUT,
+    ResponseCode.FLUSH_SLAVE_TIMEOUT: SendStatus.FLUSH_SLAVE_TIMEOUT,
+    ResponseCode.SLAVE_NOT_AVAILABLE: SendStatus.SLAVE_NOT_AVAILABLE,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedSend:
+    """What goes on the wire for one send, fixed before the first attempt and reused by retries
+    (so the UNIQ_KEY stays the same across attempts)."""
+
+    topic: str
+    body: bytes
+    properties: str
+    sys_flag: int
+    flag: int
+    msg_id: str  # UNIQ_KEY, or the batch's ids joined by commas
+    batch: bool = False
+
+
+def _with_uniq_key(msg: Message) -> tuple[dict[str, str], str]:
+    props = msg.all_properties()
+    # MessageClientIDSetter.setUniqID: only when the message does not carry one already.
+    uid = props.get(P.UNIQ_KEY) or new_unique_id()
+    props[P.UNIQ_KEY] = uid
+    return props, uid
+
+
+def prepare_message(
+    msg: Message, *, max_size: int = DEFAULT_MAX_MESSAGE_SIZE, compress_over: int = DEFAULT_COMPRESS_OVER,
+    compress_level: int = DEFAULT_COMPRESS_LEVEL,
+) -> PreparedSend:
+    """Validate (MessageIllegalError for a bad topic, an empty or too large body, bad properties),
+    give the message its unique id and compress a large body."""
+    msg.validate(max_size)
+    props, uid = _with_uniq_key(msg)
+    body = bytes(msg.body)
+    sys_flag = 0
+    if len(body) >= compress_over:
+        body = zlib.compress(body, compress_level)
+        sys_flag |= FLAG_COMPRESSED
+    return PreparedSend(msg.topic, body, P.encode_properties(props), sys_flag, msg.flag, uid)
+
+
+def prepare_batch(msgs: Sequence[Message], *, max_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> PreparedSend:
+    """MessageBatch.generateFromList + encode: one topic, no delayed messages, the whole body within
+    ``max_size``."""
+    if not msgs:
+        raise MessageIllegalError("a batch needs at least one message")
+    topic = msgs[0].topic
+    entries, ids = [], []
+    for i, m in enumerate(msgs):
+        if m.topic != topic:
+            raise MessageIllegalError(f"all messages of a batch must have one topic: message {i} is for "
+                                      f"{m.topic!r}, message 0 for {topic!r}")
+        if m.delay_level > 0:
+            raise MessageIllegalError(f"message {i}: delayed messages cannot be sent in a batch")
+        m.validate(max_size)
+        props, uid = _with_uniq_key(m)
+        entries.append(BatchEntry(bytes(m.body), props, m.flag))
+        ids.append(uid)
+    body = encode_batch(entries)
+    if len(body) > max_size:
+        raise MessageIllegalError(f"the batch body is {len(body)} bytes; the limit is {max_size}")
+    return PreparedSend(topic, body, "", 0, 0, ",".join(ids), batch=True)
+
+
+def build_send_request(
+    prepared: PreparedSend, mq: MessageQueue, *, group: str, default_topic: str = "TBW102",
+    default_topic_queue_nums: int = 4, v2: bool = True, oneway: bool = False,
+) -> RemotingCommand:
+    """SEND_MESSAGE_V2 (one-letter header) by default, SEND_MESSAGE with ``v2=False``;
+    SEND_BATCH_MESSAGE (letters, as Java sends it) for a batch."""
+    header = H.SendMessageRequestHeader(
+        producer_group=group, topic=prepared.topic, default_topic=default_topic,
+        default_topic_queue_nums=default_topic_queue_nums, queue_id=mq.queue_id, sys_flag=prepared.sys_flag,
+        born_timestamp=int(time.time() * 1000), flag=prepared.flag, properties=prepared.properties,
+        reconsume_times=0, unit_mode=False, batch=prepared.batch, broker_name=mq.broker_name,
+    )
+    if prepared.batch:
+        code, ext = RequestCode.SEND_BATCH_MESSAGE, header.to_v2_ext()
+    elif v2:
+        code, ext = RequestCode.SEND_MESSAGE_V2, header.to_v2_ext()
+    else:
+        code, ext = RequestCode.SEND_MESSAGE, header.to_ext()
+    return RemotingCommand.request(code, ext, prepared.body, oneway=oneway)
+
+
+def parse_send_response(response: RemotingCommand, prepared: PreparedSend, mq: MessageQueue) -> SendResult:
+    """MQClientAPIImpl.processSendResponse: the four storing codes give a result, anything else raises."""
+    status = _STATUS_BY_CODE.get(response.code)  # type: ignore[call-overload]
+    if status is None:
+        raise error_for_response(response)
+    header = H.SendMessageResponseHeader.from_command(response)
+    queue = MessageQueue(topic=mq.topic, broker_name=mq.broker_name, queue_id=header.queue_id)
+    return SendResult(status=status, msg_id=prepared.msg_id, offset_msg_id=header.msg_id, queue=queue,
+                      queue_offset=header.queue_offset, transaction_id=header.transaction_id)

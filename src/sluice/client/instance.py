@@ -1,0 +1,275 @@
+"""One client instance per event loop and namesrv set (RocketMQ's MQClientInstance).
+
+Producers and consumers of a process share it: one RemotingClient (so one
+connection per broker), the topic route cache (refreshed every 30 s, as
+``pollNameServerInterval``), the broker address table rebuilt from those
+routes, heartbeats to every master every 30 s (``heartbeatBrokerInterval``)
+and at once to a broker seen for the first time, and the periodic consumer
+offset persistence (every 5 s, ``persistConsumerOffsetInterval``).
+
+Instances are reference counted: :meth:`acquire` on start, :meth:`release`
+on shutdown; the last release closes it.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from sluice.client.api import BrokerAPI
+from sluice.client.routing import default_topic_route
+from sluice.errors import ClientError, SluiceError, TopicNotExistError
+from sluice.namesrv.client import NamesrvClient, parse_namesrv_addrs
+from sluice.protocol.bodies import MASTER_ID, ConsumerData, HeartbeatData, ProducerData, TopicRouteData
+from sluice.protocol.client import RemotingClient
+from sluice.protocol.msgid import local_ip
+
+__all__ = ["ClientConfig", "ClientInstance", "ConsumerInner"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClientConfig:
+    """Instance-wide settings; the first producer or consumer to create an instance sets them."""
+
+    #: Route refresh (pollNameServerInterval, 30 s).
+    poll_namesrv_interval: float = 30.0
+    #: Heartbeats to all masters (heartbeatBrokerInterval, 30 s).
+    heartbeat_interval: float = 30.0
+    #: Offsets committed locally are sent to brokers this often (persistConsumerOffsetInterval, 5 s).
+    persist_offset_interval: float = 5.0
+    #: Timeout of namesrv queries and housekeeping requests (3 s, as clientCallbackExecutor calls).
+    request_timeout: float = 3.0
+    #: Distinguishes instances in one process (RocketMQ's instanceName); the pid by default.
+    instance_name: str | None = None
+
+
+class ConsumerInner(Protocol):
+    """What the instance needs from a consumer (MQConsumerInner)."""
+
+    group: str
+
+    def consumer_data(self) -> ConsumerData: ...
+
+    async def persist_offsets(self) -> None: ...
+
+
+class ClientInstance:
+    _registry: dict[tuple[int, tuple[str, ...], str | None], ClientInstance] = {}
+
+    def __init__(self, namesrv: Iterable[str], config: ClientConfig | None = None) -> None:
+        self.config = config or ClientConfig()
+        self.namesrv_addrs = tuple(namesrv)
+        self.remoting = RemotingClient()
+        self.namesrv = NamesrvClient(self.namesrv_addrs, self.remoting, timeout=self.config.request_timeout)
+        self.api = BrokerAPI(self.remoting)
+        instance = self.config.instance_name or str(os.getpid())
+        self.client_id = f"{local_ip()}@{instance}#{time.monotonic_ns()}"
+        self.routes: dict[str, TopicRouteData] = {}
+        self.route_versions: dict[str, int] = {}
+        self.from_default: set[str] = set()  # topics still routed through TBW102
+        self.broker_addrs: dict[str, dict[int, str]] = {}
+        self.producers: dict[str, object] = {}
+        self.consumers: dict[str, ConsumerInner] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._users = 0
+        self._key: tuple[int, tuple[str, ...], str | None] | None = None
+        self.closed = False
+
+    # ------------------------------------------------------------------------------ lifecycle
+
+    @classmethod
+    async def acquire(cls, namesrv: str | Iterable[str], config: ClientConfig | None = None) -> ClientInstance:
+        """The running loop's instance for these namesrvs (created and started on first use)."""
+        addrs = tuple(parse_namesrv_addrs(namesrv))
+        cfg = config or ClientConfig()
+        key = (id(asyncio.get_running_loop()), addrs, cfg.instance_name)
+        inst = cls._registry.get(key)
+        if inst is None or inst.closed:
+            inst = cls(addrs, cfg)
+            inst._key = key
+            cls._registry[key] = inst
+            inst._start()
+        inst._users += 1
+        return inst
+
+    async def release(self) -> None:
+        self._users -= 1
+        if self._users <= 0:
+            await self.close()
+
+    def _start(self) -> None:
+        c = self.config
+        self._spawn(self._every(c.poll_namesrv_interval, self.refresh_routes), "route-refresh")
+        self._spawn(self._every(c.heartbeat_interval, self.send_heartbeat_to_all), "heartbeat")
+        self._spawn(self._every(c.persist_offset_interval, self.persist_all_offsets), "persist-offsets")
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self._key is not None and self._registry.get(self._key) is self:
+            del self._registry[self._key]
+        tasks, self._tasks = list(self._tasks), set()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.remoting.close()
+
+    def _spawn(self, coro: Awaitable[None], name: str) -> None:
+        task = asyncio.ensure_future(coro)
+        task.set_name(f"sluice-client-{name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _every(self, interval: float, fn: Callable[[], Awaitable[None]]) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await fn()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # housekeeping must never stop: log and try again next period
+                log.exception("client housekeeping %s failed", getattr(fn, "__name__", fn))
+
+    # ------------------------------------------------------------------------------ groups
+
+    def register_producer(self, group: str, producer: object) -> None:
+        if group in self.producers:
+            raise ClientError(f"producer group {group!r} is already started in this client instance")
+        self.producers[group] = producer
+
+    def register_consumer(self, group: str, consumer: ConsumerInner) -> None:
+        if group in self.consumers:
+            raise ClientError(f"consumer group {group!r} is already started in this client instance")
+        self.consumers[group] = consumer
+
+    async def unregister(self, *, producer_group: str | None = None, consumer_group: str | None = None) -> None:
+        """Forget a group and tell every master (UNREGISTER_CLIENT); failures are only logged."""
+        if producer_group is not None:
+            self.producers.pop(producer_group, None)
+        if consumer_group is not None:
+            self.consumers.pop(consumer_group, None)
+        await asyncio.gather(*(
+            self._quietly(self.api.unregister_client(addr, self.client_id, producer_group=producer_group,
+                                                     consumer_group=consumer_group,
+                                                     timeout=self.config.request_timeout), addr)
+            for addr in self.master_addrs()))
+
+    # ------------------------------------------------------------------------------ routes
+
+    async def topic_route(self, topic: str, *, refresh: bool = False) -> TopicRouteData:
+        """The cached route, fetched from the namesrv when missing; TopicNotExistError if it has none."""
+        if refresh or topic not in self.routes or topic in self.from_default:
+            try:
+                await self._update_route(topic)
+            except TopicNotExistError:
+                if topic not in self.routes:
+                    raise
+        return self.routes[topic]
+
+    async def publish_route(self, topic: str, *, default_topic: str, default_queue_nums: int) -> TopicRouteData:
+        """tryToFindTopicPublishInfo: the topic's route, else TBW102's capped to ``default_queue_nums``
+        queues per broker so the broker creates the topic on the first send."""
+        if topic in self.routes:
+            return self.routes[topic]
+        try:
+            return await self.topic_route(topic)
+        except TopicNotExistError:
+            pass
+        try:
+            base = await self.namesrv.get_route(default_topic)
+        except TopicNotExistError:
+            raise TopicNotExistError(
+                f"no route for topic {topic!r} and none for the auto-create topic {default_topic!r} "
+                f"(is autoCreateTopicEnable off on every broker?)") from None
+        if topic not in self.routes:  # a concurrent caller may have found the real route meanwhile
+            self._set_route(topic, default_topic_route(base, default_queue_nums))
+            self.from_default.add(topic)
+        return self.routes[topic]
+
+    async def _update_route(self, topic: str) -> None:
+        route = await self.namesrv.get_route(topic)
+        self.from_default.discard(topic)
+        self._set_route(topic, route)
+
+    def _set_route(self, topic: str, route: TopicRouteData) -> None:
+        if self.routes.get(topic) == route:
+            return
+        self.routes[topic] = route
+        self.route_versions[topic] = self.route_versions.get(topic, 0) + 1
+        old = {a for addrs in self.broker_addrs.values() for a in addrs.values()}
+        table: dict[str, dict[int, str]] = {}
+        for r in self.routes.values():
+            for bd in r.broker_datas:
+                table.setdefault(bd.broker_name, {}).update(bd.broker_addrs)
+        self.broker_addrs = table
+        fresh = [a for a in self.master_addrs() if a not in old]
+        if fresh and not self.closed:
+            # A broker we never talked to learns of our groups now, not up to 30 s later.
+            self._spawn(self.send_heartbeat(fresh), "heartbeat-new-broker")
+
+    async def refresh_routes(self) -> None:
+        for topic in list(self.routes):
+            try:
+                await self._update_route(topic)
+            except TopicNotExistError:
+                pass  # keep the route we have (a TBW102 one until the broker registers the topic)
+            except SluiceError as exc:
+                log.warning("route refresh for %s failed: %s", topic, exc)
+
+    def find_broker_addr(self, broker_name: str, *, master_only: bool = True) -> str | None:
+        addrs = self.broker_addrs.get(broker_name) or {}
+        if MASTER_ID in addrs:
+            return addrs[MASTER_ID]
+        if master_only:
+            return None
+        return next(iter(addrs.values()), None)
+
+    async def broker_addr_for(self, topic: str, broker_name: str, *, master_only: bool = True) -> str:
+        """The address of ``broker_name``, refreshing ``topic``'s route once if it is unknown."""
+        addr = self.find_broker_addr(broker_name, master_only=master_only)
+        if addr is None:
+            await self.topic_route(topic, refresh=True)
+            addr = self.find_broker_addr(broker_name, master_only=master_only)
+        if addr is None:
+            raise ClientError(f"broker {broker_name!r} is not in the route of topic {topic!r}")
+        return addr
+
+    def master_addrs(self) -> list[str]:
+        return sorted({addrs[MASTER_ID] for addrs in self.broker_addrs.values() if MASTER_ID in addrs})
+
+    # ------------------------------------------------------------------------------ heartbeats
+
+    def heartbeat_data(self) -> HeartbeatData:
+        return HeartbeatData(
+            client_id=self.client_id,
+            producer_data_set=[ProducerData(group_name=g) for g in self.producers],
+            consumer_data_set=[c.consumer_data() for c in self.consumers.values()],
+        )
+
+    async def send_heartbeat_to_all(self) -> None:
+        await self.send_heartbeat(self.master_addrs())
+
+    async def send_heartbeat(self, addrs: Iterable[str]) -> None:
+        data = self.heartbeat_data()
+        if not data.producer_data_set and not data.consumer_data_set:
+            return
+        await asyncio.gather(*(self._quietly(self.api.heartbeat(a, data, self.config.request_timeout), a)
+                               for a in addrs))
+
+    async def persist_all_offsets(self) -> None:
+        for consumer in list(self.consumers.values()):
+            await consumer.persist_offsets()
+
+    @staticmethod
+    async def _quietly(coro: Awaitable[None], addr: str) -> None:
+        try:
+            await coro
+        except SluiceError as exc:
+            log.info("request to broker %s failed: %s", addr, exc)

@@ -1,0 +1,223 @@
+"""AsyncProducer: the one producer implementation (the blocking Producer wraps it on a loop thread).
+
+The API layer (this module) validates and prepares a message once — unique
+id, compression — then the sender loop (:meth:`AsyncProducer._send_default`,
+DefaultMQProducerImpl.sendDefaultImpl) picks a queue, sends, and on a
+retriable failure tries again on a queue of another broker, within one overall
+timeout. Ordered sends (a queue selector or an explicit queue) make exactly
+one attempt: retrying elsewhere would break the order.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sluice.client.encoding import PreparedSend, build_send_request, parse_send_response, prepare_batch, prepare_message
+from sluice.client.fault import MQFaultStrategy, is_retriable
+from sluice.client.instance import ClientInstance
+from sluice.client.options import ProducerOptions, split_options
+from sluice.client.results import MessageQueue, SendResult, SendStatus
+from sluice.client.routing import QueueSelector, TopicPublishInfo
+from sluice.errors import ClientError, InvalidParameterError, RemotingError, RemotingTimeoutError, SluiceError
+from sluice.message import Message
+
+__all__ = ["AsyncProducer"]
+
+log = logging.getLogger(__name__)
+
+
+class AsyncProducer:
+    """``async with AsyncProducer("group", namesrv="127.0.0.1:9876") as p: await p.send(msg)``.
+
+    Options (keywords): see :class:`sluice.client.options.ProducerOptions` and
+    :class:`sluice.client.instance.ClientConfig`.
+    """
+
+    def __init__(self, group: str, namesrv: str | Iterable[str], **options: Any) -> None:
+        if not group:
+            raise InvalidParameterError("a producer needs a group name")
+        self.group = group
+        self.namesrv = namesrv if isinstance(namesrv, str) else list(namesrv)
+        self.options, self.client_config = split_options(ProducerOptions, options)
+        self.fault = MQFaultStrategy(self.options.send_latency_fault_enable, self.options.latency_table)
+        self._instance: ClientInstance | None = None
+        self._publish: dict[str, tuple[int, TopicPublishInfo]] = {}
+
+    # ------------------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        if self._instance is not None:
+            raise ClientError(f"producer {self.group!r} is already started")
+        inst = await ClientInstance.acquire(self.namesrv, self.client_config)
+        try:
+            inst.register_producer(self.group, self)
+        except SluiceError:
+            await inst.release()
+            raise
+        self._instance = inst
+        await inst.send_heartbeat_to_all()
+
+    async def shutdown(self) -> None:
+        inst, self._instance = self._instance, None
+        if inst is not None:
+            await inst.unregister(producer_group=self.group)
+            await inst.release()
+
+    async def __aenter__(self) -> AsyncProducer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.shutdown()
+
+    @property
+    def instance(self) -> ClientInstance:
+        if self._instance is None:
+            raise ClientError(f"producer {self.group!r} is not started")
+        return self._instance
+
+    # ------------------------------------------------------------------------------ routes
+
+    async def publish_info(self, topic: str) -> TopicPublishInfo:
+        inst = self.instance
+        route = await inst.publish_route(topic, default_topic=self.options.create_topic_key,
+                                         default_queue_nums=self.options.default_topic_queue_nums)
+        version = inst.route_versions.get(topic, 0)
+        cached = self._publish.get(topic)
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        info = TopicPublishInfo(topic, route)
+        if not info.ok:
+            raise ClientError(f"topic {topic!r} has no writable queue on a broker with a master")
+        self._publish[topic] = (version, info)
+        return info
+
+    async def fetch_publish_queues(self, topic: str) -> list[MessageQueue]:
+        """The queues a send to ``topic`` chooses from (what a queue selector receives)."""
+        return list((await self.publish_info(topic)).queues)
+
+    # ------------------------------------------------------------------------------ API
+
+    async def send(self, msg: Message, *, timeout: float | None = None, selector: QueueSelector | None = None,
+                   arg: Any = None, queue: MessageQueue | None = None) -> SendResult:
+        """Send and wait for the broker's answer. ``selector(queues, msg, arg)`` or ``queue`` pins the
+        queue (ordered sends; one attempt)."""
+        prepared = self._prepare(msg)
+        result = await self._dispatch(prepared, msg, timeout, selector, arg, queue, oneway=False)
+        assert result is not None
+        return result
+
+    async def send_oneway(self, msg: Message, *, selector: QueueSelector | None = None, arg: Any = None,
+                          queue: MessageQueue | None = None) -> None:
+        """Write the message and return without waiting for (or getting) an answer; one attempt."""
+        await self._dispatch(self._prepare(msg), msg, None, selector, arg, queue, oneway=True)
+
+    async def send_batch(self, msgs: Sequence[Message], *, timeout: float | None = None,
+                         queue: MessageQueue | None = None) -> SendResult:
+        """One SEND_BATCH_MESSAGE for messages of one topic; ``msg_id`` lists their ids, comma-joined."""
+        prepared = prepare_batch(list(msgs), max_size=self.options.max_message_size)
+        result = await self._dispatch(prepared, None, timeout, None, None, queue, oneway=False)
+        assert result is not None
+        return result
+
+    def _prepare(self, msg: Message) -> PreparedSend:
+        if not isinstance(msg, Message):
+            raise InvalidParameterError(f"send takes a sluice.Message, not {type(msg).__name__}")
+        o = self.options
+        return prepare_message(msg, max_size=o.max_message_size, compress_over=o.compress_over,
+                               compress_level=o.compress_level)
+
+    async def _dispatch(self, prepared: PreparedSend, msg: Message | None, timeout: float | None,
+                        selector: QueueSelector | None, arg: Any, queue: MessageQueue | None,
+                        *, oneway: bool) -> SendResult | None:
+        timeout = self.options.send_timeout if timeout is None else timeout
+        if timeout <= 0:
+            raise InvalidParameterError(f"timeout must be positive, got {timeout}")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        info = await self.publish_info(prepared.topic)
+        if selector is not None or queue is not None:
+            if queue is None:
+                assert selector is not None
+                queue = selector(list(info.queues), msg, arg)  # type: ignore[arg-type]
+                if not isinstance(queue, MessageQueue):
+                    raise ClientError(f"the queue selector returned {queue!r}, not a MessageQueue")
+            if queue.topic != prepared.topic:
+                raise InvalidParameterError(f"queue {queue} is not a queue of topic {prepared.topic!r}")
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise RemotingTimeoutError(f"send to {prepared.topic} timed out before it could start")
+            return await self._send_kernel(prepared, queue, remaining, oneway)
+        return await self._send_default(prepared, info, deadline, timeout, oneway)
+
+    # ------------------------------------------------------------------------------ sender
+
+    async def _send_default(self, prepared: PreparedSend, info: TopicPublishInfo, deadline: float,
+                            timeout: float, oneway: bool) -> SendResult | None:
+        loop = asyncio.get_running_loop()
+        attempts = 1 if oneway else 1 + self.options.retry_times
+        last_broker: str | None = None
+        last_exc: SluiceError | None = None
+        tried: list[str] = []
+        result: SendResult | None = None
+        for _ in range(attempts):
+            mq = self.fault.select_one_message_queue(info, last_broker)
+            last_broker = mq.broker_name
+            begin = loop.time()
+            remaining = deadline - begin
+            if remaining <= 0:
+                break
+            tried.append(f"{mq.broker_name}/{mq.queue_id}")
+            try:
+                result = await self._send_kernel(prepared, mq, remaining, oneway)
+            except (RemotingError, ClientError) as exc:
+                # Unreachable, timed out, or the broker vanished from the route: charge the full isolation.
+                self.fault.update_fault_item(mq.broker_name, (loop.time() - begin) * 1000, True)
+                last_exc = exc
+                log.debug("send to %s failed (%s); retrying elsewhere", mq, exc)
+                continue
+            except SluiceError as exc:
+                self.fault.update_fault_item(mq.broker_name, (loop.time() - begin) * 1000, False)
+                if not is_retriable(exc):
+                    raise
+                last_exc = exc
+                log.debug("broker refused send to %s (%s); retrying elsewhere", mq, exc)
+                continue
+            self.fault.update_fault_item(mq.broker_name, (loop.time() - begin) * 1000, False)
+            if (result is not None and result.status is not SendStatus.SEND_OK
+                    and self.options.retry_another_broker_when_not_store_ok):
+                continue
+            return result
+        if result is not None:  # the last attempt stored it, though not as durably as asked
+            return result
+        if last_exc is None:
+            raise RemotingTimeoutError(f"send to topic {prepared.topic!r} timed out after {timeout:g} s "
+                                       f"(tried {', '.join(tried) or 'no queue'})")
+        last_exc.add_note(f"sluice: send to topic {prepared.topic!r} failed after {len(tried)} attempt(s) "
+                          f"on {', '.join(tried)}")
+        raise last_exc
+
+    async def _send_kernel(self, prepared: PreparedSend, mq: MessageQueue, timeout: float,
+                           oneway: bool) -> SendResult | None:
+        inst = self.instance
+        addr = inst.find_broker_addr(mq.broker_name)
+        if addr is None:
+            await self.publish_info(mq.topic)
+            addr = inst.find_broker_addr(mq.broker_name)
+        if addr is None:
+            raise ClientError(f"broker {mq.broker_name!r} has no known master address")
+        o = self.options
+        request = build_send_request(prepared, mq, group=self.group, default_topic=o.create_topic_key,
+                                     default_topic_queue_nums=o.default_topic_queue_nums, v2=o.use_v2_header,
+                                     oneway=oneway)
+        if oneway:
+            try:
+                async with asyncio.timeout(timeout):
+                    await inst.remoting.invoke_oneway(addr, request)
+            except TimeoutError:
+                raise RemotingTimeoutError(f"oneway send to {addr} not written within {timeout:g} s") from None
+            return None
+        response = await inst.remoting.invoke(addr, request, timeout)
+        return parse_send_response(response, prepared, mq)

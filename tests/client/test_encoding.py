@@ -1,0 +1,147 @@
+"""Send-side encoding: validation, unique ids, compression, request headers, batches, responses."""
+from __future__ import annotations
+
+import zlib
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sluice.client.encoding import (
+    build_send_request, parse_send_response, prepare_batch, prepare_message,
+)
+from sluice.client.results import MessageQueue, SendStatus
+from sluice.errors import BrokerResponseError, MessageIllegalError, ServiceNotAvailableError
+from sluice.message import Message
+from sluice.protocol import properties as P
+from sluice.protocol.batch import decode_batch
+from sluice.protocol.codes import RequestCode, ResponseCode
+from sluice.protocol.headers import SendMessageRequestHeader
+from sluice.protocol.msgid import decode_unique_id
+from sluice.protocol.record import FLAG_COMPRESSED
+
+MQ = MessageQueue(topic="T", broker_name="broker-a", queue_id=3)
+
+
+def test_small_body_is_sent_as_is():
+    p = prepare_message(Message("T", b"x" * 4095))
+    assert p.sys_flag & FLAG_COMPRESSED == 0 and p.body == b"x" * 4095
+
+
+def test_body_of_4_kib_or_more_is_zlib_compressed_and_flagged():
+    body = bytes(range(256)) * 20
+    p = prepare_message(Message("T", body))
+    assert p.sys_flag & FLAG_COMPRESSED and zlib.decompress(p.body) == body and len(p.body) < len(body)
+
+
+def test_compression_threshold_and_level_are_options():
+    p = prepare_message(Message("T", b"a" * 100), compress_over=50, compress_level=9)
+    assert p.sys_flag == FLAG_COMPRESSED and p.body == zlib.compress(b"a" * 100, 9)
+
+
+def test_unique_id_is_set_once_and_decodes():
+    p = prepare_message(Message("T", b"x", tags="TagA", keys=["k1", "k2"], properties={"a": "1"}))
+    props = P.decode_properties(p.properties)
+    assert props == {"a": "1", "TAGS": "TagA", "KEYS": "k1 k2", "UNIQ_KEY": p.msg_id}
+    assert len(p.msg_id) == 32 and decode_unique_id(p.msg_id).counter >= 0
+    assert prepare_message(Message("T", b"x")).msg_id != p.msg_id
+
+
+@pytest.mark.parametrize("msg", [
+    Message("T", b""), Message("bad topic", b"x"), Message("T", b"x", properties={"UNIQ_KEY": "1"}),
+    Message("T", b"x", properties={"a": "b\x01c"}), Message("T" * 128, b"x"),
+])
+def test_bad_messages_are_refused_before_sending(msg: Message):
+    with pytest.raises(MessageIllegalError):
+        prepare_message(msg)
+
+
+def test_body_limit_is_checked_client_side():
+    prepare_message(Message("T", b"x" * (4 * 1024 * 1024)))
+    with pytest.raises(MessageIllegalError, match="4194305 bytes; the limit is 4194304"):
+        prepare_message(Message("T", b"x" * (4 * 1024 * 1024 + 1)))
+
+
+def test_v2_request_uses_letters_and_round_trips():
+    p = prepare_message(Message("T", b"hello", tags="A", flag=7))
+    req = build_send_request(p, MQ, group="G")
+    assert req.code == RequestCode.SEND_MESSAGE_V2 and req.body == b"hello" and not req.is_oneway
+    assert {"a", "b", "c", "d", "e", "f", "g", "i", "n"} <= set(req.ext_fields)
+    h = SendMessageRequestHeader.from_command(req)
+    assert (h.producer_group, h.topic, h.default_topic, h.default_topic_queue_nums, h.queue_id, h.flag, h.batch,
+            h.broker_name) == ("G", "T", "TBW102", 4, 3, 7, False, "broker-a")
+    assert P.decode_properties(h.properties)["UNIQ_KEY"] == p.msg_id and h.born_timestamp > 0
+
+
+def test_v1_request_and_oneway_flag():
+    p = prepare_message(Message("T", b"hello"))
+    req = build_send_request(p, MQ, group="G", v2=False, oneway=True, default_topic="AUTO", default_topic_queue_nums=8)
+    assert req.code == RequestCode.SEND_MESSAGE and req.is_oneway
+    assert req.ext_fields["producerGroup"] == "G" and req.ext_fields["defaultTopic"] == "AUTO"
+    assert req.ext_fields["defaultTopicQueueNums"] == "8"
+
+
+def test_batch_body_carries_each_message_and_its_id():
+    msgs = [Message("T", f"m{i}".encode(), tags=f"t{i}", keys=f"k{i}", properties={"i": str(i)}) for i in range(5)]
+    p = prepare_batch(msgs)
+    ids = p.msg_id.split(",")
+    assert p.batch and p.sys_flag == 0 and len(set(ids)) == 5
+    entries = decode_batch(p.body)
+    assert [e.body for e in entries] == [m.body for m in msgs]
+    assert [e.properties["UNIQ_KEY"] for e in entries] == ids
+    assert entries[3].properties == {"i": "3", "TAGS": "t3", "KEYS": "k3", "UNIQ_KEY": ids[3]}
+    req = build_send_request(p, MQ, group="G")
+    assert req.code == RequestCode.SEND_BATCH_MESSAGE and req.ext_fields["m"] == "true"
+
+
+def test_batch_is_never_compressed():
+    p = prepare_batch([Message("T", b"z" * 10000)])
+    assert p.sys_flag == 0 and decode_batch(p.body)[0].body == b"z" * 10000
+
+
+@pytest.mark.parametrize(("msgs", "match"), [
+    ([], "at least one"),
+    ([Message("T", b"a"), Message("U", b"b")], "one topic"),
+    ([Message("T", b"a", delay_level=2)], "delayed"),
+    ([Message("T", b"")], "empty"),
+    ([Message("T", b"x" * (3 * 1024 * 1024)), Message("T", b"x" * (2 * 1024 * 1024))], "batch body"),
+])
+def test_bad_batches(msgs: list[Message], match: str):
+    with pytest.raises(MessageIllegalError, match=match):
+        prepare_batch(msgs)
+
+
+def _response(code: int, **ext: str):
+    req = build_send_request(prepare_message(Message("T", b"x")), MQ, group="G")
+    return req.make_response(code, "why", ext or {"msgId": "7F0000010000270F0000000000000010", "queueId": "3",
+                                                   "queueOffset": "42"})
+
+
+@pytest.mark.parametrize(("code", "status"), [
+    (ResponseCode.SUCCESS, SendStatus.SEND_OK), (ResponseCode.FLUSH_DISK_TIMEOUT, SendStatus.FLUSH_DISK_TIMEOUT),
+    (ResponseCode.FLUSH_SLAVE_TIMEOUT, SendStatus.FLUSH_SLAVE_TIMEOUT),
+    (ResponseCode.SLAVE_NOT_AVAILABLE, SendStatus.SLAVE_NOT_AVAILABLE),
+])
+def test_storing_codes_give_a_result(code: int, status: SendStatus):
+    p = prepare_message(Message("T", b"x"))
+    r = parse_send_response(_response(code), p, MQ)
+    assert (r.status, r.msg_id, r.offset_msg_id, r.queue, r.queue_offset) == (
+        status, p.msg_id, "7F0000010000270F0000000000000010", MQ, 42)
+
+
+def test_error_codes_raise_their_class_with_the_remark():
+    p = prepare_message(Message("T", b"x"))
+    with pytest.raises(ServiceNotAvailableError, match="why"):
+        parse_send_response(_response(ResponseCode.SERVICE_NOT_AVAILABLE), p, MQ)
+    with pytest.raises(BrokerResponseError) as info:
+        parse_send_response(_response(ResponseCode.SYSTEM_BUSY), p, MQ)
+    assert info.value.code == ResponseCode.SYSTEM_BUSY
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.binary(min_size=1, max_size=9000), st.integers(min_value=1, max_value=10000))
+def test_compression_decision_and_round_trip(body: bytes, threshold: int):
+    p = prepare_message(Message("T", body), compress_over=threshold)
+    compressed = bool(p.sys_flag & FLAG_COMPRESSED)
+    assert compressed == (len(body) >= threshold)
+    assert (zlib.decompress(p.body) if compressed else p.body) == body

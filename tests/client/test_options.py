@@ -1,0 +1,45 @@
+"""Options and lifecycle errors that need no server."""
+from __future__ import annotations
+
+import pytest
+
+from sluice import Message, Producer, PullConsumer
+from sluice.client import AsyncProducer
+from sluice.errors import ClientError, InvalidParameterError
+
+
+def test_unknown_option_is_named():
+    with pytest.raises(InvalidParameterError, match="sendTimeout"):
+        Producer("G", "127.0.0.1:9876", sendTimeout=3)
+
+
+@pytest.mark.parametrize("opts", [{"send_timeout": 0}, {"retry_times": -1}, {"compress_level": 11}])
+def test_bad_producer_options(opts):
+    with pytest.raises(InvalidParameterError):
+        Producer("G", "127.0.0.1:9876", **opts)
+
+
+def test_bad_consumer_options():
+    with pytest.raises(InvalidParameterError):
+        PullConsumer("G", "127.0.0.1:9876", message_model="PUSH")
+    with pytest.raises(InvalidParameterError):
+        PullConsumer("G", "127.0.0.1:9876", broker_suspend_max=40)
+
+
+def test_options_split_between_producer_and_instance():
+    p = AsyncProducer("G", "h:1;h:2", retry_times=5, heartbeat_interval=1.5)
+    assert p.options.retry_times == 5 and p.client_config.heartbeat_interval == 1.5
+
+
+def test_use_before_start_is_a_client_error():
+    p = Producer("G", "127.0.0.1:9876")
+    with pytest.raises(ClientError, match="not started"):
+        p.send(Message("T", b"x"))
+    with pytest.raises(ClientError, match="not started"):
+        p.send_async(Message("T", b"x"))
+    p.shutdown()  # harmless
+
+
+def test_no_namesrv_or_group():
+    with pytest.raises(InvalidParameterError):
+        Producer("", "127.0.0.1:9876")
