@@ -7,7 +7,6 @@ GET_CONSUME_STATS); docs/broker.md shows the shapes.
 """
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING
 
 import orjson
@@ -155,7 +154,3 @@ class AdminProcessor:
         self.broker.locks.unlock_batch(body.consumer_group, [(mq.topic, mq.broker_name, mq.queue_id)
                                                             for mq in body.mq_set], body.client_id)
         return request.make_response()
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
