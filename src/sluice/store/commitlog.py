@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sluice.errors import CorruptRecordError
+from sluice.errors import CorruptRecordError, StoreError
 from sluice.protocol.record import (
     BLANK_MAGIC,
     END_FILE_MIN_BLANK_LENGTH,
@@ -142,6 +142,7 @@ class CommitLog:
         #: next queue offset per (topic, queue id), assigned at append time
         self.queue_offsets: dict[tuple[str, int], int] = {}
         self.last_store_timestamp = 0
+        self.closed = False
         # Serves the dispatcher: set after every append.
         self.appended = threading.Event()
         #: batches appended but not yet dispatched, by the commit-log offset of their first record
@@ -150,9 +151,12 @@ class CommitLog:
     # ---- lifecycle -------------------------------------------------------------------------------
     def load(self) -> None:
         self.queue.load()
+        self.closed = False
 
     def close(self) -> None:
-        self.queue.close()
+        with self.put_lock:  # an append in flight finishes first; later ones are refused
+            self.closed = True
+            self.queue.close()
 
     @property
     def min_offset(self) -> int:
@@ -174,6 +178,8 @@ class CommitLog:
         key = (topic, queue_id)
         out: list[tuple[int, int, int]] = []
         with self.put_lock:
+            if self.closed:
+                raise StoreError("the commit log is closed")
             now = max(int(time.time() * 1000), self.last_store_timestamp)
             self.last_store_timestamp = now
             qoff = self.queue_offsets.get(key, 0)

@@ -45,8 +45,6 @@ class StoreConfig:
     max_transfer_bytes: int = 256 * 1024
     #: Check the body CRC of every record a pull serves (a damaged record is never served).
     verify_crc_on_read: bool = True
-    #: After an unclean stop, how far before the checkpoint's flushed offset recovery starts scanning.
-    recovery_margin_bytes: int = 0
     #: Records the dispatcher reads per batch (bounds latency of each step and memory).
     dispatch_batch_bytes: int = 4 * MiB
 

@@ -75,6 +75,7 @@ class MessageStore:
         self._msgid_prefix = offset_msg_id_prefix(*c.store_host)
         self._sync = c.flush_mode == "sync"
         self._open = False
+        self._was_closed = False
         self._lock_fd: int | None = None
         self._stop = threading.Event()
         self._maint: threading.Thread | None = None
@@ -96,6 +97,8 @@ class MessageStore:
         """Open the files, recover, catch dispatch up, and start the service threads."""
         if self._open:
             return self
+        if self._was_closed:
+            raise StoreError("a closed MessageStore cannot be started again; create a new one")
         self.root.mkdir(parents=True, exist_ok=True)
         self._take_lock()
         try:
@@ -195,6 +198,7 @@ class MessageStore:
         if not self._open:
             return
         self._open = False
+        self._was_closed = True
         self._stop.set()
         if self._maint is not None:
             self._maint.join()
