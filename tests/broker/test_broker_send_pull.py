@@ -50,8 +50,9 @@ def test_batch_send_comma_joined_ids(rpc):
 def test_librocketmq_batch_as_send_message_compressed(rpc):
     # librocketmq 1.0.1: code 10 with batch=true, the whole batch body zlib-compressed (sysFlag bit 0x1).
     raw = encode_batch([(b"z" * 3000, {"TAGS": "T"}, 0), (b"y" * 3000, {}, 7)])
-    h = SendMessageRequestHeader(producer_group="PG", topic="Cpp", queue_id=0, batch=True, sys_flag=0x1)
-    ack = rpc.call(RequestCode.SEND_MESSAGE, h.to_ext(), zlib.compress(raw))
+    h = SendMessageRequestHeader(producer_group="PG", topic="Cpp", queue_id=0, sys_flag=0x1)
+    ext = {**h.to_ext(), "batch": "1"}  # librocketmq writes "1", not "true"
+    ack = rpc.call(RequestCode.SEND_MESSAGE, ext, zlib.compress(raw))
     assert ack.code == R.SUCCESS, ack.remark
     recs = records(rpc.pull("Cpp"))
     assert [bytes(r.body) for r in recs] == [b"z" * 3000, b"y" * 3000]

@@ -46,6 +46,12 @@ def _born_host(conn: RemotingConnection) -> tuple[str, int]:
         return "127.0.0.1", 0
 
 
+def _batch_flag(request: RemotingCommand) -> bool:
+    """librocketmq 1.0.1 writes the batch flag as "1" (Java's parseBoolean would read false)."""
+    ext = request.ext_fields
+    return ext.get("batch", ext.get("m", "")).strip() == "1"
+
+
 class SendProcessor:
     def __init__(self, broker: BrokerController) -> None:
         self.broker = broker
@@ -57,7 +63,7 @@ class SendProcessor:
 
     async def handle(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         header = SendMessageRequestHeader.from_command(request)
-        batch = request.code == RequestCode.SEND_BATCH_MESSAGE or header.batch
+        batch = request.code == RequestCode.SEND_BATCH_MESSAGE or header.batch or _batch_flag(request)
         msgs = self._build(conn, request, header, batch)
         results = await self.broker.run_blocking(self.broker.store.put_messages, msgs)
         self.sent_messages += len(results)
