@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import needs_broker, start_broker, wait_for_route
+from conftest import needs_broker, start_broker, wait_for, wait_for_route
 from servers import SluiceProcess
 
 from sluice import Message, Producer, PullConsumer, SendStatus
@@ -40,10 +40,10 @@ def test_sends_avoid_a_dead_broker(two_brokers, fault_enabled: bool):
         assert all(r.status is SendStatus.SEND_OK and r.queue.broker_name == "broker-b" for r in after)
         if fault_enabled:
             assert not p.async_producer.fault.tolerance.is_available("broker-a")
+    wanted = {f"after-{i}".encode() for i in range(20)}
     with PullConsumer("CG_fail", ns.addr) as c:
         queues = [q for q in c.fetch_message_queues(topic) if q.broker_name == "broker-b"]
-        bodies = []
-        for q in queues:
-            r = c.pull(q, "*", 0, 64)
-            bodies += [m.body for m in r.msg_found_list]
-    assert {f"after-{i}".encode() for i in range(20)} <= set(bodies)
+
+        def bodies() -> bool:  # bounded wait: the broker makes messages pullable just after storing them
+            return wanted <= {m.body for q in queues for m in c.pull(q, "*", 0, 64).msg_found_list}
+        wait_for(bodies, 10, "messages sent after the kill pullable on broker-b")

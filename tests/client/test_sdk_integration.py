@@ -108,7 +108,8 @@ def test_offsets_committed_and_read_back(cluster: Cluster, topic: str):
     assert [r.queue_offset for r in results] == [0, 1, 2]
     with PullConsumer("CG_off", cluster.ns) as c:
         assert c.fetch_consume_offset(mq) == -1
-        assert (c.min_offset(mq), c.max_offset(mq)) == (0, 3)
+        wait_for(lambda: c.max_offset(mq) == 3, 10, "three messages dispatched")
+        assert c.min_offset(mq) == 0
         c.update_consumer_offset(mq, 2)
         assert c.fetch_consume_offset(mq, from_store=False) == 2
         c.commit()
@@ -157,6 +158,7 @@ def test_long_polling_pull_wakes_on_arrival(cluster: Cluster, topic: str):
     with Producer("PG_poll", cluster.ns) as p, PullConsumer("CG_poll", cluster.ns) as c:
         mq = p.send(Message(topic, b"first"), queue=MessageQueue(topic=topic, broker_name="broker-a",
                                                                  queue_id=1)).queue
+        wait_for(lambda: c.max_offset(mq) == 1, 10, "first message dispatched")
         box: list[object] = []
         t = threading.Thread(target=lambda: box.append(c.pull_block_if_not_found(mq, "*", 1, suspend_timeout=15)))
         t.start()
@@ -205,10 +207,15 @@ def test_async_producer_and_consumer(cluster: Cluster, topic: str):
             results = await asyncio.gather(*(p.send(Message(topic, f"a{i}".encode())) for i in range(20)))
             assert len({r.msg_id for r in results}) == 20
         async with AsyncPullConsumer("CG_aio", cluster.ns) as c:
-            out = []
-            for q in await c.fetch_message_queues(topic):
-                r = await c.pull(q, None, 0, 64)
-                out += [m.body for m in r.msg_found_list]
-            return sorted(out)
+            queues = await c.fetch_message_queues(topic)
+            deadline = time.monotonic() + 10
+            while True:  # the broker makes messages pullable shortly after storing them
+                out = []
+                for q in queues:
+                    r = await c.pull(q, None, 0, 64)
+                    out += [m.body for m in r.msg_found_list]
+                if len(out) >= 20 or time.monotonic() > deadline:
+                    return sorted(out)
+                await asyncio.sleep(0.05)
 
     assert asyncio.run(main()) == sorted(f"a{i}".encode() for i in range(20))
