@@ -437,3 +437,18 @@ def test_ons_sends_cpp_consumes(run: Clients) -> None:
     consumer.wait_event("ready", CLIENT_TIMEOUT)
     run.send("ons", topic, TAGGED)
     assert_consumed(consumer, expected(TAG_A_OR_B))
+
+
+def test_ons_consumer_restart_resumes_from_its_committed_offsets(run: Clients) -> None:
+    # ali-ons commits offsets (oneway UPDATE_CONSUMER_OFFSET) as it goes and at close; a restarted
+    # consumer of the same group asks QUERY_CONSUMER_OFFSET and must get only what is new.
+    topic, group = unique("OnsResume"), unique("ons_resume")
+    first = [spec(f"first-{i}".encode(), "TagA", (f"f{i}",), a=str(i)) for i in range(3)]
+    second = [spec(f"second-{i}".encode(), "TagA", (f"s{i}",), a=str(i)) for i in range(2)]
+    run.warm_up(topic)
+    run.send("ons", topic, first)
+    assert_consumed(run.ons("push", "--expression", "TagA", "--expect", str(len(first)), topic=topic, group=group),
+                    expected(first))
+    run.send("ons", topic, second)
+    assert_consumed(run.ons("push", "--expression", "TagA", "--expect", str(len(second)), topic=topic, group=group),
+                    expected(second))
