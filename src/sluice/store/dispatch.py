@@ -150,7 +150,10 @@ class DispatchService:
                 groups[(r.topic, r.queue_id)].append(r)
         for (topic, qid), reqs in groups.items():
             cq = self.queues.get_or_create(topic, qid)
-            units = np.array([(r.commitlog_offset, r.size, r.tag_code) for r in reqs], dtype=CQ_DTYPE)
+            units = np.empty(len(reqs), dtype=CQ_DTYPE)  # column-wise: far cheaper than a list of tuples
+            units["offset"] = [r.commitlog_offset for r in reqs]
+            units["size"] = [r.size for r in reqs]
+            units["tag"] = [r.tag_code for r in reqs]
             first = reqs[0].queue_offset
             if reqs[-1].queue_offset - first == len(reqs) - 1:
                 cq.put(first, units)

@@ -26,6 +26,9 @@ from sluice.store.types import StoreMessage
 
 # totalsize magic bodycrc queueid flag queueoffset physicaloffset sysflag borntimestamp
 _HEAD = struct.Struct(">iIiiiqqiq")
+# the same followed by bornhost, storetimestamp, storehost, reconsumetimes, preparedoffset, bodylength (IPv4)
+_HEAD_V4 = struct.Struct(">iIiiiqqiq8sq8siqi")
+assert _HEAD_V4.size == 88
 _TS = struct.Struct(">q")
 _TAIL = struct.Struct(">iqi")  # reconsumetimes, preparedtransactionoffset, bodylength
 _U16 = struct.Struct(">H")
@@ -55,6 +58,7 @@ def encode_batch(msgs: Sequence[StoreMessage], *, store_host: tuple[str, int], m
     ts_pos: list[int] = []
     sysflags: list[int] = []
     queued: list[bool] | None = None
+    transient = P.TRANSIENT_PREFIX
     for i, m in enumerate(msgs):
         body = m.body
         if not isinstance(body, (bytes, bytearray, memoryview)):
@@ -64,11 +68,20 @@ def encode_batch(msgs: Sequence[StoreMessage], *, store_host: tuple[str, int], m
         if m.queue_id < 0:
             raise MessageIllegalError(f"queue id {m.queue_id} is negative")
         props = m.properties
+        stored = 0
         for name, value in props.items():
             if type(name) is not str or type(value) is not str:
                 raise MessageIllegalError(f"property {name!r} must map a str to a str")
-            P.check_property(name, value)
-        props_b = P.encode_properties(props).encode("utf-8")
+            if not name:
+                P.check_property(name, value)  # raises: the name is empty
+            if not name.startswith(transient):
+                stored += 1
+        props_s = P.encode_properties(props)
+        # Each stored pair adds exactly one \x01 and one \x02: more means a name or value holds one.
+        if props_s.count("\x01") != stored or props_s.count("\x02") != stored:
+            for name, value in props.items():
+                P.check_property(name, value)
+        props_b = props_s.encode("utf-8")
         if len(props_b) > _MAX_PROPS:
             raise MessageIllegalError(f"properties are {len(props_b)} bytes encoded; the limit is {_MAX_PROPS}")
         born_b, born_v6 = _host_bytes(tuple(m.born_host))
@@ -76,16 +89,16 @@ def encode_batch(msgs: Sequence[StoreMessage], *, store_host: tuple[str, int], m
             FLAG_STOREHOST_V6 if store_v6 else 0)
         blen = len(body)
         total = 48 + len(born_b) + 8 + len(store_b) + 16 + blen + len(topic_part) + 2 + len(props_b)
-        parts.append(_HEAD.pack(total, MAGIC_V1, body_crc(body), m.queue_id, m.flag, 0, 0, sysflag,
-                                m.born_timestamp))
-        parts.append(born_b)
-        parts.append(_TS.pack(0))
-        parts.append(store_b)
-        parts.append(_TAIL.pack(m.reconsume_times, m.prepared_tx_offset, blen))
+        if len(born_b) == 8 and len(store_b) == 8:
+            parts.append(_HEAD_V4.pack(total, MAGIC_V1, body_crc(body), m.queue_id, m.flag, 0, 0, sysflag,
+                                       m.born_timestamp, born_b, 0, store_b, m.reconsume_times,
+                                       m.prepared_tx_offset, blen))
+        else:
+            parts.append(_HEAD.pack(total, MAGIC_V1, body_crc(body), m.queue_id, m.flag, 0, 0, sysflag,
+                                    m.born_timestamp) + born_b + _TS.pack(0) + store_b
+                         + _TAIL.pack(m.reconsume_times, m.prepared_tx_offset, blen))
         parts.append(body)
-        parts.append(topic_part)
-        parts.append(_U16.pack(len(props_b)))
-        parts.append(props_b)
+        parts.append(topic_part + _U16.pack(len(props_b)) + props_b)
         sizes.append(total)
         ts_pos.append(48 + len(born_b))
         sysflags.append(sysflag)
