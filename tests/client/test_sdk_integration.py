@@ -4,10 +4,9 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from concurrent.futures import wait
 
 import pytest
-from conftest import Cluster, needs_broker, wait_for
+from conftest import Cluster, needs_broker, wait_for, wait_for_route
 
 from sluice import (
     AsyncProducer, AsyncPullConsumer, Message, MessageExt, MessageQueue, MessageSelector, Producer, PullConsumer,
@@ -219,3 +218,15 @@ def test_async_producer_and_consumer(cluster: Cluster, topic: str):
                 await asyncio.sleep(0.05)
 
     assert asyncio.run(main()) == sorted(f"a{i}".encode() for i in range(20))
+
+
+def test_new_topic_is_created_through_tbw102_then_routed_for_real(cluster: Cluster, topic: str):
+    with Producer("PG_auto", cluster.ns) as p:
+        inst = p.async_producer.instance
+        r = p.send(Message(topic, b"first"))
+        assert r.status is SendStatus.SEND_OK and topic in inst.from_default
+        wait_for_route(cluster.ns, topic)  # the broker registered the topic it created
+        p._loop.run(inst.refresh_routes(), 10)  # what the 30 s timer does
+        assert topic not in inst.from_default
+        assert len(p.fetch_publish_queues(topic)) == 4  # defaultTopicQueueNums
+        assert p.send(Message(topic, b"second")).status is SendStatus.SEND_OK

@@ -185,7 +185,10 @@ class PullConsumer(_Facade):
                                                             suspend_timeout=suspend_timeout, timeout=t), t)
 
     def update_consumer_offset(self, mq: MessageQueue, offset: int) -> None:
-        self._impl.update_consumer_offset(mq, offset)
+        """Kept locally until :meth:`commit`, the 5 s persistence or shutdown sends it."""
+        async def update() -> None:  # on the loop thread, which also iterates the pending offsets
+            self._impl.update_consumer_offset(mq, offset)
+        self._run(update(), self._rt)
 
     def commit(self) -> None:
         self._run(self._impl.commit(), self._rt)
