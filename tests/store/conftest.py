@@ -1,24 +1,13 @@
-"""Shared helpers for the store tests: small files so roll-over, retention and recovery are cheap."""
+"""Fixtures for the store tests; helpers live in store_testlib.py."""
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from store_testlib import small_config
 
-from sluice.store import MessageStore, StoreConfig, StoreMessage
-
-
-def small_config(**kw) -> StoreConfig:
-    base = dict(commitlog_file_size=1 << 20, consumequeue_units_per_file=64, max_message_size=256 * 1024,
-                index_max_hash_slots=512, index_max_index_num=4096, checkpoint_interval_ms=200,
-                flush_interval_ms=50, retention_check_interval_s=3600.0)
-    base.update(kw)
-    return StoreConfig(**base)
-
-
-def msg(topic: str = "T", body: bytes = b"hello", qid: int = 0, **props: str) -> StoreMessage:
-    return StoreMessage(topic, body, qid, dict(props))
+from sluice.store import MessageStore
 
 
 @pytest.fixture
@@ -34,15 +23,3 @@ def store(store_dir: Path) -> Iterator[MessageStore]:
         yield s
     finally:
         s.close()
-
-
-def simulate_crash(s: MessageStore) -> None:
-    """Stop a store the way a kill would: no final dispatch, flush or checkpoint, abort file left behind."""
-    s._open = False
-    s._stop.set()
-    if s._maint is not None:
-        s._maint.join()
-    s.dispatch.stop()
-    s.flusher.stop()
-    s._close_files()
-    s._release_lock()

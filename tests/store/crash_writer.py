@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from conftest import small_config  # noqa: E402
+from store_testlib import small_config  # noqa: E402
 
 from sluice.store import MessageStore, StoreMessage  # noqa: E402
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import simulate_crash, small_config
+from store_testlib import simulate_crash, small_config
 from crash_writer import CONFIG
 from sluice.protocol.record import iter_records
 from sluice.store import GetMessageStatus as S

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import msg, small_config
+from store_testlib import msg, small_config
 from sluice.errors import InvalidParameterError, MessageIllegalError, StoreError
 from sluice.filter.tagcode import tag_code
 from sluice.protocol.msgid import create_offset_msg_id

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import msg, simulate_crash, small_config
+from store_testlib import msg, simulate_crash, small_config
 from sluice.errors import CorruptRecordError
 from sluice.protocol.record import iter_records
 from sluice.store import GetMessageStatus as S

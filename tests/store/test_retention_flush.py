@@ -5,7 +5,7 @@ import threading
 import time
 from pathlib import Path
 
-from conftest import msg, small_config
+from store_testlib import msg, small_config
 from sluice.store import GetMessageStatus as S
 from sluice.store import MessageStore
 

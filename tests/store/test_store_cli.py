@@ -7,7 +7,7 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from conftest import msg, simulate_crash, small_config
+from store_testlib import msg, simulate_crash, small_config
 from sluice.cli import main
 from sluice.errors import StoreError
 from sluice.store import MessageStore

@@ -187,9 +187,10 @@ class MappedFileQueue:
 
     def sync(self, start: int, end: int) -> None:
         """fdatasync the files that hold bytes [start, end)."""
-        for f in self.files:
-            if f.end > start and f.start < end:
-                f.sync()
+        with self.lock:  # retention must not close a file under an fsync
+            for f in self.files:
+                if f.end > start and f.start < end:
+                    f.sync()
 
     def close(self) -> None:
         with self.lock:

@@ -168,10 +168,9 @@ class MessageStore:
             cq.delete_below(cl.min_offset)
         if self.index is not None and self.index.max_indexed_offset() >= end:
             self.index.truncate(end)
-        if cp is not None and cl.min_offset <= cp.dispatch_offset:
-            reput_from = min(cp.dispatch_offset, end)
-        else:
-            reput_from = cl.min_offset
+        # Replay from where the consume queues were last known durable (a checkpoint older than a retention
+        # run points below the oldest segment: start there); without a checkpoint, rebuild everything.
+        reput_from = max(cl.min_offset, min(cp.dispatch_offset, end)) if cp is not None else cl.min_offset
         rep.reput_from = reput_from
         if abnormal or rep.cut_bytes or rep.queues_truncated:
             log.warning("store %s recovered: %s", self.root, rep)
