@@ -98,3 +98,31 @@ def test_checkpoint_written_periodically(store_dir: Path) -> None:
         assert cp and cp.commitlog_offset >= end and cp.dispatch_offset >= end
         assert (store_dir / "abort").exists()
     assert not (store_dir / "abort").exists()
+
+
+def test_sync_flush_timeout_reports_the_stored_messages(store_dir: Path, monkeypatch) -> None:
+    import os
+
+    import pytest
+
+    from sluice.errors import FlushDiskTimeoutError
+
+    with MessageStore(store_dir, small_config(flush_mode="sync", sync_flush_timeout_s=0.2)) as s:
+        real = os.fdatasync
+        gate = threading.Event()
+
+        def slow(fd: int) -> None:  # a disk that stalls: fsync takes longer than the timeout
+            gate.wait(5)
+            real(fd)
+
+        monkeypatch.setattr(os, "fdatasync", slow)
+        leader = threading.Thread(target=lambda: s.put_message(msg()))  # becomes the flush leader, stalls
+        leader.start()
+        time.sleep(0.05)
+        with pytest.raises(FlushDiskTimeoutError) as ei:
+            s.put_message(msg(body=b"late"))
+        assert ei.value.code == 10 and ei.value.results[0].queue_offset == 1
+        gate.set()
+        leader.join()
+        monkeypatch.setattr(os, "fdatasync", real)
+        assert s.get_message_by_offset(ei.value.results[0].commitlog_offset).body == b"late"

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from sluice.errors import CorruptRecordError, InvalidParameterError, StoreError
+from sluice.errors import CorruptRecordError, FlushDiskTimeoutError, InvalidParameterError, StoreError
 from sluice.message import MessageExt
 from sluice.protocol import properties as P
 from sluice.protocol.msgid import decode_offset_msg_id, offset_msg_id_prefix
@@ -318,13 +318,18 @@ class MessageStore:
         meta = [({k: v for k, v in m.properties.items() if v and not k.startswith(transient)}, sysflag)
                 for m, sysflag in zip(batch, enc.sysflags)]
         placed, ts, end = self.commitlog.append(enc.buf, enc.sizes, topic, qid, enc.ts_positions, enc.queued, meta)
-        if self._sync:
-            self.flusher.wait_flushed(end)
+        prefix = self._msgid_prefix
+        results = [PutResult(phys, qoff, (prefix + _Q.pack(phys)).hex().upper(), ts, size)
+                   for phys, qoff, size in placed]
         self.put_count += len(placed)
         self.put_bytes += end - placed[0][0]
-        prefix = self._msgid_prefix
-        return [PutResult(phys, qoff, (prefix + _Q.pack(phys)).hex().upper(), ts, size)
-                for phys, qoff, size in placed]
+        if self._sync:
+            try:
+                self.flusher.wait_flushed(end)
+            except FlushDiskTimeoutError as e:
+                e.results = results  # stored, not confirmed durable: RocketMQ answers FLUSH_DISK_TIMEOUT
+                raise
+        return results
 
     # ---- reads -------------------------------------------------------------------------------------
     def get_messages(self, topic: str, queue_id: int, offset: int, max_msgs: int = 32,
