@@ -145,3 +145,14 @@ def test_compression_decision_and_round_trip(body: bytes, threshold: int):
     compressed = bool(p.sys_flag & FLAG_COMPRESSED)
     assert compressed == (len(body) >= threshold)
     assert (zlib.decompress(p.body) if compressed else p.body) == body
+
+
+@pytest.mark.parametrize(("v2", "batch"), [(True, False), (False, False), (True, True)])
+def test_ext_fields_equal_the_typed_header_rendering(v2: bool, batch: bool):
+    p = prepare_batch([Message("T", b"a")]) if batch else prepare_message(Message("T", b"a", tags="X", flag=3))
+    req = build_send_request(p, MQ, group="G", v2=v2, default_topic_queue_nums=6)
+    h = SendMessageRequestHeader(
+        producer_group="G", topic="T", default_topic="TBW102", default_topic_queue_nums=6, queue_id=3,
+        sys_flag=p.sys_flag, born_timestamp=int(req.ext_fields["g" if v2 else "bornTimestamp"]), flag=p.flag,
+        properties=p.properties, reconsume_times=0, unit_mode=False, batch=batch, broker_name="broker-a")
+    assert req.ext_fields == (h.to_v2_ext() if v2 else h.to_ext())

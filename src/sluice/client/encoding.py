@@ -21,7 +21,7 @@ from sluice.protocol import headers as H
 from sluice.protocol import properties as P
 from sluice.protocol.batch import BatchEntry, encode_batch
 from sluice.protocol.codes import RequestCode, ResponseCode
-from sluice.protocol.command import RemotingCommand, error_for_response
+from sluice.protocol.command import FLAG_ONEWAY, RemotingCommand, error_for_response
 from sluice.protocol.msgid import new_unique_id
 from sluice.protocol.record import FLAG_COMPRESSED
 
@@ -108,20 +108,28 @@ def build_send_request(
     default_topic_queue_nums: int = 4, v2: bool = True, oneway: bool = False,
 ) -> RemotingCommand:
     """SEND_MESSAGE_V2 (one-letter header) by default, SEND_MESSAGE with ``v2=False``;
-    SEND_BATCH_MESSAGE (letters, as Java sends it) for a batch."""
-    header = H.SendMessageRequestHeader(
-        producer_group=group, topic=prepared.topic, default_topic=default_topic,
-        default_topic_queue_nums=default_topic_queue_nums, queue_id=mq.queue_id, sys_flag=prepared.sys_flag,
-        born_timestamp=int(time.time() * 1000), flag=prepared.flag, properties=prepared.properties,
-        reconsume_times=0, unit_mode=False, batch=prepared.batch, broker_name=mq.broker_name,
-    )
+    SEND_BATCH_MESSAGE (letters, as Java sends it) for a batch.
+
+    The extFields are written directly (the fields of SendMessageRequestHeader, as its
+    ``to_ext`` / ``to_v2_ext`` render them): this runs once per message sent.
+    """
+    values = (group, prepared.topic, default_topic, str(default_topic_queue_nums), str(mq.queue_id),
+              str(prepared.sys_flag), str(int(time.time() * 1000)), str(prepared.flag), prepared.properties, "0",
+              "false", "true" if prepared.batch else "false", mq.broker_name)
     if prepared.batch:
-        code, ext = RequestCode.SEND_BATCH_MESSAGE, header.to_v2_ext()
+        code, names = RequestCode.SEND_BATCH_MESSAGE, _V2_NAMES
     elif v2:
-        code, ext = RequestCode.SEND_MESSAGE_V2, header.to_v2_ext()
+        code, names = RequestCode.SEND_MESSAGE_V2, _V2_NAMES
     else:
-        code, ext = RequestCode.SEND_MESSAGE, header.to_ext()
-    return RemotingCommand.request(code, ext, prepared.body, oneway=oneway)
+        code, names = RequestCode.SEND_MESSAGE, _V1_NAMES
+    return RemotingCommand(code=int(code), ext_fields=dict(zip(names, values)), body=prepared.body,
+                           flag=FLAG_ONEWAY if oneway else 0)
+
+
+# Field order of ``values`` above: SendMessageRequestHeader's, and its letters (maxReconsumeTimes, l, unset).
+_V1_NAMES = ("producerGroup", "topic", "defaultTopic", "defaultTopicQueueNums", "queueId", "sysFlag",
+             "bornTimestamp", "flag", "properties", "reconsumeTimes", "unitMode", "batch", "brokerName")
+_V2_NAMES = tuple(H.to_v2_names(dict.fromkeys(_V1_NAMES)))
 
 
 def parse_send_response(response: RemotingCommand, prepared: PreparedSend, mq: MessageQueue) -> SendResult:

@@ -1,0 +1,118 @@
+"""SDK throughput against a real namesrv + broker (subprocesses on 127.0.0.1).
+
+Measures: blocking sends one at a time, asyncio sends with many in flight,
+batch sends, pulls (messages decoded per second), and the client-side cost of
+preparing a send (validation, unique id, properties) without the network.
+
+Run: .venv/bin/python benchmarks/sdk_bench.py [--quick]
+Prints one JSON object on its last line.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from servers import SluiceProcess  # noqa: E402
+
+from sluice import AsyncProducer, Message, MessageQueue, Producer, PullConsumer, PullStatus  # noqa: E402
+from sluice.client.encoding import build_send_request, prepare_message  # noqa: E402
+from sluice.namesrv.client import SyncNamesrvClient  # noqa: E402
+
+
+def bench_prepare(n: int) -> float:
+    mq = MessageQueue(topic="T", broker_name="b", queue_id=0)
+    msgs = [Message("T", b"x" * 256, tags="TagA", keys=f"k{i}", properties={"a": str(i)}) for i in range(n)]
+    t0 = time.perf_counter()
+    for m in msgs:
+        build_send_request(prepare_message(m), mq, group="G")
+    return n / (time.perf_counter() - t0)
+
+
+def bench_sync_send(ns: str, topic: str, n: int) -> float:
+    with Producer("BenchSync", ns) as p:
+        p.send(Message(topic, b"warm-up"))
+        t0 = time.perf_counter()
+        for i in range(n):
+            p.send(Message(topic, b"x" * 256, tags="TagA", keys=f"k{i}"))
+        return n / (time.perf_counter() - t0)
+
+
+def bench_async_send(ns: str, topic: str, n: int, in_flight: int) -> float:
+    async def main() -> float:
+        async with AsyncProducer("BenchAsync", ns) as p:
+            await p.send(Message(topic, b"warm-up"))
+            sem = asyncio.Semaphore(in_flight)
+
+            async def one(i: int) -> None:
+                async with sem:
+                    await p.send(Message(topic, b"x" * 256, tags="TagB", keys=f"k{i}"))
+
+            t0 = time.perf_counter()
+            await asyncio.gather(*(one(i) for i in range(n)))
+            return n / (time.perf_counter() - t0)
+    return asyncio.run(main())
+
+
+def bench_batch_send(ns: str, topic: str, batches: int, size: int) -> float:
+    with Producer("BenchBatch", ns) as p:
+        t0 = time.perf_counter()
+        for b in range(batches):
+            p.send_batch([Message(topic, b"x" * 256, keys=f"b{b}-{i}") for i in range(size)])
+        return batches * size / (time.perf_counter() - t0)
+
+
+def bench_pull(ns: str, topic: str, expect: int) -> tuple[float, int]:
+    with PullConsumer("BenchPull", ns) as c:
+        queues = c.fetch_message_queues(topic)
+        deadline = time.monotonic() + 30
+        while sum(c.max_offset(q) for q in queues) < expect and time.monotonic() < deadline:
+            time.sleep(0.1)
+        got = 0
+        t0 = time.perf_counter()
+        for q in queues:
+            offset = 0
+            while True:
+                r = c.pull(q, "*", offset, 32)
+                if r.status is not PullStatus.FOUND:
+                    break
+                got += len(r.msg_found_list)
+                offset = r.next_begin_offset
+        return got / (time.perf_counter() - t0), got
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    n_sync, n_async, batches = (500, 2000, 20) if args.quick else (3000, 20000, 200)
+    tmp = Path(tempfile.mkdtemp(prefix="sluice-sdk-bench-"))
+    out: dict[str, object] = {"benchmark": "sdk", "quick": args.quick}
+    out["prepare_per_s"] = round(bench_prepare(20000 if args.quick else 100000))
+    with SluiceProcess.start(["namesrv"], tmp, name="namesrv") as ns:
+        with SluiceProcess.start(["broker", "--namesrv", ns.addr, "--store", str(tmp / "store")], tmp, name="broker"):
+            with SyncNamesrvClient(ns.addr) as nc:
+                deadline = time.monotonic() + 20
+                while time.monotonic() < deadline:
+                    try:
+                        nc.get_route("TBW102")
+                        break
+                    except Exception:
+                        time.sleep(0.1)
+            out["sync_send_per_s"] = round(bench_sync_send(ns.addr, "BenchSync", n_sync))
+            out["async_send_per_s"] = round(bench_async_send(ns.addr, "BenchAsync", n_async, 64))
+            out["batch_send_msgs_per_s"] = round(bench_batch_send(ns.addr, "BenchBatch", batches, 64))
+            rate, got = bench_pull(ns.addr, "BenchAsync", n_async + 1)
+            out["pull_msgs_per_s"] = round(rate)
+            out["pulled"] = got
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
