@@ -33,7 +33,6 @@ import pytest
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 CPP_PYTHON = ROOT / ".venv-cpp" / "bin" / "python"
-sys.path.insert(0, str(HERE.parent))  # tests/servers.py is shared by every integration suite
 
 
 def _broker_command_available() -> bool:
