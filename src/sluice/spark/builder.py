@@ -1,0 +1,65 @@
+"""A SparkSession with the settings Sluice's data sources need, and their registration.
+
+Each setting answers a trap measured with PySpark 4.3 (docs/spark.md):
+workers must run this interpreter (they import sluice and pyarrow), Python
+filter pushdown is off by default and then fails every read of a source that
+implements ``pushFilters``, and the driver would bind the machine's public
+address.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+#: Settings every Sluice session gets (overridable through ``session(**conf)``).
+BASE_CONF: dict[str, str] = {
+    "spark.sql.python.filterPushdown.enabled": "true",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+}
+#: Extra settings for an embedded (local[...]) session: small shuffles, loopback only, a C1 JIT
+#: (the JVM start and first jobs dominate small jobs on a 2-core machine).
+LOCAL_CONF: dict[str, str] = {
+    "spark.sql.shuffle.partitions": "4",
+    "spark.sql.adaptive.enabled": "false",
+    "spark.driver.bindAddress": "127.0.0.1",
+    "spark.driver.host": "127.0.0.1",
+    "spark.driver.extraJavaOptions": "-XX:+UseSerialGC -XX:TieredStopAtLevel=1",
+}
+
+
+def session(master: str = "local[*]", app_name: str = "sluice", **conf: Any) -> SparkSession:
+    """Build (or get) a SparkSession ready for ``format("sluice")`` and the store jobs, registered.
+
+    ``conf`` keys are Spark settings with dots written as is (pass a dict: ``**{"spark.executor.memory": "2g"}``).
+    On a cluster (``master`` not ``local``) the executors must have sluice installed (docs/spark.md).
+    """
+    # Workers start `python3` from PATH unless told: they need this venv (sluice, pyarrow).
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    local = master.startswith("local")
+    if local:
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master(master).appName(app_name)
+    settings = {**BASE_CONF, **(LOCAL_CONF if local else {}), **{k: str(v) for k, v in conf.items()}}
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark
+
+
+def register(spark: SparkSession) -> None:
+    """Register the ``sluice`` (topics through a broker) and ``sluice_store`` (store files) sources."""
+    from sluice.spark.source import SluiceDataSource
+    from sluice.spark.store_source import SluiceStoreDataSource
+
+    spark.dataSource.register(SluiceDataSource)
+    spark.dataSource.register(SluiceStoreDataSource)

@@ -1,0 +1,19 @@
+"""One SparkSession (local[2]) for every Spark test: starting one costs 6-13 s here."""
+from __future__ import annotations
+
+import pytest
+
+pyspark = pytest.importorskip("pyspark", reason="the spark extra is not installed")
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from sluice.spark import session
+
+    s = session("local[2]", app_name="sluice-tests", **{"spark.sql.shuffle.partitions": "2",
+                                                          "spark.default.parallelism": "2",
+                                                          "spark.driver.memory": "1g"})
+    yield s
+    for q in s.streams.active:
+        q.stop()
+    s.stop()
