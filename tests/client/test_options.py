@@ -43,3 +43,19 @@ def test_use_before_start_is_a_client_error():
 def test_no_namesrv_or_group():
     with pytest.raises(InvalidParameterError):
         Producer("", "127.0.0.1:9876")
+
+
+def test_pull_consumer_heartbeat_data_follows_selectors_used():
+    from sluice import MessageSelector
+    from sluice.client import AsyncPullConsumer
+    c = AsyncPullConsumer("G", "127.0.0.1:9876", message_model="BROADCASTING")
+    assert c.consumer_data().subscription_data_set == []
+    c._note_subscription("T", MessageSelector.by_sql("a = 1"))
+    d = c.consumer_data()
+    assert (d.group_name, d.consume_type, d.message_model) == ("G", "CONSUME_ACTIVELY", "BROADCASTING")
+    (sub,) = d.subscription_data_set
+    assert (sub.topic, sub.expression_type, sub.sub_string) == ("T", "SQL92", "a = 1")
+    c._note_subscription("T", MessageSelector.by_sql("a = 1"))
+    assert c.consumer_data().subscription_data_set[0].sub_version == sub.sub_version  # unchanged selector
+    c._note_subscription("T", MessageSelector.by_tag("X"))
+    assert c.consumer_data().subscription_data_set[0].expression_type == "TAG"

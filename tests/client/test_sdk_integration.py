@@ -12,9 +12,9 @@ from sluice import (
     AsyncProducer, AsyncPullConsumer, Message, MessageExt, MessageQueue, MessageSelector, Producer, PullConsumer,
     PullStatus, SendStatus, select_by_hash,
 )
-from sluice.errors import ClientError, MessageIllegalError, SelectorSyntaxError, SluiceError
+from sluice.errors import BrokerResponseError, ClientError, MessageIllegalError, SelectorSyntaxError, TopicNotExistError
 from sluice.protocol.bodies import ConsumerListBody, decode_body
-from sluice.protocol.codes import RequestCode
+from sluice.protocol.codes import RequestCode, ResponseCode
 from sluice.protocol.command import RemotingCommand
 from sluice.protocol.record import FLAG_COMPRESSED
 from sluice.protocol.sync import SyncRemotingClient
@@ -180,10 +180,15 @@ def test_errors(cluster: Cluster, topic: str):
         with pytest.raises(ClientError, match="already started in this client instance"):
             Producer("PG_err", cluster.ns).start()
     with PullConsumer("CG_err", cluster.ns) as c:
-        with pytest.raises(SluiceError):
+        with pytest.raises(TopicNotExistError):
             c.fetch_message_queues("NoSuchTopic_xyz")
-        with pytest.raises(SluiceError):  # an offset id whose commit-log offset holds nothing
+        # Broker error answers raise the class of their code, with the broker's remark as message.
+        with pytest.raises(TopicNotExistError, match="NoSuchTopic_xyz") as info:
+            c.pull(MessageQueue(topic="NoSuchTopic_xyz", broker_name="broker-a", queue_id=0), "*", 0)
+        assert info.value.code == ResponseCode.TOPIC_NOT_EXIST
+        with pytest.raises(BrokerResponseError) as info2:  # an offset id whose commit-log offset holds nothing
             c.view_message(f"7F000001{int(cluster.brokers[0].port):08X}00000000FFFFFF00")
+        assert info2.value.code == ResponseCode.SYSTEM_ERROR and str(info2.value)
 
 
 def test_heartbeat_registers_the_consumer_group(cluster: Cluster, topic: str):
@@ -221,12 +226,11 @@ def test_async_producer_and_consumer(cluster: Cluster, topic: str):
 
 
 def test_new_topic_is_created_through_tbw102_then_routed_for_real(cluster: Cluster, topic: str):
-    with Producer("PG_auto", cluster.ns) as p:
+    with Producer("PG_auto", cluster.ns, poll_namesrv_interval=0.3, instance_name="auto") as p:
         inst = p.async_producer.instance
         r = p.send(Message(topic, b"first"))
         assert r.status is SendStatus.SEND_OK and topic in inst.from_default
         wait_for_route(cluster.ns, topic)  # the broker registered the topic it created
-        p._loop.run(inst.refresh_routes(), 10)  # what the 30 s timer does
-        assert topic not in inst.from_default
+        wait_for(lambda: topic not in inst.from_default, 10, "route refresh timer")
         assert len(p.fetch_publish_queues(topic)) == 4  # defaultTopicQueueNums
         assert p.send(Message(topic, b"second")).status is SendStatus.SEND_OK
