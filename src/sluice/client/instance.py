@@ -79,6 +79,7 @@ class ClientInstance:
         self._tasks: set[asyncio.Task[None]] = set()
         self._users = 0
         self._key: tuple[int, tuple[str, ...], str | None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.closed = False
 
     # ------------------------------------------------------------------------------ lifecycle
@@ -88,11 +89,14 @@ class ClientInstance:
         """The running loop's instance for these namesrvs (created and started on first use)."""
         addrs = tuple(parse_namesrv_addrs(namesrv))
         cfg = config or ClientConfig()
-        key = (id(asyncio.get_running_loop()), addrs, cfg.instance_name)
+        loop = asyncio.get_running_loop()
+        key = (id(loop), addrs, cfg.instance_name)
         inst = cls._registry.get(key)
-        if inst is None or inst.closed:
+        # A loop id can be reused by a later loop: an instance left unreleased on a dead loop is not shared.
+        if inst is None or inst.closed or inst._loop is not loop:
             inst = cls(addrs, cfg)
             inst._key = key
+            inst._loop = loop
             cls._registry[key] = inst
             inst._start()
         inst._users += 1

@@ -1,0 +1,50 @@
+"""Client instance sharing and reference counting (no server needed: nothing is sent before a route is used)."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from sluice.client import AsyncProducer, AsyncPullConsumer, ClientInstance
+from sluice.errors import ClientError
+
+
+def test_one_instance_per_loop_and_namesrv_set_released_by_the_last_user():
+    async def main() -> None:
+        p1 = AsyncProducer("P1", "127.0.0.1:1;127.0.0.1:2")
+        p2 = AsyncProducer("P2", ["127.0.0.1:1", "127.0.0.1:2"])
+        c = AsyncPullConsumer("C", "127.0.0.1:1;127.0.0.1:2")
+        other = AsyncProducer("P1", "127.0.0.1:1;127.0.0.1:2", instance_name="other")
+        for x in (p1, p2, c, other):
+            await x.start()
+        inst = p1.instance
+        assert p2.instance is inst and c.instance is inst and other.instance is not inst
+        assert set(inst.producers) == {"P1", "P2"} and set(inst.consumers) == {"C"}
+        assert inst.heartbeat_data().client_id == inst.client_id
+        with pytest.raises(ClientError, match="already started in this client instance"):
+            await AsyncProducer("P1", "127.0.0.1:1;127.0.0.1:2").start()
+        await p1.shutdown()
+        await c.shutdown()
+        assert not inst.closed and set(inst.producers) == {"P2"}
+        await p2.shutdown()
+        assert inst.closed and not inst._tasks
+        await other.shutdown()
+        with pytest.raises(ClientError, match="not started"):
+            p1.instance  # noqa: B018
+
+    asyncio.run(main())
+
+
+def test_a_new_loop_gets_a_new_instance():
+    seen = []
+
+    async def main() -> None:
+        p = AsyncProducer("P", "127.0.0.1:1")
+        await p.start()
+        seen.append(p.instance)
+        await p.shutdown()
+
+    asyncio.run(main())
+    asyncio.run(main())
+    assert seen[0] is not seen[1] and all(i.closed for i in seen)
+    assert not any(i in ClientInstance._registry.values() for i in seen)
