@@ -23,3 +23,7 @@ main.add_command(store_group)
 from sluice.broker.cli import broker_command  # noqa: E402
 
 main.add_command(broker_command)
+
+from sluice.demo import demo_command  # noqa: E402
+
+main.add_command(demo_command)
