@@ -179,11 +179,13 @@ def test_errors(cluster: Cluster, topic: str):
             p.start()
         with pytest.raises(ClientError, match="already started in this client instance"):
             Producer("PG_err", cluster.ns).start()
+        p.send(Message(topic, b"ok"))
     with PullConsumer("CG_err", cluster.ns) as c:
         with pytest.raises(TopicNotExistError):
             c.fetch_message_queues("NoSuchTopic_xyz")
         # Broker error answers raise the class of their code, with the broker's remark as message.
-        with pytest.raises(TopicNotExistError, match="NoSuchTopic_xyz") as info:
+        c.fetch_message_queues(topic)  # the sends above created it: now broker-a's address is known
+        with pytest.raises(TopicNotExistError, match="NoSuchTopic_xyz.*apply first") as info:
             c.pull(MessageQueue(topic="NoSuchTopic_xyz", broker_name="broker-a", queue_id=0), "*", 0)
         assert info.value.code == ResponseCode.TOPIC_NOT_EXIST
         with pytest.raises(BrokerResponseError) as info2:  # an offset id whose commit-log offset holds nothing
@@ -234,3 +236,12 @@ def test_new_topic_is_created_through_tbw102_then_routed_for_real(cluster: Clust
         wait_for(lambda: topic not in inst.from_default, 10, "route refresh timer")
         assert len(p.fetch_publish_queues(topic)) == 4  # defaultTopicQueueNums
         assert p.send(Message(topic, b"second")).status is SendStatus.SEND_OK
+
+
+def test_send_message_v1_header(cluster: Cluster, topic: str):
+    with Producer("PG_v1", cluster.ns, use_v2_header=False, compress_over=64) as p:
+        r = p.send(Message(topic, b"v1" * 100, tags="V1", properties={"p": "q"}))
+    with PullConsumer("CG_v1", cluster.ns) as c:
+        (m,) = pull_all(c, topic, expect=1)
+    assert (m.msg_id, m.body, m.tags, m.user_properties) == (r.msg_id, b"v1" * 100, "V1", {"p": "q"})
+    assert m.sysflag & FLAG_COMPRESSED
