@@ -211,7 +211,8 @@ class CommitLog:
             if meta is not None and len(self.pending) < MAX_PENDING_BATCHES:
                 self.pending[out[0][0]] = (topic, queue_id, meta, out, now)
             self.write_pos = wpos
-        self.appended.set()
+        if not self.appended.is_set():  # set() takes a condition lock: skip it while dispatch has not woken yet
+            self.appended.set()
         return out, now, wpos
 
     def _writable_file(self, wpos: int) -> MappedFile:
