@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import needs_broker, start_broker, wait_for, wait_for_route
+from sdk_support import needs_broker, start_broker, wait_for, wait_for_route
 from servers import SluiceProcess
 
 from sluice import Message, Producer, PullConsumer, SendStatus
