@@ -30,6 +30,7 @@ import numpy as np
 import orjson
 
 from sluice.errors import CorruptRecordError, FlushDiskTimeoutError, InvalidParameterError, StoreError
+from sluice.filter.tagcode import tag_code
 from sluice.message import MessageExt
 from sluice.protocol import properties as P
 from sluice.protocol.msgid import decode_offset_msg_id, offset_msg_id_prefix
@@ -179,7 +180,10 @@ class MessageStore:
         cl.queue_offsets = {(cq.topic, cq.queue_id): cq.max_offset for cq in self.queues.all()}
         cl.last_store_timestamp = cp.commitlog_time if cp else 0
         # Bytes that survived a crash in the page cache may not be on disk yet: make them durable now.
-        self.flusher.reset(min(cp.commitlog_offset, end) if cp and abnormal else end)
+        if abnormal:
+            self.flusher.reset(min(cp.commitlog_offset, end) if cp is not None else cl.min_offset)
+        else:
+            self.flusher.reset(end)
         self.flusher.flush()
         self.recovery_report = rep
         self._checkpoint()
@@ -280,7 +284,10 @@ class MessageStore:
         return recovery.check_store(self, fix=fix)
 
     def rebuild_queue(self, topic: str, queue_id: int) -> None:
-        """Throw away one consume queue and rebuild it from the commit log."""
+        """Throw away one consume queue and rebuild it from the commit log.
+
+        Units get plain tag codes: what a dispatcher had put in the slot (e.g. a ConsumeQueueExt address)
+        is not recomputed, so bitmap filtering falls back to evaluating the expression for that queue."""
         with self.dispatch._run_lock:
             cq = self.queues.get_or_create(topic, queue_id)
             cq.destroy()
@@ -289,12 +296,17 @@ class MessageStore:
             def on_record(rec) -> None:
                 if rec.topic == topic and rec.queue_id == queue_id and is_queued(rec.sysflag):
                     tags = P.decode_properties(rec.properties).get(P.TAGS)
-                    from sluice.filter.tagcode import tag_code
                     found.append((rec.queue_offset, rec.physical_offset, rec.total_size, tag_code(tags)))
 
             self.commitlog.scan(self.commitlog.min_offset, check_crc=False, on_record=on_record)
-            for qoff, phys, size, tag in found:
-                cq.put(qoff, np.array([(phys, size, tag)], dtype=CQ_DTYPE))
+            if not found:
+                return
+            units = np.array([u[1:] for u in found], dtype=CQ_DTYPE)
+            if found[-1][0] - found[0][0] == len(found) - 1:
+                cq.put(found[0][0], units)
+            else:
+                for i, u in enumerate(found):
+                    cq.put(u[0], units[i:i + 1])
 
     # ---- writes ------------------------------------------------------------------------------------
     def put_message(self, msg: StoreMessage) -> PutResult:
