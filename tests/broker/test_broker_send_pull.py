@@ -158,3 +158,38 @@ def test_not_writable_topic(rpc):
     assert rpc.send("RO").code == R.NO_PERMISSION
     rpc.call(RequestCode.UPDATE_AND_CREATE_TOPIC, dict(topic="WO", readQueueNums=1, writeQueueNums=1, perm=2))
     assert rpc.pull("WO").code == R.NO_PERMISSION
+
+
+def test_concurrent_sends_are_merged_and_a_bad_one_fails_alone(make_broker):
+    import asyncio
+
+    from sluice.protocol.client import RemotingClient
+    from sluice.protocol.command import RemotingCommand
+    b = make_broker(max_message_size=2048)
+
+    def req(body: bytes) -> RemotingCommand:
+        h = SendMessageRequestHeader(producer_group="PG", topic="Merge", queue_id=0)
+        return RemotingCommand.request(RequestCode.SEND_MESSAGE_V2, h.to_v2_ext(), body)
+
+    async def burst():
+        client = RemotingClient()
+        try:
+            bodies_ = [f"ok{i}".encode() for i in range(20)]
+            bodies_.insert(7, b"x" * 4096)  # over the limit: refused by the store's validation
+            return await asyncio.gather(*(client.invoke(b.addr, req(x)) for x in bodies_))
+        finally:
+            await client.close()
+
+    acks = b.loop.run(burst(), 30)
+    assert [a.code for a in acks].count(R.MESSAGE_ILLEGAL) == 1 and acks[7].code == R.MESSAGE_ILLEGAL
+    good = [a for a in acks if a.code == R.SUCCESS]
+    assert sorted(int(a.ext_fields["queueOffset"]) for a in good) == list(range(20))
+    assert b.broker.appender.jobs < len(acks)  # requests shared store calls
+    assert sorted(bodies(b.rpc().pull("Merge"))) == sorted(f"ok{i}".encode() for i in range(20))
+
+
+def test_pulls_on_the_thread_pool_too(make_broker):
+    b = make_broker(pull_on_event_loop=False)
+    r = b.rpc()
+    r.send("Pool", b"p")
+    assert bodies(r.pull("Pool")) == [b"p"]

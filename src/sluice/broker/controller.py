@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 from sluice import __version__
 from sluice.broker.admin import AdminProcessor
+from sluice.broker.appender import Appender
 from sluice.broker.client_manage import CLIENT_ID, ClientManageProcessor
 from sluice.broker.config import BrokerConfig
 from sluice.broker.consumers import ConsumerManager
@@ -100,6 +101,7 @@ class BrokerController:
         self.hold = HoldService(self.store.get_max_offset, check_interval_s=config.long_polling_check_ms / 1000.0)
         self.store.add_dispatcher(self.hold)
         self.executor = ThreadPoolExecutor(max_workers=STORE_THREADS, thread_name_prefix="sluice-broker-store")
+        self.appender = Appender(self.store, self.executor)
         self.server = RemotingServer(host, port)
         self.remoting = RemotingClient()
         self.namesrv = NamesrvClient(config.namesrv, remoting=self.remoting) if config.namesrv else None

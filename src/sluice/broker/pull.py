@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sluice.broker.filtering import CompiledSubscription, compile_subscription
+from sluice.broker.filtering import CompiledSubscription, SelectorFilter, compile_subscription
 from sluice.broker.longpoll import TIMED_OUT
 from sluice.errors import SluiceError, TopicNotExistError
 from sluice.protocol.codes import RequestCode, ResponseCode
@@ -78,6 +78,14 @@ class PullProcessor:
                               f"the pull says {h.sub_version})", code=_R.SUBSCRIPTION_NOT_LATEST)
         return sub
 
+    async def _get(self, h: PullMessageRequestHeader, max_msgs: int, mf: SelectorFilter | None,
+                   max_bytes: int | None) -> GetMessageResult:
+        store = self.broker.store
+        args = (h.topic, h.queue_id, h.queue_offset, max_msgs, mf, max_bytes)
+        if self.broker.config.pull_on_event_loop:
+            return store.get_messages(*args)
+        return await self.broker.run_blocking(store.get_messages, *args)
+
     async def handle(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         b = self.broker
         h = PullMessageRequestHeader.from_command(request)
@@ -95,16 +103,14 @@ class PullProcessor:
         max_msgs = max(1, h.max_msg_nums)
         max_bytes = h.max_msg_bytes if h.max_msg_bytes and h.max_msg_bytes > 0 else None
         store = b.store
-        res: GetMessageResult = await b.run_blocking(
-            store.get_messages, h.topic, h.queue_id, h.queue_offset, max_msgs, mf, max_bytes)
+        res = await self._get(h, max_msgs, mf, max_bytes)
         code = pull_response_code(res.status, h.queue_offset)
         if code == _R.PULL_NOT_FOUND and h.sys_flag & FLAG_SUSPEND:
             timeout_ms = h.suspend_timeout_millis if b.config.long_polling_enable else b.config.short_polling_ms
             woke = await b.hold.hold(h.topic, h.queue_id, h.queue_offset, mf, max(0, timeout_ms) / 1000.0)
             if woke != TIMED_OUT and woke > 0:
                 await b.run_blocking(store.dispatch.wait_for, woke, 1.0)
-            res = await b.run_blocking(
-                store.get_messages, h.topic, h.queue_id, h.queue_offset, max_msgs, mf, max_bytes)
+            res = await self._get(h, max_msgs, mf, max_bytes)
             code = pull_response_code(res.status, h.queue_offset)
         fields = {"suggestWhichBrokerId": "0", "nextBeginOffset": str(res.next_begin_offset),
                   "minOffset": str(res.min_offset), "maxOffset": str(res.max_offset)}

@@ -65,7 +65,7 @@ class SendProcessor:
         header = SendMessageRequestHeader.from_command(request)
         batch = request.code == RequestCode.SEND_BATCH_MESSAGE or header.batch or _batch_flag(request)
         msgs = self._build(conn, request, header, batch)
-        results = await self.broker.run_blocking(self.broker.store.put_messages, msgs)
+        results = await self.broker.appender.put(msgs)
         self.sent_messages += len(results)
         return request.make_response(ext_fields=self._reply_fields(results, msgs[0].queue_id, batch))
 

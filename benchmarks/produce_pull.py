@@ -1,0 +1,289 @@
+"""Produce and pull throughput of a real `sluice broker` subprocess over loopback, 1 KiB messages.
+
+Produce cases: sync single sends (one in flight), async pipelined single sends
+(many in flight on one connection), batches of 32 (SEND_BATCH_MESSAGE, a few in
+flight). Pull cases: draining one queue 32 per pull and with a larger
+maxMsgNums. Latency: p50/p99 of single sends at a light load.
+
+Requests are raw remoting commands over RemotingClient (the broker is what is
+measured); ``--sdk`` also runs the SDK producer (sluice.client) for the
+produce cases, with a namesrv.
+
+    .venv/bin/python benchmarks/produce_pull.py [--quick] [--sdk] [--flush sync|async] [--profile FILE]
+
+``--profile FILE`` runs the broker under cProfile (every thread) and writes the
+merged stats to FILE, printing the top entries. The last line is one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from sluice.protocol import headers as H
+from sluice.protocol import properties as P
+from sluice.protocol.batch import encode_batch
+from sluice.protocol.client import RemotingClient
+from sluice.protocol.codes import RequestCode
+from sluice.protocol.command import RemotingCommand
+
+HERE = Path(__file__).resolve().parent
+BODY = bytes(range(256)) * 4  # 1 KiB
+TOPIC = "Bench"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(args: list[str], log: Path, profile: str | None = None) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    addr = f"127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "sluice", *args, "--listen", addr]
+    if profile:
+        cmd = [sys.executable, str(HERE / "_profiled_broker.py"), profile, *args, "--listen", addr]
+    with open(log, "wb") as err:
+        proc = subprocess.Popen(cmd, stdout=err, stderr=err, stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return proc, addr
+        except OSError:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{args[0]} exited: {log.read_text()}")
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError(f"{args[0]} did not start: {log.read_text()}")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def send_request(queue_id: int, batch: bool = False) -> RemotingCommand:
+    props = P.encode_properties({"TAGS": "TagA", "KEYS": "order-1", "UNIQ_KEY": "0" * 32})
+    h = H.SendMessageRequestHeader(producer_group="PG", topic=TOPIC, queue_id=queue_id, properties=props,
+                                   born_timestamp=int(time.time() * 1000), batch=batch, default_topic_queue_nums=4)
+    code = RequestCode.SEND_BATCH_MESSAGE if batch else RequestCode.SEND_MESSAGE_V2
+    return RemotingCommand.request(code, h.to_v2_ext(), BODY)
+
+
+def batch_request(queue_id: int, n: int) -> RemotingCommand:
+    req = send_request(queue_id, batch=True)
+    body = encode_batch([(BODY, {"TAGS": "TagA", "KEYS": f"order-{i}"}, 0) for i in range(n)])
+    return RemotingCommand(code=req.code, ext_fields=req.ext_fields, body=body)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (to show whether the broker or the client is the bound)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Meter:
+    """CPU microseconds per message spent by the broker process and by this (client) process."""
+
+    def __init__(self, broker_pid: int) -> None:
+        self.pid = broker_pid
+        self.out: dict[str, dict[str, float]] = {}
+
+    def __call__(self, name: str):
+        meter = self
+
+        class _Case:
+            def __enter__(self):
+                self.b0, self.c0 = cpu_seconds(meter.pid), time.process_time()
+                return self
+
+            def done(self, messages: int) -> None:
+                b, c = cpu_seconds(meter.pid) - self.b0, time.process_time() - self.c0
+                meter.out[name] = {"broker_cpu_us_per_msg": round(b / messages * 1e6, 2),
+                                   "client_cpu_us_per_msg": round(c / messages * 1e6, 2)}
+
+            def __exit__(self, *exc):
+                return False
+        return _Case()
+
+
+def check(resp: RemotingCommand) -> None:
+    if resp.code != 0:
+        raise RuntimeError(f"request failed: {resp.code} {resp.remark}")
+
+
+async def produce_sync(client: RemotingClient, addr: str, n: int) -> float:
+    req = send_request(0)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        check(await client.invoke(addr, req))
+    return n / (time.perf_counter() - t0)
+
+
+async def pipelined(client: RemotingClient, addr: str, reqs: int, in_flight: int, make, per_req: int) -> float:
+    sem = asyncio.Semaphore(in_flight)
+
+    async def one(i: int) -> None:
+        async with sem:
+            check(await client.invoke(addr, make(i), timeout=30))
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in range(reqs)))
+    return reqs * per_req / (time.perf_counter() - t0)
+
+
+async def latency(client: RemotingClient, addr: str, n: int, gap_s: float) -> dict[str, float]:
+    req = send_request(1)
+    samples = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        check(await client.invoke(addr, req))
+        samples.append((time.perf_counter() - t0) * 1000)
+        await asyncio.sleep(gap_s)
+    samples.sort()
+    return {"p50_ms": statistics.median(samples), "p99_ms": samples[min(len(samples) - 1, int(len(samples) * 0.99))],
+            "samples": n}
+
+
+async def drain(client: RemotingClient, addr: str, queue_id: int, max_msgs: int, group: str) -> tuple[float, int]:
+    offset, got = 0, 0
+    t0 = time.perf_counter()
+    while True:
+        req = RemotingCommand.request(RequestCode.PULL_MESSAGE, dict(
+            consumerGroup=group, topic=TOPIC, queueId=queue_id, queueOffset=offset, maxMsgNums=max_msgs,
+            sysFlag=0x4, commitOffset=0, suspendTimeoutMillis=0, subVersion=0, subscription="*",
+            maxMsgBytes=max_msgs * 1200))
+        resp = await client.invoke(addr, req, timeout=30)
+        if resp.code != 0:
+            break
+        got += _count_records(resp.body)
+        offset = int(resp.ext_fields["nextBeginOffset"])
+    return got / (time.perf_counter() - t0), got
+
+
+def _count_records(body: bytes) -> int:
+    n, pos, end = 0, 0, len(body)
+    while pos < end:
+        pos += int.from_bytes(body[pos:pos + 4], "big")
+        n += 1
+    return n
+
+
+async def sdk_produce(namesrv: str, n_single: int, n_batches: int) -> dict[str, float]:
+    from sluice.client.producer import AsyncProducer
+    from sluice.message import Message
+    out: dict[str, float] = {}
+    async with AsyncProducer("bench_sdk", namesrv) as producer:
+        msg = Message(topic=TOPIC, body=BODY, tags="TagA", keys=["order-1"])
+        await producer.send(msg)
+        t0 = time.perf_counter()
+        for _ in range(n_single):
+            await producer.send(msg)
+        out["sdk_sync_single"] = n_single / (time.perf_counter() - t0)
+        sem = asyncio.Semaphore(64)
+
+        async def one() -> None:
+            async with sem:
+                await producer.send(msg)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one() for _ in range(n_single * 4)))
+        out["sdk_async_pipelined"] = n_single * 4 / (time.perf_counter() - t0)
+        batch = [Message(topic=TOPIC, body=BODY, tags="TagA", keys=[f"order-{i}"]) for i in range(32)]
+        t0 = time.perf_counter()
+        for _ in range(n_batches):
+            await producer.send_batch(batch)
+        out["sdk_batch32_sequential"] = n_batches * 32 / (time.perf_counter() - t0)
+    return out
+
+
+async def run(args: argparse.Namespace, addr: str, namesrv: str | None, broker_pid: int) -> dict:
+    q = args.quick
+    meter = Meter(broker_pid)
+    client = RemotingClient()
+    res: dict = {"quick": q, "flush": args.flush, "body_bytes": len(BODY)}
+    try:
+        check(await client.invoke(addr, RemotingCommand.request(RequestCode.UPDATE_AND_CREATE_TOPIC, dict(
+            topic=TOPIC, readQueueNums=4, writeQueueNums=4, perm=6))))
+        await produce_sync(client, addr, 200)  # warm up
+        n = 1000 if q else 5000
+        with meter("produce_sync_single") as m:
+            res["produce_sync_single"] = await produce_sync(client, addr, n)
+            m.done(n)
+        n = 8000 if q else 40000
+        with meter("produce_async_pipelined") as m:
+            res["produce_async_pipelined"] = await pipelined(client, addr, n, 128, lambda i: send_request(2), 1)
+            m.done(n)
+        nb = 600 if q else 3000
+        reqs = [batch_request(3, 32) for _ in range(4)]
+        with meter("produce_batch32") as m:
+            res["produce_batch32"] = await pipelined(client, addr, nb, 8, lambda i: reqs[i % 4], 32)
+            m.done(nb * 32)
+        res["send_latency_light_load"] = await latency(client, addr, 300 if q else 1000, 0.002)
+        await asyncio.sleep(1.0)  # let dispatch catch up before draining
+        for size in (32, 256):
+            with meter(f"pull_{size}") as m:
+                res[f"pull_{size}"], res[f"pull_{size}_messages"] = await drain(client, addr, 3, size, f"g{size}")
+                m.done(res[f"pull_{size}_messages"])
+        res["cpu"] = meter.out
+        if namesrv:
+            res.update(await sdk_produce(namesrv, 500 if q else 3000, 100 if q else 500))
+    finally:
+        await client.close()
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--sdk", action="store_true", help="also measure the SDK producer (starts a namesrv)")
+    ap.add_argument("--flush", choices=["sync", "async"], default="async")
+    ap.add_argument("--profile", metavar="FILE", help="profile the broker (all threads) into FILE")
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="sluice-bench-"))
+    ns_proc = None
+    namesrv = None
+    try:
+        if args.sdk:
+            ns_proc, namesrv = start_server(["namesrv"], tmp / "namesrv.log")
+        broker_args = ["broker", "--store", str(tmp / "store"), "--flush", args.flush]
+        if namesrv:
+            broker_args += ["--namesrv", namesrv]
+        proc, addr = start_server(broker_args, tmp / "broker.log", args.profile)
+        try:
+            res = asyncio.run(run(args, addr, namesrv, proc.pid))
+        finally:
+            stop_server(proc)
+        if args.profile:
+            import pstats
+            pstats.Stats(args.profile).sort_stats("tottime").print_stats(25)
+    finally:
+        if ns_proc is not None:
+            stop_server(ns_proc)
+        subprocess.run(["rm", "-rf", str(tmp)], check=False)
+    for k, v in res.items():
+        if isinstance(v, float):
+            print(f"{k:28s} {v:12,.0f} msgs/s")
+    print(json.dumps(res))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()
