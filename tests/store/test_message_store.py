@@ -294,3 +294,15 @@ def test_dispatch_from_appenders_equals_dispatch_from_the_log(store: MessageStor
     assert len(seen) == 10 and seen == replay
     assert seen[0].properties == {"TAGS": "x", "KEYS": "k1 k2"} and seen[0].keys == ["k1", "k2"]
     assert seen[1].uniq_key == "U" and seen[1].sysflag == 0x14
+
+
+def test_dispatch_reports_a_hole_instead_of_spinning(store: MessageStore) -> None:
+    r = store.put_message(msg())
+    store.wait_dispatched()
+    seg = store.commitlog.segments()[0]
+    seg.write(r.commitlog_offset + r.size, bytes(8))  # a hole where the next record will be claimed to start
+    store.commitlog.write_pos += 200  # as if 200 bytes had been appended there
+    assert not store.wait_dispatched(timeout=2.0)
+    assert "no record at commit-log offset" in store.stats()["dispatch_error"]
+    store.commitlog.write_pos -= 200  # let the store close cleanly
+    store.dispatch.error = None

@@ -136,6 +136,10 @@ class DispatchService:
                 tag_code(props.get(P.TAGS)), props, rec.store_timestamp,
                 P.split_keys(props.get(P.KEYS)), props.get(P.UNIQ_KEY), rec.sysflag))
             rel += total
+        if rel == 0 and start < cl.write_pos:
+            # Written data where no record starts: say so (dispatch.error, logged) instead of spinning silently.
+            raise CorruptRecordError(f"no record at commit-log offset {start} below the write position "
+                                     f"{cl.write_pos}", path="commitlog", offset=start)
         return out, start + rel
 
     def _dispatch(self, batch: list[DispatchRequest]) -> None:
@@ -196,12 +200,16 @@ class DispatchService:
                 # Cannot step over a record whose size is untrustworthy; recovery or check must handle it.
                 if self.error is None:
                     log.error("dispatch stopped at commit-log offset %d: %s", self.reput_offset, e)
-                self.error = e
-                self._stop.wait(1.0)
+                self._fail(e)
             except Exception as e:
                 log.exception("dispatch failed at commit-log offset %d", self.reput_offset)
-                self.error = e
-                self._stop.wait(1.0)
+                self._fail(e)
+
+    def _fail(self, e: Exception) -> None:
+        with self._cond:
+            self.error = e
+            self._cond.notify_all()  # waiters give up now rather than at their timeout
+        self._stop.wait(1.0)  # then retry: the cause may be transient
 
     def stop(self) -> None:
         self._stop.set()
