@@ -1,0 +1,129 @@
+"""format("sluice") against real `sluice namesrv` + `sluice broker` subprocesses."""
+from __future__ import annotations
+
+import time
+
+import pytest
+from servers import SluiceProcess
+
+from sluice.errors import SluiceError
+from sluice.filter import compile_selector
+from sluice.namesrv.client import SyncNamesrvClient
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.integration]
+
+N = 240
+
+
+def _wait_route(ns: str, topic: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    with SyncNamesrvClient(ns) as c:
+        while True:
+            try:
+                if c.get_route(topic).broker_datas:
+                    return
+            except SluiceError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no route for {topic}")
+            time.sleep(0.1)
+
+
+def _props(i: int) -> dict[str, str]:
+    return {"a": str(i), "region": ("eu", "us", "ap")[i % 3]}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    from sluice.client import Producer
+    from sluice.message import Message
+
+    tmp = tmp_path_factory.mktemp("spark-broker")
+    with SluiceProcess.start(["namesrv"], tmp, name="namesrv") as ns:
+        with SluiceProcess.start(["broker", "--namesrv", ns.addr, "--store", str(tmp / "store"),
+                                  "--config", str(_conf(tmp))], tmp, name="broker"):
+            _wait_route(ns.addr, "TBW102")
+            with Producer("spark-test-producer", ns.addr) as p:
+                for i in range(N):
+                    p.send(Message("SparkIn", f"body-{i}".encode(), tags=f"Tag{i % 4}", keys=[f"k{i}"],
+                                   properties=_props(i)))
+            yield ns.addr
+
+
+def _conf(tmp):
+    path = tmp / "broker.toml"
+    path.write_text("enable_property_filter = true\n")
+    return path
+
+
+def _read(spark, ns, **opts):
+    r = spark.read.format("sluice").option("namesrv", ns).option("topic", "SparkIn")
+    for k, v in opts.items():
+        r = r.option(k, v)
+    return r.load()
+
+
+def test_batch_read_all_columns(spark, cluster):
+    df = _read(spark, cluster)
+    rows = df.collect()
+    assert len(rows) == N
+    r = sorted(rows, key=lambda r: int(r.properties["a"]))[5]
+    assert r.body == b"body-5" and r.tags == "Tag1" and r.keys == ["k5"] and r.properties["region"] == "ap"
+    assert r.properties["TAGS"] == "Tag1" and r.msg_id == r.properties["UNIQ_KEY"] and r.broker
+    assert len({(x.queue_id, x.queue_offset) for x in rows}) == N
+
+
+def test_pushdown_results_equal_spark_filtering(spark, cluster):
+    where = "tags IN ('Tag1', 'Tag2') AND queue_offset >= 3 AND queue_id IN (0, 1, 2, 3)"
+    spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
+    pushed = sorted(r.msg_id for r in _read(spark, cluster).where(where).collect())
+    plain = sorted(r.msg_id for r in _read(spark, cluster).collect()
+                   if r.tags in ("Tag1", "Tag2") and r.queue_offset >= 3)
+    assert pushed == plain and len(pushed) > 0
+
+
+def test_broker_side_sql92_selector_matches_selector_column(spark, cluster):
+    from sluice.spark import selector_column
+
+    expr = "a > 100 AND region IN ('eu', 'us')"
+    broker = {r.msg_id for r in _read(spark, cluster, selectorType="SQL92", selector=expr).collect()}
+    in_spark = {r.msg_id for r in _read(spark, cluster).where(selector_column(expr)).collect()}
+    sel = compile_selector("SQL92", expr)
+    assert broker == in_spark and len(broker) == sum(1 for i in range(N) if sel.matches(_props(i)))
+
+
+def test_stream_available_now_honours_max_offsets_and_resumes(spark, cluster, tmp_path):
+    from sluice.client import Producer
+    from sluice.message import Message
+
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+
+    def run():
+        q = (spark.readStream.format("sluice").option("namesrv", cluster).option("topic", "SparkIn")
+             .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "100").load()
+             .select("msg_id", "queue_id", "queue_offset")
+             .writeStream.format("parquet").option("path", str(out)).option("checkpointLocation", str(ckpt))
+             .trigger(availableNow=True).start())
+        q.awaitTermination(120)
+        return q
+
+    q = run()
+    assert len([p for p in q.recentProgress if p["numInputRows"] > 0]) >= 3  # 240 rows, 100 per trigger
+    assert spark.read.parquet(str(out)).count() == N
+    with Producer("spark-test-producer2", cluster) as p:
+        for i in range(10):
+            p.send(Message("SparkIn", b"late", tags="Late", properties={"a": "-1"}))
+    run()
+    df = spark.read.parquet(str(out))
+    assert df.count() == N + 10 and df.select("msg_id").distinct().count() == N + 10
+
+
+def test_batch_write_then_read_back(spark, cluster):
+    rows = [(f"w{i}".encode(), "W" if i % 2 else "V", {"n": str(i)}) for i in range(20)]
+    df = spark.createDataFrame(rows, "body binary, tags string, properties map<string,string>")
+    df.write.format("sluice").option("namesrv", cluster).option("topic", "SparkOut").mode("append").save()
+    _wait_route(cluster, "SparkOut")
+    back = (spark.read.format("sluice").option("namesrv", cluster).option("topic", "SparkOut")
+            .option("selector", "W").load().collect())
+    assert sorted(int(r.properties["n"]) for r in back) == list(range(1, 20, 2))
+    assert all(len(r.msg_id) == 32 for r in back)
