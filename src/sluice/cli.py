@@ -27,3 +27,7 @@ main.add_command(broker_command)
 from sluice.demo import demo_command  # noqa: E402
 
 main.add_command(demo_command)
+
+from sluice.spark.cli import spark_group  # noqa: E402
+
+main.add_command(spark_group)

@@ -127,3 +127,12 @@ def test_batch_write_then_read_back(spark, cluster):
             .option("selector", "W").load().collect())
     assert sorted(int(r.properties["n"]) for r in back) == list(range(1, 20, 2))
     assert all(len(r.msg_id) == 32 for r in back)
+
+
+def test_demo_job(spark, cluster, tmp_path):
+    from sluice.spark import demo_job
+
+    res = demo_job(cluster, "SparkIn", str(tmp_path), spark=spark, tags=("Tag1", "Tag2"), selector="a > 100")
+    want = sum(1 for i in range(N) if i % 4 in (1, 2) and i > 100)
+    assert res["ok"] and res["exported"] == want and sum(g["messages"] for g in res["per_group"]) == want
+    assert any("pushed to the broker" in line for line in res["lines"])
