@@ -100,4 +100,4 @@ class StoreModel(RuleBasedStateMachine):
 
 
 TestStoreModel = StoreModel.TestCase
-TestStoreModel.settings = settings(max_examples=25, stateful_step_count=30, deadline=None)
+TestStoreModel.settings = settings(max_examples=15, stateful_step_count=25, deadline=None)
