@@ -32,7 +32,8 @@ class AdminProcessor:
     def __init__(self, broker: BrokerController) -> None:
         self.broker = broker
 
-    def register(self, server) -> None:  # noqa: ANN001 - RemotingServer
+    def register(self) -> None:
+        server = self.broker
         R = RequestCode
         for code, fn in ((R.UPDATE_AND_CREATE_TOPIC, self.create_topic), (R.DELETE_TOPIC_IN_BROKER, self.delete_topic),
                          (R.GET_ALL_TOPIC_CONFIG, self.all_topic_config),

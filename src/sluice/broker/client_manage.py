@@ -15,7 +15,7 @@ from sluice.broker.filtering import CompiledSubscription, compile_subscription_d
 from sluice.broker.topics import retry_topic
 from sluice.errors import InvalidParameterError, SluiceError
 from sluice.protocol import fields as F
-from sluice.protocol.bodies import ConsumerListBody, HeartbeatData, SubscriptionData, decode_body, encode_body, \
+from sluice.protocol.bodies import ConsumerData, ConsumerListBody, HeartbeatData, SubscriptionData, decode_body, encode_body, \
     loads_lenient
 from sluice.protocol.codes import RequestCode, ResponseCode
 from sluice.protocol.command import RemotingCommand
@@ -34,7 +34,8 @@ class ClientManageProcessor:
     def __init__(self, broker: BrokerController) -> None:
         self.broker = broker
 
-    def register(self, server) -> None:  # noqa: ANN001 - RemotingServer
+    def register(self) -> None:
+        server = self.broker
         server.register(RequestCode.HEART_BEAT, self.heartbeat)
         server.register(RequestCode.UNREGISTER_CLIENT, self.unregister_client)
         server.register(RequestCode.GET_CONSUMER_LIST_BY_GROUP, self.consumer_list)
@@ -46,7 +47,7 @@ class ClientManageProcessor:
         if not hb.client_id:
             raise InvalidParameterError("heartbeat without clientID")
         # Compile everything first: a bad subscription must not leave half a registration behind.
-        compiled: list[tuple[object, list[CompiledSubscription]]] = []
+        compiled: list[tuple[ConsumerData, list[CompiledSubscription]]] = []
         for cd in hb.consumer_data_set:
             if not cd.group_name:
                 raise InvalidParameterError("heartbeat consumer data without groupName")
@@ -56,14 +57,14 @@ class ClientManageProcessor:
         conn.attributes[CLIENT_ID] = hb.client_id
         created = False
         for cd, subs in compiled:
-            rt = retry_topic(cd.group_name)  # type: ignore[attr-defined]
+            rt = retry_topic(cd.group_name)
             if b.topics.get(rt) is None:
                 b.topics.create_retry_or_dlq(rt, 1)
                 created = True
             b.consumers.register_consumer(
-                cd.group_name, hb.client_id, conn, language=request.language, version=request.version,  # type: ignore[attr-defined]
-                consume_type=cd.consume_type, message_model=cd.message_model,  # type: ignore[attr-defined]
-                consume_from_where=cd.consume_from_where, subscriptions=subs)  # type: ignore[attr-defined]
+                cd.group_name, hb.client_id, conn, language=request.language, version=request.version,
+                consume_type=cd.consume_type, message_model=cd.message_model,
+                consume_from_where=cd.consume_from_where, subscriptions=subs)
         for pd in hb.producer_data_set:
             b.consumers.register_producer(pd.group_name, hb.client_id, conn, language=request.language,
                                           version=request.version)

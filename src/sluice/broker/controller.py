@@ -109,7 +109,7 @@ class BrokerController:
         self.pull_processor = PullProcessor(self)
         for proc in (self.send_processor, self.pull_processor, ClientManageProcessor(self), QueryProcessor(self),
                      AdminProcessor(self)):
-            proc.register(self)
+            proc.register()
         self.server.on_connection_close(self._connection_closed)
         self.started_at = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None

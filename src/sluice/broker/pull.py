@@ -57,7 +57,8 @@ class PullProcessor:
         self.broker = broker
         self.pulled_messages = 0
 
-    def register(self, server) -> None:  # noqa: ANN001 - RemotingServer
+    def register(self) -> None:
+        server = self.broker
         server.register(RequestCode.PULL_MESSAGE, self.handle)
 
     def _subscription(self, h: PullMessageRequestHeader) -> CompiledSubscription:

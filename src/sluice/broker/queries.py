@@ -25,7 +25,8 @@ class QueryProcessor:
     def __init__(self, broker: BrokerController) -> None:
         self.broker = broker
 
-    def register(self, server) -> None:  # noqa: ANN001 - RemotingServer
+    def register(self) -> None:
+        server = self.broker
         R = RequestCode
         for code, fn in ((R.QUERY_CONSUMER_OFFSET, self.query_consumer_offset),
                          (R.UPDATE_CONSUMER_OFFSET, self.update_consumer_offset),

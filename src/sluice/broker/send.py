@@ -57,7 +57,8 @@ class SendProcessor:
         self.broker = broker
         self.sent_messages = 0
 
-    def register(self, server) -> None:  # noqa: ANN001 - RemotingServer
+    def register(self) -> None:
+        server = self.broker
         for code in (RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE):
             server.register(code, self.handle)
 
