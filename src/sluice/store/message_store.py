@@ -400,13 +400,12 @@ class MessageStore:
                 continue
             if verify:
                 try:
-                    f = cl.queue.find(p)
-                    verify_record_bytes(data, p, where=str(f.path) if f else "commitlog",
-                                        file_offset=p - f.start if f else p)
+                    verify_record_bytes(data, p)
                 except CorruptRecordError as e:
+                    e = self._located(e, p)
                     log.error("not serving %s/%d offset %d: %s", cq.topic, cq.queue_id, offset + i, e)
                     if not parts:
-                        raise
+                        raise e from None
                     stop_at = i
                     break
             if needs_record:
@@ -433,14 +432,23 @@ class MessageStore:
             res.status = _S.NO_MATCHED_MESSAGE
         return res
 
+    def _located(self, e: CorruptRecordError, commitlog_offset: int) -> CorruptRecordError:
+        """The same complaint naming the segment file and the offset in it (looked up only on failure)."""
+        f = self.commitlog.queue.find(commitlog_offset)
+        msg = str(e).split(" (")[0]
+        if f is None:
+            return CorruptRecordError(msg, path="commitlog", offset=commitlog_offset)
+        return CorruptRecordError(msg, path=str(f.path), offset=commitlog_offset - f.start)
+
     def read_record(self, commitlog_offset: int) -> bytes | None:
         """The raw stored record at a commit-log offset (CRC-checked), or None when there is none."""
         self._check_open()
         data = self.commitlog.read_record(commitlog_offset)
         if data is not None:
-            f = self.commitlog.queue.find(commitlog_offset)
-            verify_record_bytes(data, commitlog_offset, where=str(f.path) if f else "commitlog",
-                                file_offset=commitlog_offset - f.start if f else commitlog_offset)
+            try:
+                verify_record_bytes(data, commitlog_offset)
+            except CorruptRecordError as e:
+                raise self._located(e, commitlog_offset) from None
         return data
 
     def get_message_by_offset(self, commitlog_offset: int) -> MessageExt | None:
