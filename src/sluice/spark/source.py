@@ -83,7 +83,7 @@ class Options:
         self.max_per_trigger = _int_opt(options, "maxOffsetsPerTrigger")
         self.fail_on_data_loss = (options.get("failOnDataLoss") or "true").lower() != "false"
         self.min_partitions = _int_opt(options, "minPartitions") or 0
-        self.pull_batch = _int_opt(options, "pullBatchSize") or 32
+        self.pull_batch = _int_opt(options, "pullBatchSize") or 256  # the broker caps a pull by bytes
         self.group = options.get("group") or f"spark-sluice-{uuid.uuid4().hex[:12]}"
         self.broker_label = options.get("broker")
 
