@@ -5,6 +5,7 @@ Both are 16 bytes written as 32 uppercase hex characters for IPv4 hosts.
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import ipaddress
 import itertools
 import os
@@ -106,8 +107,13 @@ def decode_unique_id(msg_id: str) -> UniqueIdInfo:
 
 def create_offset_msg_id(host: str, port: int, commitlog_offset: int) -> str:
     """Store host + port + commit-log offset as uppercase hex (MessageDecoder.createMessageId)."""
-    ip = ipaddress.ip_address(host).packed
-    return (ip + struct.pack(">iq", port, commitlog_offset)).hex().upper()
+    return (_packed_ip(host) + struct.pack(">iq", port, commitlog_offset)).hex().upper()
+
+
+@functools.lru_cache(maxsize=256)
+def _packed_ip(host: str) -> bytes:
+    # A consumer decodes thousands of records from the same few brokers: parse each address once.
+    return ipaddress.ip_address(host).packed
 
 
 def offset_msg_id_prefix(host: str, port: int) -> bytes:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import socket
 import struct
 import zlib
 from collections.abc import Iterator
@@ -168,9 +169,11 @@ class RecordView:
 
 
 def _read_host(buf, p: int, v6: bool) -> tuple[tuple[str, int], int]:
-    n = 16 if v6 else 4
-    ip = str(ipaddress.ip_address(bytes(buf[p:p + n])))
-    return (ip, _I32.unpack_from(buf, p + n)[0]), p + n + 4
+    if v6:
+        ip = socket.inet_ntop(socket.AF_INET6, bytes(buf[p:p + 16]))
+        return (ip, _I32.unpack_from(buf, p + 16)[0]), p + 20
+    # IPv4 is every record real clients write; inet_ntoa is ~20x cheaper than ipaddress.
+    return (socket.inet_ntoa(bytes(buf[p:p + 4])), _I32.unpack_from(buf, p + 4)[0]), p + 8
 
 
 def decode_record(buf, pos: int = 0, *, check_crc: bool = True, where: str | None = None) -> RecordView:
