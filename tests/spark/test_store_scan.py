@@ -103,3 +103,20 @@ def test_scan_and_stats_with_spark(spark, store, tmp_path):
     want_eu = sum(1 for i in range(1500) if i % 4 and _props(i).get("region") == "eu")
     assert sub["matched"] == want_eu and abs(sub["hit_rate"] - want_eu / 1125) < 1e-9
     assert len(s["Orders"]["properties"]["region"]) == 3
+
+
+def test_live_store_is_scanned_up_to_what_dispatch_has_seen(tmp_path):
+    from sluice.spark.storefiles import _is_record_start, store_is_open
+
+    st = MessageStore(tmp_path, CFG).start()
+    try:
+        st.put_messages([StoreMessage("T", b"m%d" % i, properties={"a": str(i)}) for i in range(20)])
+        st.wait_dispatched()
+        assert store_is_open(tmp_path)
+        assert _all(tmp_path, 512).num_rows == 20
+        seg = tmp_path / "commitlog" / f"{0:020d}"
+        assert _is_record_start(seg, 0, 0) and not _is_record_start(seg, 8, 8)
+    finally:
+        st.close()
+    assert not store_is_open(tmp_path)
+    assert _all(tmp_path, 512).num_rows == 20

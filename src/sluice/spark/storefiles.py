@@ -20,6 +20,7 @@ record.
 """
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
 import struct
@@ -74,10 +75,11 @@ def segment_files(root: str | os.PathLike[str]) -> list[tuple[int, Path]]:
     return sorted(out)
 
 
-def queue_boundaries(root: str | os.PathLike[str]) -> np.ndarray:
-    """Sorted commit-log offsets of every record some consume queue points at."""
+def queue_boundaries(root: str | os.PathLike[str]) -> tuple[np.ndarray, int]:
+    """Sorted commit-log offsets of every record some consume queue points at, and the end of the
+    furthest such record (-1 without units)."""
     d = Path(root) / "consumequeue"
-    parts = []
+    parts, end = [], -1
     if d.is_dir():
         for f in d.glob("*/*/*"):
             if not (f.is_file() and f.name.isdigit()):
@@ -85,27 +87,65 @@ def queue_boundaries(root: str | os.PathLike[str]) -> np.ndarray:
             raw = f.read_bytes()
             units = np.frombuffer(raw[: len(raw) - len(raw) % CQ_DTYPE.itemsize], dtype=CQ_DTYPE)
             real = (units["size"] > 0) & (units["size"] != PAD_SIZE)
-            parts.append(units["offset"][real].astype(np.int64))
+            offs = units["offset"][real].astype(np.int64)
+            if len(offs):
+                parts.append(offs)
+                end = max(end, int((offs + units["size"][real].astype(np.int64)).max()))
     if not parts:
-        return np.empty(0, dtype=np.int64)
-    return np.unique(np.concatenate(parts))
+        return np.empty(0, dtype=np.int64), end
+    return np.unique(np.concatenate(parts)), end
+
+
+def store_is_open(root: str | os.PathLike[str]) -> bool:
+    """True while a process (a running broker) holds the store's lock."""
+    path = Path(root) / "lock"
+    if not path.exists():
+        return False
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing drops a lock we got
+    return False
+
+
+def _is_record_start(path: Path, rel: int, absolute: int) -> bool:
+    """Whether the bytes at ``rel`` of ``path`` are a record that says it is at ``absolute``."""
+    with open(path, "rb") as f:
+        f.seek(rel)
+        head = f.read(36)
+    if len(head) < 36:
+        return False
+    total, magic = _TM.unpack_from(head, 0)
+    return magic in (MAGIC_V1, MAGIC_V2) and total >= 91 and _Q.unpack_from(head, 28)[0] == absolute
 
 
 def plan_splits(root: str | os.PathLike[str], split_bytes: int = 64 * 1024 * 1024) -> list[Split]:
-    """Cut every segment into record-aligned splits of about ``split_bytes`` (see the module doc)."""
+    """Cut every segment into record-aligned splits of about ``split_bytes`` (see the module doc).
+
+    While a broker has the store open, the scan stops where dispatch has got to (the furthest record a
+    consume queue points at): bytes after it may still be being written."""
     if split_bytes <= 0:
         raise InvalidParameterError("split size must be positive")
     segs = segment_files(root)
-    bounds = queue_boundaries(root) if segs else np.empty(0, dtype=np.int64)
+    bounds, dispatched_end = queue_boundaries(root) if segs else (np.empty(0, dtype=np.int64), -1)
+    limit = dispatched_end if store_is_open(root) else None
     out: list[Split] = []
     for start, path in segs:
         end = start + path.stat().st_size
+        if limit is not None:
+            if start >= limit:
+                break
+            end = min(end, limit)
         cuts = [start]
         targets = np.arange(start + split_bytes, end, split_bytes, dtype=np.int64)
         if len(targets) and len(bounds):
             idx = np.searchsorted(bounds, targets)
             for b in np.unique(bounds[idx[idx < len(bounds)]]).tolist():
-                if cuts[-1] < b < end:
+                # A unit left over from a crash may point at garbage: only cut where a record says so.
+                if cuts[-1] < b < end and _is_record_start(path, b - start, b):
                     cuts.append(b)
         cuts.append(end)
         out.extend(Split(str(path), start, a, b) for a, b in zip(cuts, cuts[1:]))
