@@ -1,9 +1,14 @@
 """Append throughput of the store against the raw sequential write rate of the same disk.
 
 Cases (1 KiB bodies): single puts and 32-message batches with asynchronous flush;
-synchronous flush with 1 and with 64 writer threads. The raw baselines write
-the same bytes with plain os.write, fsynced at the same cadence (every flush
-interval for async, after every write for sync).
+synchronous flush with 1 and with 64 writer threads. Every message carries a tag,
+its own KEYS value and its own UNIQ_KEY (as a producer sets them), so the key
+index does its full work. A case's time runs until everything appended is
+dispatched (consume queues and index written): a message is only useful then.
+
+The raw baselines write the same bytes (the encoded records of the same
+messages, as many per write as per put) with plain os.write, fdatasynced at the
+same cadence (every flush interval for async, after every write for sync).
 
     .venv/bin/python benchmarks/store_append.py [--quick] [--profile CASE]
 
@@ -26,7 +31,8 @@ from pathlib import Path
 from sluice.store import MessageStore, StoreConfig, StoreMessage
 
 BODY = bytes(range(256)) * 4  # 1 KiB
-PROPS = {"TAGS": "TagA", "KEYS": "order-1"}
+TOPIC = "Bench"
+POOL = 4096  # distinct messages per writer thread, cycled (distinct keys: no cache can shortcut the index)
 
 
 def config(flush_mode: str) -> StoreConfig:
@@ -34,48 +40,80 @@ def config(flush_mode: str) -> StoreConfig:
                        index_max_index_num=2_000_000)
 
 
-def record_size() -> int:
-    from sluice.protocol.properties import encode_properties
-    from sluice.protocol.record import encode_record
-    return len(encode_record(topic="Bench", body=BODY, properties=encode_properties(PROPS)))
+def message_pool(writer: int, batch: int, queue_id: int) -> list[list[StoreMessage]]:
+    """Batches of distinct messages: tag, own KEYS (``order-<n>``) and a 32-hex UNIQ_KEY, like a producer's."""
+    n_batches = max(1, POOL // batch)
+    out = []
+    for b in range(n_batches):
+        out.append([StoreMessage(TOPIC, BODY, queue_id, {
+            "TAGS": "TagA", "KEYS": f"order-{writer}-{b * batch + i}",
+            "UNIQ_KEY": f"7F00000100{writer:04X}{b * batch + i:018X}"}) for i in range(batch)])
+    return out
+
+
+def encoded_chunks(batch: int) -> list[bytes]:
+    """The bytes the store writes for the same messages: encoded records, ``batch`` per chunk."""
+    from sluice.store.encode import encode_batch
+    host = config("async").store_host
+    return [bytes(encode_batch(msgs, store_host=host, max_body=4 << 20).buf) for msgs in message_pool(0, batch, 0)]
 
 
 def raw_rate(root: Path, seconds: float, batch: int, fsync_every_s: float | None) -> dict[str, float]:
-    """Write record-sized chunks to one file; fsync every ``fsync_every_s`` (None: after every write)."""
-    size = record_size()
-    chunk = bytes(size * batch)
+    """os.write the store's record bytes, ``batch`` records per write, to one file; fdatasync (as the store
+    does) every ``fsync_every_s`` (None: after every write)."""
+    chunks = encoded_chunks(batch)
     path = root / "raw.bin"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    n = 0
+    n = nbytes = i = 0
     start = last_sync = time.perf_counter()
     try:
         while (now := time.perf_counter()) - start < seconds:
+            chunk = chunks[i]
+            i = i + 1 if i + 1 < len(chunks) else 0
             os.write(fd, chunk)
             n += batch
+            nbytes += len(chunk)
             if fsync_every_s is None or now - last_sync >= fsync_every_s:
-                os.fsync(fd)
+                os.fdatasync(fd)
                 last_sync = now
-        os.fsync(fd)
+        os.fdatasync(fd)
     finally:
         os.close(fd)
         path.unlink()
     dt = time.perf_counter() - start
-    return {"msgs_per_s": n / dt, "mb_per_s": n * size / dt / 1e6}
+    return {"msgs_per_s": n / dt, "mb_per_s": nbytes / dt / 1e6}
 
 
-def store_rate(root: Path, seconds: float, *, flush_mode: str, batch: int, threads: int) -> dict[str, float]:
+def store_rate(root: Path, seconds: float, *, flush_mode: str, batch: int, threads: int,
+               inline_dispatch: bool = False, profiler: cProfile.Profile | None = None) -> dict[str, float]:
+    """Writers append for ``seconds``; the clock stops when everything appended is dispatched.
+
+    ``inline_dispatch`` (profiling, one writer): the writer runs dispatch itself after every put, so one
+    thread's profile shows both halves of the work."""
     d = root / f"store-{flush_mode}-{batch}-{threads}"
     counts = [0] * threads
     stop = threading.Event()
     with MessageStore(d, config(flush_mode)) as s:
+        if inline_dispatch:
+            s.dispatch.stop()
+
         def work(i: int) -> None:
-            msgs = [StoreMessage("Bench", BODY, i % 8, dict(PROPS)) for _ in range(batch)]
+            pool = message_pool(i, batch, i % 8)
+            k = 0
+            if profiler is not None and i == 0:
+                profiler.enable()  # per thread: cProfile sees only the thread that enables it
             while not stop.is_set():
+                msgs = pool[k]
+                k = k + 1 if k + 1 < len(pool) else 0
                 if batch == 1:
                     s.put_message(msgs[0])
                 else:
                     s.put_messages(msgs)
                 counts[i] += batch
+                if inline_dispatch:
+                    s.dispatch.reput()
+            if profiler is not None and i == 0:
+                profiler.disable()
 
         ts = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
         start = time.perf_counter()
@@ -85,12 +123,19 @@ def store_rate(root: Path, seconds: float, *, flush_mode: str, batch: int, threa
         stop.set()
         for t in ts:
             t.join()
+        appended = time.perf_counter() - start
+        if not s.wait_dispatched(timeout=600):
+            raise RuntimeError(f"dispatch did not catch up: {s.stats()}")
         dt = time.perf_counter() - start
         n = sum(counts)
-        size = s.stats()["put_bytes"] / max(1, s.stats()["put_messages"])
+        st = s.stats()
+        if st["put_messages"] != n:
+            raise RuntimeError(f"{n} puts counted, the store says {st['put_messages']}")
+        nbytes = st["put_bytes"]
         fsyncs = s.flusher.fsyncs
     shutil.rmtree(d, ignore_errors=True)
-    return {"msgs_per_s": n / dt, "mb_per_s": n * size / dt / 1e6, "fsyncs": fsyncs, "messages": n}
+    return {"msgs_per_s": n / dt, "mb_per_s": nbytes / dt / 1e6, "fsyncs": fsyncs, "messages": n,
+            "dispatch_lag_s": round(dt - appended, 3)}
 
 
 CASES = {
@@ -104,7 +149,8 @@ CASES = {
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="about 2 s per case")
-    ap.add_argument("--profile", choices=sorted(CASES), help="profile one case with cProfile and print the top")
+    ap.add_argument("--profile", choices=sorted(CASES),
+                    help="profile one case with cProfile (writer 0; with one writer, dispatch runs inline in it)")
     ap.add_argument("--dir", help="where to write (default: a temp dir under /tmp)")
     args = ap.parse_args()
     seconds = 2.0 if args.quick else 6.0
@@ -112,21 +158,22 @@ def main() -> None:
     try:
         if args.profile:
             prof = cProfile.Profile()
-            prof.enable()
-            r = store_rate(root, seconds, **CASES[args.profile])
-            prof.disable()
-            pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(18)
+            kw = CASES[args.profile]
+            r = store_rate(root, seconds, **kw, inline_dispatch=kw["threads"] == 1, profiler=prof)
+            pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(25)
             print(json.dumps({args.profile: r}))
             return
-        raw_async = raw_rate(root, seconds, 32, 0.5)
+        raw_async = raw_rate(root, seconds, 32, config("async").flush_interval_ms / 1000)
         raw_sync = raw_rate(root, seconds, 1, None)
         out: dict[str, object] = {"raw_async_cadence": raw_async, "raw_fsync_each_write": raw_sync}
+        for name, r in out.items():
+            print(f"{name:20s} {r['msgs_per_s']:>10.0f} msg/s {r['mb_per_s']:>8.1f} MB/s", file=sys.stderr)
         for name, kw in CASES.items():
             r = store_rate(root, seconds, **kw)
             base = raw_async if kw["flush_mode"] == "async" else raw_sync
             r["ratio_to_raw"] = round(r["msgs_per_s"] / base["msgs_per_s"], 3)
             out[name] = r
-            print(f"{name:16s} {r['msgs_per_s']:>10.0f} msg/s {r['mb_per_s']:>8.1f} MB/s "
+            print(f"{name:20s} {r['msgs_per_s']:>10.0f} msg/s {r['mb_per_s']:>8.1f} MB/s "
                   f"ratio to raw {r['ratio_to_raw']:.3f}", file=sys.stderr)
         out["goal_batch_async_vs_raw"] = round(out["async_batch32"]["msgs_per_s"] / raw_async["msgs_per_s"], 3)
         out["goal_sync64_vs_async_single"] = round(

@@ -7,13 +7,15 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sluice.errors import InvalidParameterError, StoreError
 from sluice.filter.tagcode import java_string_hash
-from sluice.store.index import ENTRY, HEADER, IndexService, index_keys, key_hash
+from sluice.store.index import ENTRY, HEADER, IndexFile, IndexService, index_keys, key_hash
+from sluice.store.keyhash import key_hashes, prefix_hash
 
 T0 = 1_700_000_000_000  # a whole second, so entry times read back exactly
 ALL = (0, 1 << 62)
@@ -460,3 +462,102 @@ def test_queries_run_safely_while_dispatch_builds(tmp_path: Path) -> None:
         t.join(5)
     assert not errors
     assert s.query_offsets("T", "k", 5, *ALL)[0] == s.max_indexed_offset()
+
+
+# -- batch hashing and batch building (dispatch's path) -----------------------------------------------
+
+keys_st = st.text(st.characters(), min_size=1, max_size=12)  # lone surrogates and astral chars included
+
+
+@given(st.lists(st.tuples(st.sampled_from(["T", "Bench", "é_topic", "%RETRY%g"]), keys_st), min_size=1, max_size=60))
+def test_key_hashes_equal_key_hash(pairs: list[tuple[str, str]]) -> None:
+    prefixes = np.array([prefix_hash(t) for t, _k in pairs], dtype=np.uint32)
+    got = key_hashes(prefixes, [k for _t, k in pairs])
+    assert got.tolist() == [key_hash(t, k) for t, k in pairs]
+
+
+def test_key_hashes_long_keys_and_integer_min() -> None:
+    p = java_string_hash("T#") & 0xFFFFFFFF
+    target = ((1 << 31) - p * 31**5) % (1 << 32)
+    chars = []
+    for power in (4, 3, 2, 1, 0):
+        c, target = divmod(target, 31**power)
+        chars.append(chr(c))
+    keys = ["".join(chars), "k" * 5000, "x"]
+    got = key_hashes(np.full(3, prefix_hash("T"), dtype=np.uint32), keys)
+    assert got.tolist() == [0, key_hash("T", "k" * 5000), key_hash("T", "x")]
+    with pytest.raises(ValueError):
+        key_hashes(np.zeros(1, dtype=np.uint32), [""])
+
+
+def reference_put(f, hashes: list[int], phy: int, ts: int) -> None:
+    """The one-entry-at-a-time algorithm put_many replaced (IndexFile.putKey's order of writes)."""
+    mm, count = f.mm, f.count
+    if count <= 1:
+        f.begin_phy, f.begin_ts = phy, ts
+    diff = min(max((ts - f.begin_ts) // 1000, 0), 0x7FFFFFFF)
+    for h in hashes:
+        slot_at = HEADER.size + (h % f.slot_num) * 4
+        prev = struct.unpack_from(">i", mm, slot_at)[0]
+        if prev <= 0 or prev >= count:
+            prev = 0
+            f.slot_count += 1
+        ENTRY.pack_into(mm, f._entries_at + count * 20, h, phy, diff, prev)
+        struct.pack_into(">i", mm, slot_at, count)
+        count += 1
+    f.count = count
+    f.end_phy, f.end_ts = phy, ts
+    f._write_header()
+
+
+@settings(max_examples=40, deadline=None)
+@given(msgs=st.lists(st.lists(st.integers(0, 2**31 - 1), min_size=1, max_size=4), min_size=1, max_size=40),
+       slots=st.integers(1, 9), cut=st.integers(0, 40))
+def test_put_many_writes_what_one_at_a_time_writes(msgs: list[list[int]], slots: int, cut: int) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        a = IndexFile(Path(d) / "a", slots, 200, create=True)
+        b = IndexFile(Path(d) / "b", slots, 200, create=True)
+        try:
+            hs, ps, ts = [], [], []
+            for i, m in enumerate(msgs):
+                reference_put(a, m, i * 100, T0 + i * 700)
+                hs += m
+                ps += [i * 100] * len(m)
+                ts += [T0 + i * 700] * len(m)
+            k = min(cut, len(hs))  # two batches, split anywhere the test likes
+            for lo, hi in ((0, k), (k, len(hs))):
+                b.put_many(np.array(hs[lo:hi], dtype=np.int64), np.array(ps[lo:hi], dtype=np.int64),
+                           np.array(ts[lo:hi], dtype=np.int64))
+            assert bytes(a.mm) == bytes(b.mm)
+            assert (a.count, a.slot_count, a.end_phy) == (b.count, b.slot_count, b.end_phy)
+        finally:
+            a.close()
+            b.close()
+
+
+@settings(max_examples=30, deadline=None)
+@given(msgs=st.lists(st.tuples(st.one_of(st.none(), keys_st), st.lists(keys_st, max_size=3)), min_size=1,
+                     max_size=30),
+       slots=st.integers(1, 7), num=st.integers(2, 12), split=st.integers(0, 30))
+def test_build_index_batch_equals_build_index(msgs, slots: int, num: int, split: int) -> None:
+    """Whole files (roll-over, messages never straddling files, splits of oversized ones) come out the same."""
+    with tempfile.TemporaryDirectory() as d:
+        one = svc(Path(d) / "one", slots, num)
+        many = svc(Path(d) / "many", slots, num)
+        rows = []
+        for i, (u, ks) in enumerate(msgs):
+            one.build_index("T", u, ks, i * 10, T0 + i * 1000)
+            rows += [(k, i * 10, T0 + i * 1000) for k in index_keys(u, ks)]
+        k = min(split, len(rows))
+        while 0 < k < len(rows) and rows[k][1] == rows[k - 1][1]:
+            k += 1  # a batch holds whole messages
+        for part in (rows[:k], rows[k:]):
+            many.build_index_batch(np.full(len(part), prefix_hash("T"), dtype=np.uint32), [r[0] for r in part],
+                                   np.array([r[1] for r in part], dtype=np.int64),
+                                   np.array([r[2] for r in part], dtype=np.int64))
+        many.build_index_batch(np.full(len(rows), prefix_hash("T"), dtype=np.uint32), [r[0] for r in rows],
+                               np.array([r[1] for r in rows], dtype=np.int64),
+                               np.array([r[2] for r in rows], dtype=np.int64))  # a replay: all skipped
+        assert file_bytes(one) == file_bytes(many)
+        one.close()
+        many.close()

@@ -31,13 +31,12 @@ import struct
 import threading
 import time
 from collections.abc import Iterable
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
 from sluice.errors import InvalidParameterError, StoreError
-from sluice.filter.tagcode import java_string_hash
+from sluice.store.keyhash import key_hash, key_hashes, prefix_hash
 
 __all__ = ["IndexService", "IndexFile", "key_hash", "index_keys"]
 
@@ -49,41 +48,13 @@ ENTRY = struct.Struct(">iqii")
 assert HEADER.size == 40 and SLOT.size == 4 and ENTRY.size == 20
 
 INT_MAX = 0x7FFFFFFF
-
-
-def _java_hash(s: str) -> int:
-    try:
-        return java_string_hash(s)
-    except UnicodeEncodeError:
-        # A lone surrogate: Java strings hold those as plain UTF-16 code units.
-        h = 0
-        data = s.encode("utf-16-be", "surrogatepass")
-        for i in range(0, len(data), 2):
-            h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
-        return h
-
-
-@lru_cache(maxsize=4096)
-def _prefix_hash(topic: str) -> int:
-    return _java_hash(topic + "#") & 0xFFFFFFFF
-
-
-@lru_cache(maxsize=256)
-def _pow31(n: int) -> int:
-    return pow(31, n, 1 << 32)
-
-
-def key_hash(topic: str, key: str) -> int:
-    """abs(Java hashCode of ``topic + "#" + key``), Integer.MIN_VALUE mapping to 0 (IndexFile.indexKeyHashMethod).
-
-    Java's hash is a polynomial, so hash(a + b) = hash(a) * 31**len(b) + hash(b) (mod 2**32, len in
-    UTF-16 units); caching the topic part leaves only the key itself to hash.
-    """
-    units = len(key) if key.isascii() else len(key.encode("utf-16-be", "surrogatepass")) // 2
-    h = (_prefix_hash(topic) * _pow31(units) + _java_hash(key)) & 0xFFFFFFFF
-    if h & 0x80000000:
-        h -= 1 << 32
-    return 0 if h == -(1 << 31) else abs(h)
+ENTRY_DTYPE = np.dtype([("hash", ">i4"), ("phy", ">i8"), ("diff", ">i4"), ("prev", ">i4")])
+assert ENTRY_DTYPE.itemsize == ENTRY.size
+#: entries written per header update: a crash leaves at most this many past indexCount (repair zeroes them)
+MAX_CHUNK = 4096
+#: how far past indexCount repair looks for written entries: a chunk, or one message with the most keys
+#: properties can hold (32767 bytes: at most 16384 one-character keys)
+_REPAIR_LOOKAHEAD = 20_000
 
 
 def index_keys(uniq_key: str | None, keys: Iterable[str]) -> list[str]:
@@ -155,24 +126,56 @@ class IndexFile:
 
     def put(self, hashes: list[int], phy: int, ts: int) -> None:
         """Append one message's entries (the caller checked ``room``), then the header."""
-        mm = self.mm
-        slot_num, count, entries_at = self.slot_num, self.count, self._entries_at
+        n = len(hashes)
+        self.put_many(np.asarray(hashes, dtype=np.int64), np.full(n, phy, dtype=np.int64),
+                      np.full(n, ts, dtype=np.int64))
+
+    def put_many(self, hashes: np.ndarray, phys: np.ndarray, ts: np.ndarray) -> None:
+        """Append entries (whole messages, in commit-log order, at most ``room``), then the header once.
+
+        The result is byte for byte what putting them one at a time gives: an entry's prevIndex is the
+        entry before it in the same slot, within this batch or (for the first) the slot's current head.
+        Entries go first, then slots, then the header, so a crash leaves the header at the previous batch.
+        """
+        n = len(hashes)
+        if n == 0:
+            return
+        count, slot_num = self.count, self.slot_num
         if count <= 1:
-            self.begin_phy, self.begin_ts = phy, ts
-        diff = (ts - self.begin_ts) // 1000
-        diff = 0 if diff < 0 else INT_MAX if diff > INT_MAX else diff
-        unpack_slot, pack_slot, pack_entry = SLOT.unpack_from, SLOT.pack_into, ENTRY.pack_into
-        for h in hashes:
-            slot_at = HEADER.size + (h % slot_num) * 4
-            prev = unpack_slot(mm, slot_at)[0]
-            if prev <= 0 or prev >= count:
-                prev = 0
-                self.slot_count += 1
-            pack_entry(mm, entries_at + count * 20, h, phy, diff, prev)
-            pack_slot(mm, slot_at, count)
-            count += 1
-        self.count = count
-        self.end_phy, self.end_ts = phy, ts
+            self.begin_phy, self.begin_ts = int(phys[0]), int(ts[0])
+        idx = np.arange(count, count + n, dtype=np.int64)
+        slot = hashes % slot_num
+        order = np.argsort(slot, kind="stable")
+        s_sorted = slot[order]
+        i_sorted = idx[order]
+        first = np.empty(n, dtype=bool)
+        first[0] = True
+        np.not_equal(s_sorted[1:], s_sorted[:-1], out=first[1:])
+        last = np.empty(n, dtype=bool)
+        last[-1] = True
+        last[:-1] = first[1:]
+        slots_view = np.frombuffer(self.mm, dtype=">i4", count=slot_num, offset=HEADER.size)
+        try:
+            head = slots_view[s_sorted[first]].astype(np.int64)
+            head[(head <= 0) | (head >= count)] = 0  # garbage or empty: the chain starts here
+            prev_sorted = np.empty(n, dtype=np.int64)
+            prev_sorted[1:] = i_sorted[:-1]
+            prev_sorted[first] = head
+            prev = np.empty(n, dtype=np.int64)
+            prev[order] = prev_sorted
+            entries = np.empty(n, dtype=ENTRY_DTYPE)
+            entries["hash"] = hashes
+            entries["phy"] = phys
+            entries["diff"] = np.clip((ts - self.begin_ts) // 1000, 0, INT_MAX)
+            entries["prev"] = prev
+            at = self._entries_at + count * ENTRY.size
+            self.mm[at:at + n * ENTRY.size] = entries.tobytes()
+            slots_view[s_sorted[last]] = i_sorted[last]
+        finally:
+            del slots_view  # an exported view would keep the mapping from closing
+        self.slot_count += int(np.count_nonzero(head == 0))
+        self.count = count + n
+        self.end_phy, self.end_ts = int(phys[-1]), int(ts[-1])
         self._write_header()
 
     def rollback(self, offset: int) -> int:
@@ -305,7 +308,7 @@ class IndexFile:
             n = self.count = cut
         # Entries written past the header's count belong to a message whose header never got written.
         at = self._entries_at + n * ENTRY.size
-        tail = np.frombuffer(self.mm, dtype=np.uint8, count=min(4096, self.index_num - n) * ENTRY.size, offset=at)
+        tail = np.frombuffer(self.mm, dtype=np.uint8, count=min(_REPAIR_LOOKAHEAD, self.index_num - n) * ENTRY.size, offset=at)
         written = np.flatnonzero(tail.reshape(-1, ENTRY.size).any(axis=1))
         del tail
         if len(written):
@@ -421,21 +424,55 @@ class IndexService:
         does not index them twice.
         """
         names = index_keys(uniq_key, keys)
+        if names:
+            n = len(names)
+            self.build_index_batch(np.full(n, prefix_hash(topic), dtype=np.uint32), names,
+                                   np.full(n, commitlog_offset, dtype=np.int64),
+                                   np.full(n, store_timestamp, dtype=np.int64))
+
+    def build_index_batch(self, prefixes: np.ndarray, names: list[str], phys: np.ndarray, ts: np.ndarray) -> None:
+        """Index many messages at once: key i is ``names[i]`` (non-empty) of the message at commit-log offset
+        ``phys[i]`` stored at ``ts[i]``, under the topic whose keyhash.prefix_hash is ``prefixes[i]``.
+
+        A message's keys are adjacent and messages come in commit-log order. As build_index, messages at or
+        below the highest indexed offset are skipped, and a message's keys never straddle two files.
+        """
         if not names:
             return
-        hashes = [key_hash(topic, k) for k in names]
+        hashes = key_hashes(prefixes, names)  # outside the lock: queries need not wait for it
         with self._lock:
             files = self.files
-            if files and commitlog_offset <= files[-1].end_phy and not files[-1].empty:
-                return
             f = files[-1] if files else None
-            while hashes:
-                if f is None or (f.room < len(hashes) and not f.empty) or f.room == 0:
-                    if f is not None:
-                        f.flush()
-                    f = self._new_file()
-                part, hashes = hashes[: f.room], hashes[f.room:]
-                f.put(part, commitlog_offset, store_timestamp)
+            if f is not None and not f.empty and phys[0] <= f.end_phy:
+                keep = phys > f.end_phy
+                hashes, phys, ts = hashes[keep], phys[keep], ts[keep]
+            n = len(hashes)
+            if n == 0:
+                return
+            # Message boundaries (and n): a batch is only ever cut at one of them.
+            bounds = np.append(np.flatnonzero(np.r_[True, phys[1:] != phys[:-1]]), n)
+            i = 0
+            while i < n:
+                if f is None or f.room == 0:
+                    f = self._roll(f)
+                limit = i + min(f.room, MAX_CHUNK)
+                cut = n if limit >= n else int(bounds[np.searchsorted(bounds, limit, side="right") - 1])
+                if cut <= i:  # the message at i is larger than what is left
+                    msg_end = int(bounds[np.searchsorted(bounds, i, side="right")])
+                    if msg_end - i <= f.room:
+                        cut = msg_end  # more keys than a chunk: still written whole
+                    elif not f.empty:
+                        f = self._roll(f)
+                        continue
+                    else:
+                        cut = i + f.room  # more keys than a whole file holds (tiny files only): split
+                f.put_many(hashes[i:cut], phys[i:cut], ts[i:cut])
+                i = cut
+
+    def _roll(self, f: IndexFile | None) -> IndexFile:
+        if f is not None:
+            f.flush()
+        return self._new_file()
 
     def _new_file(self) -> IndexFile:
         # Names must be unique and increasing even when files roll within one millisecond.
@@ -499,9 +536,16 @@ class IndexService:
     # -- lifecycle -------------------------------------------------------------------------------------
 
     def flush(self) -> None:
+        # fsync a duplicate descriptor outside the lock: dispatch keeps indexing meanwhile, and a file
+        # closed by retention or truncation in the meantime stays valid to sync through the duplicate.
         with self._lock:
-            if self.files:
-                self.files[-1].flush()
+            if not self.files or self.files[-1]._fd < 0:
+                return
+            fd = os.dup(self.files[-1]._fd)
+        try:
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
 
     def _close_files(self) -> None:
         for f in self.files:

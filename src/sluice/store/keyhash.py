@@ -1,0 +1,111 @@
+"""The key index's hash: abs(Java ``String.hashCode`` of ``topic + "#" + key``), one key or a batch at once.
+
+RocketMQ's IndexFile.indexKeyHashMethod takes Java's hash (UTF-16 code units,
+mod 2**32, signed), then its absolute value, Integer.MIN_VALUE mapping to 0.
+The hash is a polynomial, so hash(a + b) = hash(a) * 31**len(b) + hash(b)
+(mod 2**32, len in UTF-16 units): the ``topic#`` part is worked out once per
+topic and only the keys themselves are hashed.
+
+Dispatch hashes a whole batch's keys with :func:`key_hashes`: every code unit of
+every key times 31**(its distance from its key's end), summed per key with
+``np.add.reduceat``; uint32 arithmetic wraps exactly like Java's int. A Python
+loop over characters cost 5-8 µs per message; this is well under 1 µs.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import lru_cache
+
+import numpy as np
+
+from sluice.filter.tagcode import java_string_hash
+
+__all__ = ["key_hash", "key_hashes", "prefix_hash"]
+
+_MASK = 0xFFFFFFFF
+_pow_table = np.ones(1, dtype=np.uint32)  # 31**k mod 2**32, grown on demand
+
+
+def _java_hash(s: str) -> int:
+    try:
+        return java_string_hash(s)
+    except UnicodeEncodeError:
+        # A lone surrogate: Java strings hold those as plain UTF-16 code units.
+        h = 0
+        data = s.encode("utf-16-be", "surrogatepass")
+        for i in range(0, len(data), 2):
+            h = (31 * h + ((data[i] << 8) | data[i + 1])) & _MASK
+        return h
+
+
+@lru_cache(maxsize=4096)
+def prefix_hash(topic: str) -> int:
+    """Java hash of ``topic + "#"`` as an unsigned 32-bit int."""
+    return _java_hash(topic + "#") & _MASK
+
+
+@lru_cache(maxsize=256)
+def _pow31(n: int) -> int:
+    return pow(31, n, 1 << 32)
+
+
+def _finish(h: int) -> int:
+    if h & 0x80000000:
+        h -= 1 << 32
+    return 0 if h == -(1 << 31) else abs(h)
+
+
+def _units(s: str) -> int:
+    return len(s) if s.isascii() else len(s.encode("utf-16-be", "surrogatepass")) // 2
+
+
+def key_hash(topic: str, key: str) -> int:
+    """abs(Java hashCode of ``topic + "#" + key``), Integer.MIN_VALUE mapping to 0 (IndexFile.indexKeyHashMethod)."""
+    return _finish((prefix_hash(topic) * _pow31(_units(key)) + _java_hash(key)) & _MASK)
+
+
+def _powers(n: int) -> np.ndarray:
+    """31**k mod 2**32 for k in 0..n-1 (at least)."""
+    global _pow_table
+    table = _pow_table
+    if len(table) < n:
+        size = max(n, 2 * len(table), 256)
+        table = np.empty(size, dtype=np.uint32)
+        table[0] = 1
+        acc = 1
+        # Once per size: a Python loop over at most the longest key seen.
+        for k in range(1, size):
+            acc = acc * 31 & _MASK
+            table[k] = acc
+        _pow_table = table
+    return table
+
+
+def key_hashes(prefixes: np.ndarray, keys: Sequence[str]) -> np.ndarray:
+    """key_hash for many keys at once: ``prefixes[i]`` is prefix_hash(topic of key i) (uint32), keys non-empty.
+
+    Returns int64 hashes, each in 0..2**31-1.
+    """
+    n = len(keys)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    joined = "".join(keys)
+    if joined.isascii():
+        codes = np.frombuffer(joined.encode("ascii"), dtype=np.uint8)
+        lens = np.fromiter(map(len, keys), dtype=np.int64, count=n)
+    else:
+        enc = [k.encode("utf-16-be", "surrogatepass") for k in keys]
+        codes = np.frombuffer(b"".join(enc), dtype=">u2")
+        lens = np.fromiter(map(len, enc), dtype=np.int64, count=n) // 2
+    if (lens == 0).any():
+        raise ValueError("key_hashes takes non-empty keys only")
+    ends = np.cumsum(lens)
+    starts = ends - lens
+    table = _powers(int(lens.max()) + 1)
+    # Code unit at position p of a key ending at e is multiplied by 31**(e - 1 - p).
+    exps = np.repeat(ends - 1, lens) - np.arange(len(codes), dtype=np.int64)
+    terms = codes.astype(np.uint32) * table[exps]
+    h = np.add.reduceat(terms, starts, dtype=np.uint32)
+    full = np.asarray(prefixes, dtype=np.uint32) * table[lens] + h
+    signed = full.view(np.int32).astype(np.int64)
+    return np.where(signed == -(1 << 31), 0, np.abs(signed))
