@@ -136,3 +136,43 @@ def test_demo_job(spark, cluster, tmp_path):
     want = sum(1 for i in range(N) if i % 4 in (1, 2) and i > 100)
     assert res["ok"] and res["exported"] == want and sum(g["messages"] for g in res["per_group"]) == want
     assert any("pushed to the broker" in line for line in res["lines"])
+
+
+def test_offsets_json_timestamps_and_min_partitions(spark, cluster):
+    rows = _read(spark, cluster).select("broker", "queue_id", "queue_offset").collect()
+    broker = rows[0].broker
+    per_queue = {}
+    for r in rows:
+        per_queue[r.queue_id] = per_queue.get(r.queue_id, 0) + 1
+    ending = '{"%s": {"0": 5}}' % broker
+    got = _read(spark, cluster, endingOffsets=ending).select("queue_id").collect()
+    want = 5 + sum(v for q, v in per_queue.items() if q != 0)
+    assert len(got) == want and sum(1 for r in got if r.queue_id == 0) == 5
+    starting = '{"%s": {"0": 3, "1": -1}}' % broker
+    got = _read(spark, cluster, startingOffsets=starting).select("queue_id").collect()
+    assert len(got) == len(rows) - 3 - per_queue.get(1, 0)
+    future = str(int(time.time() * 1000) + 3_600_000)
+    assert _read(spark, cluster, startingTimestamp=future).count() == 0
+    assert _read(spark, cluster, startingTimestamp="0").count() == len(rows)
+    df = _read(spark, cluster, minPartitions="9")
+    assert df.rdd.getNumPartitions() >= 9 and df.count() == len(rows)
+
+
+def test_stream_write_gives_query_and_batch_derived_ids(spark, cluster, tmp_path):
+    from sluice.spark.source import _unique_key
+
+    total = _read(spark, cluster).count()
+    q = (spark.readStream.format("sluice").option("namesrv", cluster).option("topic", "SparkIn")
+         .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "150").load()
+         .select("body", "tags", "properties")
+         .writeStream.format("sluice").option("namesrv", cluster).option("topic", "SparkCopy")
+         .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
+    q.awaitTermination(180)
+    assert q.exception() is None
+    batches = [p["batchId"] for p in q.recentProgress if p["numInputRows"] > 0]
+    _wait_route(cluster, "SparkCopy")
+    back = _read(spark, cluster, topic="SparkCopy").select("msg_id", "properties").collect()
+    assert len(back) == total
+    possible = {_unique_key(q.id, b, p, i) for b in batches for p in range(8) for i in range(total)}
+    assert {r.msg_id for r in back} <= possible
+    assert len({r.msg_id for r in back}) == total

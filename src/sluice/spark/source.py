@@ -164,7 +164,7 @@ def split_ranges(ranges: list[QueueRange], min_partitions: int) -> list[QueueRan
         return ranges
     out = []
     for r in ranges:
-        parts = max(1, round(min_partitions * (r.end - r.start) / total))
+        parts = max(1, -(-min_partitions * (r.end - r.start) // total))  # ceil: the shares add up to at least the hint
         step = -(-(r.end - r.start) // parts)
         out.extend(QueueRange(r.broker, r.queue_id, s, min(s + step, r.end)) for s in range(r.start, r.end, step))
     return out
