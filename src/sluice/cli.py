@@ -31,3 +31,7 @@ main.add_command(demo_command)
 from sluice.spark.cli import spark_group  # noqa: E402
 
 main.add_command(spark_group)
+
+from sluice.admin import cli_command as admin_command  # noqa: E402
+
+main.add_command(admin_command)

@@ -124,3 +124,11 @@ class ClientError(SluiceError):
     no route or broker for a topic."""
 
     code = ResponseCode.SYSTEM_ERROR
+
+
+class NotFoundError(SluiceError):
+    """What was looked up is not there: a message, a consumer group, a route (admin lookups).
+
+    Never an empty answer in disguise: the admin tool exits with its own status for it."""
+
+    code = ResponseCode.QUERY_NOT_FOUND

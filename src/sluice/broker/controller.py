@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 from sluice import __version__
 from sluice.broker.admin import AdminProcessor
+from sluice.broker.admin_ext import AdminExtProcessor
 from sluice.broker.appender import Appender
 from sluice.broker.client_manage import CLIENT_ID, ClientManageProcessor
 from sluice.broker.config import BrokerConfig
@@ -108,7 +109,7 @@ class BrokerController:
         self.send_processor = SendProcessor(self)
         self.pull_processor = PullProcessor(self)
         for proc in (self.send_processor, self.pull_processor, ClientManageProcessor(self), QueryProcessor(self),
-                     AdminProcessor(self)):
+                     AdminProcessor(self), AdminExtProcessor(self)):
             proc.register()
         self.server.on_connection_close(self._connection_closed)
         self.started_at = 0.0

@@ -279,12 +279,17 @@ class ConsumeMessageDirectlyResultRequestHeader(Header):
 
 @_HEADER
 class ResetOffsetRequestHeader(Header):
-    """INVOKE_BROKER_TO_RESET_OFFSET (222) and RESET_CONSUMER_CLIENT_OFFSET (220)."""
+    """INVOKE_BROKER_TO_RESET_OFFSET (222) and RESET_CONSUMER_CLIENT_OFFSET (220).
+
+    ``queue_id`` and ``offset`` are RocketMQ 5's additions: one queue only (-1: all), and an explicit
+    offset instead of the timestamp."""
 
     topic: str
     group: str
     timestamp: int
     is_force: bool = False
+    queue_id: int | None = None
+    offset: int | None = None
 
 
 # ------------------------------------------------------------------------------------------ topics / admin

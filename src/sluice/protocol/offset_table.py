@@ -1,0 +1,68 @@
+"""Offset tables keyed by message queue: RocketMQ's ``ResetOffsetBody`` and Sluice's list form.
+
+RocketMQ serialises ``Map<MessageQueue, Long>`` with fastjson, which writes the
+key object itself as the key (not valid JSON)::
+
+    {"offsetTable":{{"brokerName":"broker-a","queueId":0,"topic":"T"}:42}}
+
+Java clients decode RESET_CONSUMER_CLIENT_OFFSET (220) bodies only in that
+form, so the broker sends it. Sluice's own admin bodies use a list instead
+(``{"offsetTable":[{"topic","brokerName","queueId","offset"}]}``, see
+docs/broker.md); :func:`decode_offset_table` reads both.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+import orjson
+
+from sluice.errors import InvalidParameterError
+from sluice.protocol.bodies import MessageQueue, loads_lenient
+
+__all__ = ["decode_offset_table", "encode_fastjson_offset_table"]
+
+# A flat JSON object in key position: after "{" or "," and before ":". Topic and broker names cannot
+# hold braces, so a MessageQueue key never nests.
+_OBJECT_KEY = re.compile(rb"([{,]\s*)(\{[^{}]*\})(\s*:)")
+
+
+def encode_fastjson_offset_table(offsets: Mapping[MessageQueue, int]) -> bytes:
+    """``{"offsetTable":{{mq}:offset,...}}`` as fastjson writes ResetOffsetBody (keys in sorted field order)."""
+    items = []
+    for mq, offset in offsets.items():
+        key = orjson.dumps({"brokerName": mq.broker_name, "queueId": mq.queue_id, "topic": mq.topic})
+        items.append(key + b":" + str(int(offset)).encode())
+    return b'{"offsetTable":{' + b",".join(items) + b"}}"
+
+
+def _quote_key(match: re.Match[bytes]) -> bytes:
+    return match.group(1) + orjson.dumps(match.group(2).decode("utf-8")) + match.group(3)
+
+
+def decode_offset_table(data: bytes | str) -> dict[MessageQueue, int]:
+    """The ``offsetTable`` of a body in fastjson's object-key form or Sluice's list form."""
+    raw = data.encode() if isinstance(data, str) else bytes(data)
+    if not raw:
+        raise InvalidParameterError("offset table body is empty")
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        doc = loads_lenient(_OBJECT_KEY.sub(_quote_key, raw))
+    table = doc.get("offsetTable") if isinstance(doc, dict) else None
+    out: dict[MessageQueue, int] = {}
+    try:
+        if isinstance(table, list):
+            for e in table:
+                out[MessageQueue(topic=str(e["topic"]), broker_name=str(e["brokerName"]),
+                                 queue_id=int(e["queueId"]))] = int(e["offset"])
+        elif isinstance(table, dict):
+            for key, offset in table.items():
+                k = orjson.loads(key)
+                out[MessageQueue(topic=str(k["topic"]), broker_name=str(k["brokerName"]),
+                                 queue_id=int(k["queueId"]))] = int(offset)
+        else:
+            raise InvalidParameterError("offset table body has no offsetTable")
+    except (KeyError, TypeError, ValueError, orjson.JSONDecodeError) as exc:
+        raise InvalidParameterError(f"malformed offsetTable entry: {exc!r}") from None
+    return out
