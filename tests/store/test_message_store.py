@@ -96,7 +96,7 @@ def test_record_filter(store: MessageStore) -> None:
 
 
 def test_selective_filter_scans_a_bounded_window(store_dir) -> None:
-    with MessageStore(store_dir, small_config(max_filter_scan_bytes=20 * 50)) as s:
+    with MessageStore(store_dir, small_config(max_filter_scan_bytes=20 * 50, max_filter_scan_units=50)) as s:
         s.put_messages([msg(TAGS="b") for _ in range(120)])
         s.wait_dispatched()
         r = s.get_messages("T", 0, 0, 32, message_filter=TagFilter("a"))

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import orjson
 
+from sluice.broker.filter_lag import consume_stats_extras
 from sluice.broker.topics import TopicConfig
 from sluice.errors import SluiceError, TopicNotExistError
 from sluice.protocol import headers as H
@@ -127,7 +128,9 @@ class AdminProcessor:
                 last = self._store_time(topic, qid, consumer - 1) if consumer > 0 else 0
                 entries.append({"topic": topic, "brokerName": b.config.broker_name, "queueId": qid,
                                 "brokerOffset": hi, "consumerOffset": consumer, "lag": lag, "lastTimestamp": last})
-        return {"offsetTable": entries, "consumeTps": 0.0, "totalLag": total_lag}
+        # Filter-aware lag per entry, filter metrics and subscription conflicts (broker/filter_lag.py).
+        return {"offsetTable": entries, "consumeTps": 0.0, "totalLag": total_lag,
+                **consume_stats_extras(b, group, entries)}
 
     async def consumer_connections(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         h = H.GetConsumeStatsRequestHeader.from_command(request)

@@ -4,7 +4,9 @@ HEART_BEAT (34) accepts both enum forms (ordinals from librocketmq, names from
 ali-ons/Java), recomputes tag codes from the subscription strings (never
 trusting the client's ``codeSet``), compiles SQL92 subscriptions — one bad
 expression refuses the whole heartbeat with SUBSCRIPTION_PARSE_FAILED — and
-creates the group's ``%RETRY%`` topic. UNREGISTER_CLIENT (35),
+creates the group's ``%RETRY%`` topic. A member subscribing differently from its
+group is refused (sub_conflicts.py); accepted subscriptions become the group's
+consumer filter data (filter_data.py). UNREGISTER_CLIENT (35),
 GET_CONSUMER_LIST_BY_GROUP (38) and CHECK_CLIENT_CONFIG (46) complete the set.
 """
 from __future__ import annotations
@@ -54,6 +56,12 @@ class ClientManageProcessor:
             subs = [compile_subscription_data(sd, enable_property_filter=b.config.enable_property_filter)
                     for sd in cd.subscription_data_set]
             compiled.append((cd, subs))
+        # Members of a group must subscribe alike (sub_conflicts.py): refuse before registering anything.
+        for cd, subs in compiled:
+            info = b.consumers.get(cd.group_name)
+            b.sub_guard.check_heartbeat(cd.group_name, hb.client_id,
+                                        [(s.topic, s.expression_type, s.expression, s.sub_version) for s in subs],
+                                        info.channels if info is not None else ())
         conn.attributes[CLIENT_ID] = hb.client_id
         created = False
         for cd, subs in compiled:
@@ -65,6 +73,8 @@ class ClientManageProcessor:
                 cd.group_name, hb.client_id, conn, language=request.language, version=request.version,
                 consume_type=cd.consume_type, message_model=cd.message_model,
                 consume_from_where=cd.consume_from_where, subscriptions=subs)
+            b.filter_data.register_group(cd.group_name, [(s.topic, s.expression_type, s.expression, s.sub_version,
+                                                          s.filter.selector) for s in subs])
         for pd in hb.producer_data_set:
             b.consumers.register_producer(pd.group_name, hb.client_id, conn, language=request.language,
                                           version=request.version)

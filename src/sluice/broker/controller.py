@@ -32,6 +32,7 @@ from sluice.broker.appender import Appender
 from sluice.broker.client_manage import CLIENT_ID, ClientManageProcessor
 from sluice.broker.config import BrokerConfig
 from sluice.broker.consumers import ConsumerManager
+from sluice.broker.filter_admin import FilterAdminProcessor, install_filtering, persist_filter_data_loop
 from sluice.broker.locks import RebalanceLockManager
 from sluice.broker.longpoll import HoldService
 from sluice.broker.offsets import ConsumerOffsetManager
@@ -100,6 +101,8 @@ class BrokerController:
         self.locks = RebalanceLockManager(config.rebalance_lock_max_live_ms)
         self.consumers = ConsumerManager(channel_expiry_s=CHANNEL_EXPIRY_S, on_change=self._consumer_ids_changed)
         self.hold = HoldService(self.store.get_max_offset, check_interval_s=config.long_polling_check_ms / 1000.0)
+        # Filtering first: its bitmap dispatcher must precede every other dispatcher (filter_admin.py).
+        install_filtering(self)
         self.store.add_dispatcher(self.hold)
         self.executor = ThreadPoolExecutor(max_workers=STORE_THREADS, thread_name_prefix="sluice-broker-store")
         self.appender = Appender(self.store, self.executor)
@@ -111,6 +114,7 @@ class BrokerController:
         for proc in (self.send_processor, self.pull_processor, ClientManageProcessor(self), QueryProcessor(self),
                      AdminProcessor(self), AdminExtProcessor(self)):
             proc.register()
+        FilterAdminProcessor(self).register()
         self.server.on_connection_close(self._connection_closed)
         self.started_at = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -162,6 +166,7 @@ class BrokerController:
             self._loop.create_task(self._every(self.config.persist_offsets_interval_ms / 1000.0, self._persist_offsets),
                                    name="persist-offsets"),
             self._loop.create_task(self._every(EXPIRY_SCAN_S, self._expire_clients), name="client-expiry"),
+            self._loop.create_task(persist_filter_data_loop(self), name="persist-filter-data"),
         ]
         if self.namesrv is not None:
             await self.register_all()
@@ -192,6 +197,10 @@ class BrokerController:
             self.offsets.persist(force=True)
         except OSError:
             log.exception("could not persist consumer offsets")
+        try:
+            self.filter_data.persist(force=True)
+        except OSError:
+            log.exception("could not persist consumer filter data")
         if self.namesrv is not None:
             if self._reg_task is not None:
                 self._reg_task.cancel()
@@ -273,6 +282,8 @@ class BrokerController:
 
     def _consumer_ids_changed(self, group: str, conns: list[RemotingConnection]) -> None:
         """Tell the group's remaining members to rebalance now (oneway, best effort)."""
+        if self.consumers.get(group) is None:
+            self.filter_data.unregister(group)  # the last member left: its filter data is dead from now
         if self._loop is None or self._stopping:
             return
         req = RemotingCommand.request(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, {"consumerGroup": group}, oneway=True)
@@ -306,6 +317,7 @@ class BrokerController:
             "producerGroups": len(self.consumers.producers),
             "topics": len(self.topics.all()),
             "connections": len(self.server.connections),
+            **self.filter_data.totals(),
             **{k: v for k, v in s.items()},
         }
 

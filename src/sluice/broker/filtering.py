@@ -1,11 +1,14 @@
 """Subscriptions → store filters: the adapter between the filter package and the store's MessageFilter hook.
 
-A TAG subscription filters on consume-queue units alone (``match_units`` is the
-tag selector's exact batch mask; no commit-log reads). A SQL92 subscription
-passes every unit and decides per candidate on its stored properties
-(``match_record``). Compile errors are raised, never turned into "match all".
-The next step (Bloom bitmaps in ConsumeQueueExt) plugs in here: a SQL filter
-can then also answer ``match_units`` from the bitmaps.
+A TAG subscription filters on consume-queue units alone (the tag selector's
+exact batch mask over tag codes, ConsumeQueueExt addresses resolved by the
+store; no commit-log reads). A SQL92 subscription evaluates the stored
+properties of each candidate (``match_record_at``); when the group has Bloom
+data (filter_data.py) the candidates are only the units whose bitmap has the
+group's bits, or that have no usable bitmap (stored before the filter data
+was born, or without an ext unit): RocketMQ's ExpressionMessageFilter, in
+batches. Evaluation errors count as no match and are counted in the group's
+FilterMetrics. Compile errors are raised, never turned into "match all".
 """
 from __future__ import annotations
 
@@ -13,10 +16,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sluice.errors import SluiceError
-from sluice.filter import Selector, TagSelector, compile_selector
+from sluice.errors import FilterEvaluationError, SluiceError
+from sluice.filter import BloomFilter, BloomFilterData, Selector, TagSelector, compile_selector
 from sluice.protocol.bodies import SubscriptionData
 from sluice.protocol.codes import ResponseCode
+from sluice.store.consumequeue_ext import ExtBatch
 
 __all__ = ["CompiledSubscription", "SelectorFilter", "compile_subscription", "is_tag_type", "SQL92_DISABLED"]
 
@@ -36,15 +40,37 @@ class SqlFilterDisabledError(SluiceError):
 
 
 class SelectorFilter:
-    """The store's MessageFilter for one compiled selector."""
+    """The store's MessageFilter for one compiled selector.
 
-    __slots__ = ("selector", "needs_record", "_tag")
+    The instance kept with a subscription is shared; a pull works on its own copy (:meth:`for_pull`),
+    which may carry the group's Bloom data and metrics and keeps per-pull state.
+    """
+
+    __slots__ = ("selector", "needs_record", "_tag", "metrics", "bloom", "bloom_data", "live_after",
+                 "_hits", "_skip")
 
     def __init__(self, selector: Selector) -> None:
         self.selector = selector
         self._tag = selector if isinstance(selector, TagSelector) else None
         self.needs_record = self._tag is None
+        self.metrics = None
+        self.bloom: BloomFilter | None = None
+        self.bloom_data: BloomFilterData | None = None
+        self.live_after = 0
+        self._hits: np.ndarray | None = None
+        self._skip: np.ndarray | None = None
 
+    def for_pull(self, metrics=None, bloom: BloomFilter | None = None, bloom_data: BloomFilterData | None = None,
+                 live_after: int = 0) -> SelectorFilter:
+        """A copy for one pull; with ``bloom`` it skips units whose bitmap (stored after ``live_after``)
+        lacks the bits of ``bloom_data``."""
+        f = SelectorFilter(self.selector)
+        f.metrics = metrics
+        if bloom is not None and bloom_data is not None and bloom.is_valid(bloom_data) and self._tag is None:
+            f.bloom, f.bloom_data, f.live_after = bloom, bloom_data, live_after
+        return f
+
+    # ---- the store's hooks -------------------------------------------------------------------------
     def match_units(self, tag_codes: np.ndarray) -> np.ndarray | None:
         if self._tag is None:
             return None
@@ -52,8 +78,61 @@ class SelectorFilter:
             return None
         return self._tag.match_codes(tag_codes)
 
+    def select_units(self, codes: np.ndarray, batch: ExtBatch | None, unresolved: np.ndarray | None
+                     ) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """(units that may match, units whose record must be evaluated); see store.ext_table.plan_units."""
+        self._hits = self._skip = None
+        if self._tag is not None:
+            if self._tag.sub_all:
+                return None, None
+            mask = self._tag.match_codes(codes)
+            if unresolved is not None:  # an unreadable ext unit: decide on the record's TAGS
+                return mask | unresolved, unresolved
+            return mask, None
+        check_all = np.ones(len(codes), dtype=bool)
+        bloom = self.bloom
+        if bloom is None or batch is None:
+            return None, check_all
+        nbytes = bloom.m // 8
+        if batch.bitmaps.shape[1] < nbytes:
+            return None, check_all
+        live = batch.valid & (batch.bitmap_lengths == nbytes) & (batch.msg_store_times > self.live_after)
+        if not live.any():
+            return None, check_all
+        hit = bloom.is_hit_batch(self.bloom_data, np.ascontiguousarray(batch.bitmaps[:, :nbytes]))
+        self._skip = live & ~hit
+        self._hits = live & hit
+        keep = ~self._skip
+        return keep, keep
+
+    def consumed(self, n: int) -> None:
+        """The store looked at the first ``n`` units of the last select_units batch (bitmap counters)."""
+        m = self.metrics
+        if m is not None and self._skip is not None:
+            m.bitmap_skipped += int(np.count_nonzero(self._skip[:n]))
+            m.bitmap_hits += int(np.count_nonzero(self._hits[:n]))  # type: ignore[index]
+
     def match_record(self, properties: dict[str, str]) -> bool:
-        return self.selector.matches(properties)
+        return self.match_record_at(-1, properties)
+
+    def match_record_at(self, index: int, properties: dict[str, str]) -> bool:
+        if self._tag is not None:
+            return self._tag.matches(properties)
+        m = self.metrics
+        if m is None:
+            return self.selector.matches(properties)
+        m.evaluated += 1
+        try:
+            ok = self.selector.evaluate(properties) is True
+        except FilterEvaluationError as e:
+            m.errors += 1
+            m.last_error = str(e)
+            ok = False
+        if ok:
+            m.matched += 1
+        elif index >= 0 and self._hits is not None and self._hits[index]:
+            m.bitmap_false_positives += 1
+        return ok
 
     def match_dispatch(self, tag_code: int, properties: dict[str, str]) -> bool:
         """Would a just-dispatched message pass? (wakes held pulls only for messages they want)."""

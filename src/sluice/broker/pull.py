@@ -2,7 +2,7 @@
 
 The subscription comes from the pull itself when its SUBSCRIPTION flag (0x4)
 is set — every real 4.x client sets it — and otherwise from the group's last
-heartbeat. Store statuses map to response codes exactly as RocketMQ maps them
+heartbeat or its restored filter data (``_filter``). Store statuses map to response codes exactly as RocketMQ maps them
 (rocketmq-facts e.3). A PULL_NOT_FOUND with the SUSPEND flag is held in the
 HoldService up to the client's suspendTimeoutMillis, then pulled once more
 and answered whatever that gives.
@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sluice.broker.filtering import CompiledSubscription, SelectorFilter, compile_subscription
+from sluice.broker.filter_data import LIVE_MARGIN_MS, ConsumerFilterData
+from sluice.broker.filtering import SQL92_DISABLED, SelectorFilter, SqlFilterDisabledError, compile_subscription
 from sluice.broker.longpoll import TIMED_OUT
-from sluice.errors import SluiceError, TopicNotExistError
+from sluice.broker.retry import retry_filter
+from sluice.errors import FilterError, SluiceError, TopicNotExistError
 from sluice.protocol.codes import RequestCode, ResponseCode
 from sluice.protocol.command import RemotingCommand
 from sluice.protocol.connection import RemotingConnection
@@ -61,23 +63,65 @@ class PullProcessor:
         server = self.broker
         server.register(RequestCode.PULL_MESSAGE, self.handle)
 
-    def _subscription(self, h: PullMessageRequestHeader) -> CompiledSubscription:
+    def _filter(self, h: PullMessageRequestHeader) -> SelectorFilter | None:
+        """The pull's filter (None: everything passes), with the group's Bloom data where it applies.
+
+        A pull carrying its subscription (flag 0x4, every real client) is checked against the group's
+        (sub_conflicts.py) and uses the group's registered filter data when the expression is the same;
+        otherwise the subscription comes from the group's heartbeat, or after a broker restart from the
+        restored filter data. Version checks as RocketMQ's PullMessageProcessor.
+        """
         b = self.broker
+        fm = b.filter_data
+        group, topic = h.consumer_group, h.topic
+        info = b.consumers.get(group)
+        fd = fm.get(topic, group)
         if h.sys_flag & FLAG_SUBSCRIPTION:
-            return compile_subscription(h.topic, h.expression_type, h.subscription, h.sub_version,
-                                        enable_property_filter=b.config.enable_property_filter)
-        info = b.consumers.get(h.consumer_group)
-        if info is None:
-            raise SluiceError(f"the consumer's group info not exist: group {h.consumer_group!r} has sent no "
-                              "heartbeat to this broker", code=_R.SUBSCRIPTION_NOT_EXIST)
-        sub = info.subscriptions.get(h.topic)
-        if sub is None:
-            raise SluiceError(f"the consumer's subscription not exist: group {h.consumer_group!r} does not "
-                              f"subscribe topic {h.topic!r}", code=_R.SUBSCRIPTION_NOT_EXIST)
-        if sub.sub_version < h.sub_version:
-            raise SluiceError(f"the consumer's subscription not latest (broker has version {sub.sub_version}, "
-                              f"the pull says {h.sub_version})", code=_R.SUBSCRIPTION_NOT_LATEST)
-        return sub
+            sub = compile_subscription(topic, h.expression_type, h.subscription, h.sub_version,
+                                       enable_property_filter=b.config.enable_property_filter)
+            b.sub_guard.check_pull(group, topic, sub.expression_type, sub.expression, h.sub_version,
+                                   info.channels if info is not None else ())
+            base = sub.filter
+        else:
+            sub = info.subscriptions.get(topic) if info is not None else None
+            if sub is not None:
+                if sub.sub_version < h.sub_version:
+                    raise SluiceError(f"the consumer's subscription not latest (broker has version "
+                                      f"{sub.sub_version}, the pull says {h.sub_version})",
+                                      code=_R.SUBSCRIPTION_NOT_LATEST)
+                base = sub.filter
+                if sub.expression_type != "TAG":
+                    self._check_filter_data(fd, h)
+            elif fd is not None:  # restored after a restart, before the group's next heartbeat
+                self._check_filter_data(fd, h)
+                if fd.selector is None:
+                    raise FilterError(f"the filter data of group {group!r} on {topic!r} ({fd.expression_type} "
+                                      f"{fd.expression!r}) does not compile: {fd.error}")
+                if fd.is_sql and not b.config.enable_property_filter:
+                    raise SqlFilterDisabledError(SQL92_DISABLED)
+                sub = None
+                base = SelectorFilter(fd.selector)
+            elif info is None:
+                raise SluiceError(f"the consumer's group info not exist: group {group!r} has sent no "
+                                  "heartbeat to this broker", code=_R.SUBSCRIPTION_NOT_EXIST)
+            else:
+                raise SluiceError(f"the consumer's subscription not exist: group {group!r} does not "
+                                  f"subscribe topic {topic!r}", code=_R.SUBSCRIPTION_NOT_EXIST)
+        if base.passes_all:
+            return None
+        if base.needs_record and fd is not None and fd.is_sql and fd.selector is not None \
+                and fd.expression == base.selector.expression and b.config.enable_calc_filter_bitmap:
+            return base.for_pull(fm.metrics_of(group, topic), fm.bloom, fd.bloom, fd.born_time + LIVE_MARGIN_MS)
+        return base.for_pull(fm.metrics_of(group, topic))
+
+    @staticmethod
+    def _check_filter_data(fd: ConsumerFilterData | None, h: PullMessageRequestHeader) -> None:
+        if fd is None:
+            raise SluiceError(f"the consumer's filter data not exist: group {h.consumer_group!r} on topic "
+                              f"{h.topic!r}", code=_R.FILTER_DATA_NOT_EXIST)
+        if fd.client_version < h.sub_version:
+            raise SluiceError(f"the consumer's filter data not latest (broker has version {fd.client_version}, "
+                              f"the pull says {h.sub_version})", code=_R.FILTER_DATA_NOT_LATEST)
 
     async def _get(self, h: PullMessageRequestHeader, max_msgs: int, mf: SelectorFilter | None,
                    max_bytes: int | None) -> GetMessageResult:
@@ -97,8 +141,7 @@ class PullProcessor:
         if not 0 <= h.queue_id < cfg.read_queue_nums:
             raise SluiceError(f"queueId[{h.queue_id}] is illegal, topic:[{h.topic}] "
                               f"topicConfig.readQueueNums:[{cfg.read_queue_nums}] consumer:[{conn.peer}]")
-        sub = self._subscription(h)
-        mf = None if sub.filter.passes_all else sub.filter
+        mf = retry_filter(b, h.consumer_group, h.topic, self._filter(h))  # %RETRY%: original topics' filters
         if h.sys_flag & FLAG_COMMIT_OFFSET:
             b.offsets.commit(h.consumer_group, h.topic, h.queue_id, h.commit_offset)
         max_msgs = max(1, h.max_msg_nums)

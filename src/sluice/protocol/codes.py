@@ -52,6 +52,8 @@ class RequestCode(IntEnum):
     SEND_MESSAGE_V2 = 310
     SEND_BATCH_MESSAGE = 320
     QUERY_DATA_VERSION = 322
+    #: Sluice's own (no RocketMQ counterpart): a group's filter data, conflicts and filter metrics.
+    GET_CONSUMER_FILTER_DATA = 20001
 
 
 class ResponseCode(IntEnum):

@@ -40,6 +40,15 @@ class StoreConfig:
     #: Bytes of consume queue a filtered pull scans at most (RocketMQ's maxFilterMessageSize = 16000,
     #: i.e. 800 units); a very selective filter then answers NO_MATCHED_MESSAGE with an advanced offset.
     max_filter_scan_bytes: int = 16_000
+    #: When a filtered pull's first window (above) matched nothing and units were being skipped on their
+    #: tag codes or bitmaps alone (cheap: no commit-log reads), it scans further windows, up to this many
+    #: units in all and this many milliseconds, so a very selective filter needs few round trips.
+    max_filter_scan_units: int = 64 * 1024
+    max_filter_scan_ms: float = 10.0
+    #: ConsumeQueueExt files (bitmaps of SQL92-filtered topics): RocketMQ's mappedFileSizeConsumeQueueExt
+    #: (sparse, so a queue with few units costs little disk) and the largest bitmap a unit may hold.
+    consumequeue_ext_file_size: int = 48 * MiB
+    consumequeue_ext_bitmap_max: int = 64
     #: Bytes a pull returns at most when the caller does not say (RocketMQ's maxTransferBytesOnMessageInDisk
     #: is 64 KiB; we allow a full default batch of 32 x 4 KiB bodies plus headers).
     max_transfer_bytes: int = 256 * 1024

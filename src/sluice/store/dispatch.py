@@ -17,12 +17,13 @@ from collections import defaultdict
 
 import numpy as np
 
-from sluice.errors import CorruptRecordError
+from sluice.errors import CorruptRecordError, SluiceError
 from sluice.filter.tagcode import tag_code
 from sluice.protocol import properties as P
 from sluice.protocol.record import BLANK_MAGIC
 from sluice.store.commitlog import CommitLog, parse_record
 from sluice.store.consumequeue import CQ_DTYPE, ConsumeQueueTable
+from sluice.store.ext_table import ExtTable
 from sluice.store.index import IndexService
 from sluice.store.types import Dispatcher, DispatchRequest
 
@@ -49,6 +50,8 @@ class DispatchService:
         self.batch_bytes = batch_bytes
         self.reput_offset = 0
         self.dispatchers: list[Dispatcher] = []
+        #: The store's ConsumeQueueExt table (set by MessageStore); None writes plain tag codes only.
+        self.ext: ExtTable | None = None
         self.dispatched_messages = 0
         self.error: Exception | None = None
         self._cond = threading.Condition()
@@ -153,21 +156,39 @@ class DispatchService:
             if is_queued(r.sysflag):
                 groups[(r.topic, r.queue_id)].append(r)
         for (topic, qid), reqs in groups.items():
-            cq = self.queues.get_or_create(topic, qid)
-            units = np.empty(len(reqs), dtype=CQ_DTYPE)  # column-wise: far cheaper than a list of tuples
-            units["offset"] = [r.commitlog_offset for r in reqs]
-            units["size"] = [r.size for r in reqs]
-            units["tag"] = [r.tag_code for r in reqs]
-            first = reqs[0].queue_offset
-            if reqs[-1].queue_offset - first == len(reqs) - 1:
-                cq.put(first, units)
-            else:  # not contiguous (should not happen): put runs one by one
-                for i, r in enumerate(reqs):
-                    cq.put(r.queue_offset, units[i:i + 1])
+            self.write_queue(topic, qid, reqs)
         if self.index is not None:
             for r in batch:
                 if (r.uniq_key or r.keys) and (r.sysflag & _TRAN_MASK) != _TRAN_ROLLBACK:
                     self.index.build_index(r.topic, r.uniq_key, r.keys, r.commitlog_offset, r.store_timestamp)
+
+    def write_queue(self, topic: str, qid: int, reqs: list[DispatchRequest]) -> None:
+        """Write the consume-queue units of one queue's requests (in queue-offset order).
+
+        A request with a ``bitmap`` gets a ConsumeQueueExt unit (tag code, store time, bitmap) and the
+        unit's address goes in the tag-code slot (RocketMQ's putMessagePositionInfoWrapper); if the ext
+        write fails the slot keeps the plain tag code and pulls evaluate that message directly.
+        """
+        cq = self.queues.get_or_create(topic, qid)
+        units = np.empty(len(reqs), dtype=CQ_DTYPE)  # column-wise: far cheaper than a list of tuples
+        units["offset"] = [r.commitlog_offset for r in reqs]
+        units["size"] = [r.size for r in reqs]
+        tags = [r.tag_code for r in reqs]
+        if self.ext is not None and any(r.bitmap is not None for r in reqs):
+            ext = self.ext.get_or_create(topic, qid)
+            for i, r in enumerate(reqs):
+                if r.bitmap is not None:
+                    try:
+                        tags[i] = ext.put(r.tag_code, r.store_timestamp, r.bitmap)
+                    except SluiceError as e:
+                        log.warning("no ext unit for %s/%d offset %d: %s", topic, qid, r.queue_offset, e)
+        units["tag"] = tags
+        first = reqs[0].queue_offset
+        if reqs[-1].queue_offset - first == len(reqs) - 1:
+            cq.put(first, units)
+        else:  # not contiguous (should not happen): put runs one by one
+            for i, r in enumerate(reqs):
+                cq.put(r.queue_offset, units[i:i + 1])
 
     # ---- waiting -----------------------------------------------------------------------------------
     def wait_for(self, offset: int, timeout: float) -> bool:

@@ -4,6 +4,7 @@ On-disk layout under ``root_dir``::
 
     commitlog/{20-digit offset}                  records, fixed-size segments
     consumequeue/{topic}/{queueId}/{20 digits}   20-byte units
+    consumequeue_ext/{topic}/{queueId}/{20 dig.} filter bitmaps of SQL92-filtered topics (ext_table.py)
     index/{yyyyMMddHHmmssSSS}                    key index files
     checkpoint                                   what is durable (checkpoint.py)
     abort                                        present while open: its presence at start means a crash
@@ -39,13 +40,15 @@ from sluice.store import recovery, retention
 from sluice.store.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from sluice.store.commitlog import CommitLog, parse_record, verify_record_bytes
 from sluice.store.config import StoreConfig
-from sluice.store.consumequeue import CQ_DTYPE, CQ_UNIT_SIZE, PAD_SIZE, ConsumeQueueTable
+from sluice.store.consumequeue import CQ_UNIT_SIZE, PAD_SIZE, ConsumeQueueTable
 from sluice.store.dispatch import DispatchService, is_queued
 from sluice.store.encode import encode_batch
 from sluice.store.flush import FlushService
 from sluice.store.index import IndexService
+from sluice.store.ext_table import ExtTable, plan_units, recover_ext, resolve_units
 from sluice.store.types import (
     Dispatcher,
+    DispatchRequest,
     GetMessageResult,
     GetMessageStatus,
     MessageFilter,
@@ -71,6 +74,9 @@ class MessageStore:
             IndexService(self.root / "index", max_hash_slots=c.index_max_hash_slots,
                          max_index_num=c.index_max_index_num) if c.index_enable else None)
         self.dispatch = DispatchService(self.commitlog, self.queues, self.index, batch_bytes=c.dispatch_batch_bytes)
+        self.ext = ExtTable(self.root / "consumequeue_ext", file_size=c.consumequeue_ext_file_size,
+                            bitmap_bytes_max=c.consumequeue_ext_bitmap_max)
+        self.dispatch.ext = self.ext
         self.flusher = FlushService(self.commitlog, interval_ms=c.flush_interval_ms, timeout_s=c.sync_flush_timeout_s)
         self.recovery_report: recovery.RecoveryReport | None = None
         self._msgid_prefix = offset_msg_id_prefix(*c.store_host)
@@ -84,6 +90,9 @@ class MessageStore:
         self._last_retention = 0.0
         self.put_count = 0
         self.put_bytes = 0
+        #: Commit-log records read by pulls (served or evaluated and filtered out), and their bytes.
+        self.pull_records_read = 0
+        self.pull_bytes_read = 0
 
     # ---- lifecycle ---------------------------------------------------------------------------------
     @property
@@ -158,6 +167,7 @@ class MessageStore:
         cl = self.commitlog
         cl.load()
         self.queues.load()
+        self.ext.load()
         if self.index is not None:
             self.index.load()
         rep = recovery.recover_commitlog(cl, self.root, cp, abnormal)
@@ -167,6 +177,8 @@ class MessageStore:
             if dropped:
                 rep.queues_truncated[f"{cq.topic}/{cq.queue_id}"] = dropped
             cq.delete_below(cl.min_offset)
+        for (topic, qid), ext in list(self.ext.exts.items()):
+            recover_ext(self.queues.get(topic, qid), ext)
         if self.index is not None and self.index.max_indexed_offset() >= end:
             self.index.truncate(end)
         # Replay from where the consume queues were last known durable (a checkpoint older than a retention
@@ -223,6 +235,7 @@ class MessageStore:
             self._release_lock()
 
     def _close_files(self) -> None:
+        self.ext.close()
         self.queues.close()
         if self.index is not None:
             self.index.close()
@@ -242,6 +255,7 @@ class MessageStore:
     def _checkpoint(self) -> None:
         with self._ckpt_lock:
             dispatched = self.dispatch.reput_offset  # before flushing: units below it are in the queues
+            self.ext.flush()  # before the units that point into it
             self.queues.flush()
             index_offset = -1
             if self.index is not None:
@@ -286,27 +300,32 @@ class MessageStore:
     def rebuild_queue(self, topic: str, queue_id: int) -> None:
         """Throw away one consume queue and rebuild it from the commit log.
 
-        Units get plain tag codes: what a dispatcher had put in the slot (e.g. a ConsumeQueueExt address)
-        is not recomputed, so bitmap filtering falls back to evaluating the expression for that queue."""
+        Its ConsumeQueueExt goes too; dispatchers that set ``rebuilds_bitmaps`` (the broker's bitmap
+        calculator) see the records again, so SQL92-filtered queues get fresh bitmaps and ext units."""
         with self.dispatch._run_lock:
             cq = self.queues.get_or_create(topic, queue_id)
             cq.destroy()
-            found: list[tuple[int, int, int, int]] = []
+            self.ext.drop(topic, queue_id)
+            found: list[DispatchRequest] = []
 
             def on_record(rec) -> None:
                 if rec.topic == topic and rec.queue_id == queue_id and is_queued(rec.sysflag):
-                    tags = P.decode_properties(rec.properties).get(P.TAGS)
-                    found.append((rec.queue_offset, rec.physical_offset, rec.total_size, tag_code(tags)))
+                    props = P.decode_properties(rec.properties)
+                    found.append(DispatchRequest(
+                        topic, queue_id, rec.queue_offset, rec.physical_offset, rec.total_size,
+                        tag_code(props.get(P.TAGS)), props, rec.store_timestamp, [], None, rec.sysflag))
 
             self.commitlog.scan(self.commitlog.min_offset, check_crc=False, on_record=on_record)
             if not found:
                 return
-            units = np.array([u[1:] for u in found], dtype=CQ_DTYPE)
-            if found[-1][0] - found[0][0] == len(found) - 1:
-                cq.put(found[0][0], units)
-            else:
-                for i, u in enumerate(found):
-                    cq.put(u[0], units[i:i + 1])
+            for d in self.dispatch.dispatchers:
+                if getattr(d, "rebuilds_bitmaps", False):
+                    try:
+                        d.dispatch(found)
+                    except Exception:
+                        log.exception("dispatcher %r failed while rebuilding %s/%d", d, topic, queue_id)
+            found.sort(key=lambda r: r.queue_offset)
+            self.dispatch.write_queue(topic, queue_id, found)
 
     # ---- writes ------------------------------------------------------------------------------------
     def put_message(self, msg: StoreMessage) -> PutResult:
@@ -367,7 +386,29 @@ class MessageStore:
         if units is None or len(units) == 0:
             upf = self.config.consumequeue_units_per_file
             return GetMessageResult(_S.OFFSET_FOUND_NULL, (offset // upf + 1) * upf, lo, hi)
-        return self._collect(cq, offset, units, max_msgs, max_bytes, message_filter, lo, hi)
+        res = self._collect(cq, offset, units, max_msgs, max_bytes, message_filter, lo, hi)
+        if message_filter is None or res.status is not _S.NO_MATCHED_MESSAGE:
+            return res
+        # Nothing matched in the first window. While units are being ruled out on their tag codes or
+        # bitmaps alone (few records read), look further: a 0.1 % filter then needs a round trip per
+        # tens of thousands of units instead of per 800. Bounded in units and time.
+        c = self.config
+        deadline = time.monotonic() + c.max_filter_scan_ms / 1000.0
+        scanned, reads = res.next_begin_offset - offset, res.records_read
+        while (res.status is _S.NO_MATCHED_MESSAGE and res.next_begin_offset < cq.max_offset
+               and scanned < c.max_filter_scan_units and reads * 8 < scanned and time.monotonic() < deadline):
+            at = res.next_begin_offset
+            units = cq.get_units(at, min(scan * 8, c.max_filter_scan_units - scanned))
+            if units is None or len(units) == 0:
+                break
+            more = self._collect(cq, at, units, max_msgs, max_bytes, message_filter, lo, hi)
+            scanned += more.next_begin_offset - at
+            reads += more.records_read
+            if more.status is _S.MESSAGE_WAS_REMOVING:
+                more.status = _S.NO_MATCHED_MESSAGE
+            res = more
+        res.records_read = reads
+        return res
 
     def _collect(self, cq, offset: int, units: np.ndarray, max_msgs: int, max_bytes: int,
                  mf: MessageFilter | None, lo: int, hi: int) -> GetMessageResult:
@@ -375,12 +416,15 @@ class MessageStore:
         sizes = units["size"].astype(np.int64)
         real = (sizes > 0) & (sizes != PAD_SIZE)
         wanted = real
+        check = None  # units whose record the filter must see
         if mf is not None:
-            mask = mf.match_units(units["tag"].astype(np.int64))
+            ext = self.ext.get(cq.topic, cq.queue_id)
+            codes, batch, unresolved = resolve_units(ext, units["tag"])
+            mask, check = plan_units(mf, codes, batch, unresolved)
             if mask is not None:
                 wanted = real & np.asarray(mask, dtype=bool)
         filtered = bool((real & ~wanted).any())
-        needs_record = mf is not None and mf.needs_record
+        match_at = getattr(mf, "match_record_at", None)  # filters that count per unit (bitmap false positives)
         verify = self.config.verify_crc_on_read
         cl = self.commitlog
         clog_min = cl.min_offset
@@ -398,6 +442,9 @@ class MessageStore:
             if data is None:
                 removed = True
                 continue
+            res.records_read += 1
+            self.pull_records_read += 1
+            self.pull_bytes_read += s
             if verify:
                 try:
                     verify_record_bytes(data, p)
@@ -408,9 +455,9 @@ class MessageStore:
                         raise e from None
                     stop_at = i
                     break
-            if needs_record:
+            if check is not None and check[i]:
                 props = P.decode_properties(parse_record(data, 0, check_crc=False).properties)
-                if not mf.match_record(props):  # type: ignore[union-attr]
+                if not (match_at(i, props) if match_at is not None else mf.match_record(props)):  # type: ignore
                     filtered = True
                     continue
             parts.append(data)
@@ -422,6 +469,9 @@ class MessageStore:
                 stop_at = i + 1  # like RocketMQ: resume right after the last message taken
                 break
         res.next_begin_offset = offset + stop_at
+        consumed = getattr(mf, "consumed", None)
+        if consumed is not None:
+            consumed(stop_at)
         if parts:
             res.data = b"".join(parts)
         elif filtered:
@@ -550,6 +600,9 @@ class MessageStore:
             "consume_queues": len(self.queues.queues),
             "put_messages": self.put_count,
             "put_bytes": self.put_bytes,
+            "pull_records_read": self.pull_records_read,
+            "pull_bytes_read": self.pull_bytes_read,
+            "consume_queue_exts": len(self.ext.exts),
             "fsyncs": self.flusher.fsyncs,
             "index_max_offset": self.index.max_indexed_offset() if self.index else -1,
             "flush_mode": self.config.flush_mode,

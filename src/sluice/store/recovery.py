@@ -30,6 +30,7 @@ from sluice.store.checkpoint import Checkpoint
 from sluice.store.commitlog import CommitLog, ParsedRecord, parse_record
 from sluice.store.consumequeue import PAD_SIZE, ConsumeQueue
 from sluice.store.dispatch import is_queued
+from sluice.store.ext_table import ext_addresses_ok
 from sluice.store.types import Problem
 
 if TYPE_CHECKING:
@@ -217,6 +218,13 @@ def check_store(store: MessageStore, *, fix: bool = False) -> CheckReport:
                                             f"unit {qoff} points at {phys}, not a record of this queue"))
                 bad_queues.add((cq.topic, cq.queue_id))
                 break
+    for cq in store.queues.all():
+        bad_ext = ext_addresses_ok(cq, store.ext.get(cq.topic, cq.queue_id))
+        if bad_ext is not None:
+            rep.problems.append(Problem(f"consumequeue/{cq.topic}/{cq.queue_id}", bad_ext[0] * 20,
+                                        f"unit {bad_ext[0]} holds ext address {bad_ext[1]}, which does not "
+                                        "resolve to a ConsumeQueueExt unit"))
+            bad_queues.add((cq.topic, cq.queue_id))
     if store.index is not None:
         top = store.index.max_indexed_offset()
         for rec in by_phys.values():

@@ -13,6 +13,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from sluice.store.ext_table import retain_ext
+
 if TYPE_CHECKING:
     from sluice.store.message_store import MessageStore
 
@@ -47,6 +49,8 @@ def delete_expired(store: MessageStore, now_ms: int) -> RetentionResult:
     if count:
         for cq in store.queues.all():
             res.consumequeue_files += cq.delete_below(res.min_offset)
+        for (topic, qid), ext in list(store.ext.exts.items()):
+            retain_ext(store.queues.get(topic, qid), ext)
         if store.index is not None:
             store.index.delete_below(res.min_offset)
     return res

@@ -59,6 +59,8 @@ class GetMessageResult:
     queue_offsets: list[int] = field(default_factory=list)
     commitlog_offsets: list[int] = field(default_factory=list)
     sizes: list[int] = field(default_factory=list)
+    #: Commit-log records this pull read (served or evaluated and filtered out).
+    records_read: int = 0
 
     @property
     def message_count(self) -> int:
@@ -79,6 +81,10 @@ class MessageFilter(Protocol):
     def match_units(self, tag_codes: np.ndarray) -> np.ndarray | None: ...
 
     def match_record(self, properties: dict[str, str]) -> bool: ...
+
+    # Optional: ``select_units(tag_codes, ext_batch, unresolved) -> (mask | None, check | None)``. A filter
+    # that has it sees the ConsumeQueueExt rows too (bitmaps, store times) and says per unit whether it may
+    # match and whether its record must be evaluated (store.ext_table.plan_units).
 
 
 @dataclass(slots=True)

@@ -1,0 +1,186 @@
+"""The store's ConsumeQueueExt files: one per topic/queue that has filter bitmaps, and how units use them.
+
+Dispatch writes an ext unit (tag code, store time, bitmap) for every request
+that carries a ``bitmap`` (only topics with SQL92 filter data get one) and puts
+the unit's address in the consume-queue unit's tag-code slot. Readers call
+:func:`resolve_units` to turn those addresses back into tag codes (so tag
+filters keep working on such topics) and to hand the bitmaps to the filter.
+Recovery (:func:`recover_ext`), retention (:func:`retain_ext`) and ``check``
+keep the ext files in step with their consume queue.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from sluice.store.consumequeue import PAD_SIZE, ConsumeQueue
+from sluice.store.consumequeue_ext import ConsumeQueueExt, ExtBatch, is_ext_address_array
+from sluice.store.types import MessageFilter
+
+__all__ = ["ExtTable", "resolve_units", "plan_units", "recover_ext", "retain_ext", "ext_addresses_ok"]
+
+log = logging.getLogger(__name__)
+
+_CHUNK = 1 << 16  # units looked at per step when searching a queue for ext addresses
+
+
+class ExtTable:
+    """Every ConsumeQueueExt of the store, created when a queue's first bitmap arrives."""
+
+    def __init__(self, root: Path, *, file_size: int, bitmap_bytes_max: int) -> None:
+        self.root = Path(root)
+        self.file_size = file_size
+        self.bitmap_bytes_max = bitmap_bytes_max
+        self.exts: dict[tuple[str, int], ConsumeQueueExt] = {}
+        self._lock = threading.Lock()
+
+    def _new(self, topic: str, queue_id: int) -> ConsumeQueueExt:
+        return ConsumeQueueExt(self.root / topic / str(queue_id), file_size=self.file_size,
+                               bitmap_bytes_max=self.bitmap_bytes_max)
+
+    def load(self) -> None:
+        if not self.root.is_dir():
+            return
+        for tdir in sorted(self.root.iterdir()):
+            if not tdir.is_dir():
+                continue
+            for qdir in sorted(tdir.iterdir()):
+                if qdir.is_dir() and qdir.name.isdigit():
+                    ext = self._new(tdir.name, int(qdir.name))
+                    ext.load()
+                    self.exts[(tdir.name, int(qdir.name))] = ext
+
+    def get(self, topic: str, queue_id: int) -> ConsumeQueueExt | None:
+        return self.exts.get((topic, queue_id))
+
+    def get_or_create(self, topic: str, queue_id: int) -> ConsumeQueueExt:
+        ext = self.exts.get((topic, queue_id))
+        if ext is None:
+            with self._lock:
+                ext = self.exts.get((topic, queue_id))
+                if ext is None:
+                    ext = self._new(topic, queue_id)
+                    self.exts = {**self.exts, (topic, queue_id): ext}  # copy on write: readers take no lock
+        return ext
+
+    def drop(self, topic: str, queue_id: int) -> None:
+        """Delete a queue's ext files (its consume queue is being rebuilt or deleted)."""
+        with self._lock:
+            ext = self.exts.get((topic, queue_id))
+            if ext is not None:
+                ext.destroy()
+                self.exts = {k: v for k, v in self.exts.items() if k != (topic, queue_id)}
+
+    def flush(self) -> None:
+        for ext in list(self.exts.values()):
+            ext.flush()
+
+    def close(self) -> None:
+        for ext in list(self.exts.values()):
+            ext.close()
+
+
+def resolve_units(ext: ConsumeQueueExt | None, tag_slots: np.ndarray
+                  ) -> tuple[np.ndarray, ExtBatch | None, np.ndarray | None]:
+    """Tag codes for a batch of consume-queue tag slots.
+
+    Returns ``(codes, batch, unresolved)``: int64 tag codes with ext addresses replaced by their unit's
+    tag code; the ExtBatch row-aligned with the input (None when no slot holds an address); and a mask
+    of slots that hold an address whose unit cannot be read (code 0 there; the filter must decide those
+    on the record, as RocketMQ lets them through its unit check).
+    """
+    codes = np.array(tag_slots, dtype=np.int64)
+    is_ext = is_ext_address_array(codes)
+    if not is_ext.any():
+        return codes, None, None
+    if ext is None:
+        codes[is_ext] = 0
+        return codes, None, is_ext
+    batch = ext.get_many(codes)
+    codes[is_ext] = batch.tags_codes[is_ext]
+    unresolved = is_ext & ~batch.valid
+    codes[unresolved] = 0
+    return codes, batch, unresolved if unresolved.any() else None
+
+
+def plan_units(mf: MessageFilter, codes: np.ndarray, batch: ExtBatch | None, unresolved: np.ndarray | None
+               ) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Ask a filter which units may match (mask, None = all) and which need their record evaluated
+    (mask, None = none). Filters with ``select_units`` see the bitmaps; others get tag codes only."""
+    select = getattr(mf, "select_units", None)
+    if select is not None:
+        return select(codes, batch, unresolved)
+    mask = mf.match_units(codes)
+    n = len(codes)
+    check = np.full(n, bool(mf.needs_record)) if mf.needs_record or unresolved is not None else None
+    if unresolved is not None:
+        if mask is not None:
+            mask = np.asarray(mask, dtype=bool) | unresolved
+        check = check | unresolved  # type: ignore[operator]
+    return mask, check
+
+
+def _real(units: np.ndarray) -> np.ndarray:
+    return (units["size"] > 0) & (units["size"] != PAD_SIZE)
+
+
+def _ext_slots(units: np.ndarray) -> np.ndarray:
+    return np.flatnonzero(_real(units) & is_ext_address_array(units["tag"].astype(np.int64)))
+
+
+def recover_ext(cq: ConsumeQueue | None, ext: ConsumeQueueExt) -> None:
+    """Drop ext units past the highest address the (already reconciled) consume queue points at."""
+    last = None
+    if cq is not None:
+        hi = cq.max_offset
+        while hi > cq.min_offset and last is None:
+            lo = max(cq.min_offset, hi - _CHUNK)
+            units = cq.get_units(lo, hi - lo)
+            if units is None:
+                break
+            idx = _ext_slots(units)
+            if len(idx):
+                last = int(units["tag"][idx[-1]])
+            hi = lo
+    if last is not None:
+        ext.truncate_by_max_address(last)
+    elif ext.max_address() != ext.min_address():
+        ext.truncate(ext.min_address())
+
+
+def retain_ext(cq: ConsumeQueue | None, ext: ConsumeQueueExt) -> None:
+    """Retention: delete ext files wholly below the first address the consume queue still uses."""
+    first = None
+    if cq is not None:
+        lo = cq.min_offset
+        while lo < cq.max_offset and first is None:
+            units = cq.get_units(lo, _CHUNK)
+            if units is None or len(units) == 0:
+                break
+            idx = _ext_slots(units)
+            if len(idx):
+                first = int(units["tag"][idx[0]])
+            lo += len(units)
+    ext.delete_below(first if first is not None else ext.max_address())
+
+
+def ext_addresses_ok(cq: ConsumeQueue, ext: ConsumeQueueExt | None) -> tuple[int, int] | None:
+    """``store check``: (queue offset, address) of the first ext address that does not resolve, or None."""
+    lo = cq.min_offset
+    while lo < cq.max_offset:
+        units = cq.get_units(lo, _CHUNK)
+        if units is None or len(units) == 0:
+            return None
+        idx = _ext_slots(units)
+        if len(idx):
+            addrs = units["tag"][idx].astype(np.int64)
+            if ext is None:
+                return lo + int(idx[0]), int(addrs[0])
+            bad = np.flatnonzero(~ext.get_many(addrs).valid)
+            if len(bad):
+                return lo + int(idx[bad[0]]), int(addrs[bad[0]])
+        lo += len(units)
+    return None
