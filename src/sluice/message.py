@@ -21,6 +21,10 @@ class Message:
     properties: dict[str, str] = field(default_factory=dict)
     flag: int = 0
     delay_level: int = 0
+    #: Deliver at this time (epoch milliseconds, the broker's clock; 1 s precision). Beyond RocketMQ 4.x.
+    deliver_at: int | None = None
+    #: Deliver this many seconds after the broker receives the message (millisecond resolution).
+    delay: float | None = None
 
     def validate(self, max_body: int = 4 * 1024 * 1024) -> None:
         check_topic(self.topic)
@@ -38,6 +42,13 @@ class Message:
             P.check_property(P.TAGS, self.tags)
         for k in self.key_list():
             P.check_property(P.KEYS, k)
+        timed = (self.deliver_at is not None) + (self.delay is not None) + (self.delay_level > 0)
+        if timed > 1:
+            raise MessageIllegalError("set only one of delay_level, deliver_at and delay")
+        if self.deliver_at is not None and (not isinstance(self.deliver_at, int) or self.deliver_at < 0):
+            raise MessageIllegalError(f"deliver_at must be epoch milliseconds (an int >= 0), got {self.deliver_at!r}")
+        if self.delay is not None and not 0 <= self.delay < 2**53 / 1000:
+            raise MessageIllegalError(f"delay must be a number of seconds >= 0, got {self.delay!r}")
 
     def key_list(self) -> list[str]:
         if self.keys is None:
@@ -47,7 +58,7 @@ class Message:
         return [k for k in self.keys if k]
 
     def all_properties(self) -> dict[str, str]:
-        """User properties plus TAGS, KEYS and DELAY as they travel and are stored."""
+        """User properties plus TAGS, KEYS, DELAY and the TIMER_* deliver-at fields as they travel."""
         props = {k: str(v) for k, v in self.properties.items()}
         if self.tags:
             props[P.TAGS] = self.tags
@@ -56,6 +67,10 @@ class Message:
             props[P.KEYS] = P.KEY_SEPARATOR.join(keys)
         if self.delay_level > 0:
             props[P.DELAY] = str(self.delay_level)
+        if self.deliver_at is not None:
+            props[P.TIMER_DELIVER_MS] = str(int(self.deliver_at))
+        if self.delay is not None:
+            props[P.TIMER_DELAY_MS] = str(round(self.delay * 1000))
         return props
 
 

@@ -1,0 +1,222 @@
+"""Consume services: hand pulled messages to the listener on a thread pool and act on its answer
+(ConsumeMessageConcurrentlyService / ConsumeMessageOrderlyService).
+
+Listeners are plain functions run on the consumer's thread pool; everything
+else (process queues, offsets, send-backs) stays on the consumer's event loop,
+so the listener's answer is applied there and no state is shared with threads.
+
+Concurrent: each batch of up to ``consume_message_batch_max_size`` messages
+is a pool job. SUCCESS removes the batch from its process queue and moves the
+queue's offset to the lowest message still cached. RECONSUME_LATER sends each
+message back to the broker (CONSUMER_SEND_MSG_BACK → %RETRY%<group>, or the DLQ
+once retries are used up) and then counts it consumed; a message whose
+send-back fails stays cached (holding the offset) and is consumed again
+locally after ``consume_later_delay``. In BROADCASTING a failed batch is
+dropped with a warning, as RocketMQ does.
+
+Orderly: one task per queue takes the next batch in offset order, only while
+the queue's broker lock is held, and keeps the queue's consume lock during the
+listener call, so a rebalance releases the queue only between batches and
+after committing. A failed batch goes back to the head of the queue and the
+queue pauses ``suspend_current_queue_time``; a message failing more than
+``max_reconsume_times`` is sent to the DLQ and passed.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+from sluice.client.consume_types import ConsumeOrderlyResult, ConsumeResult, MessageModel
+from sluice.client.process_queue import ProcessQueue
+from sluice.client.push_api import send_message_back
+from sluice.client.results import MessageQueue
+from sluice.errors import SluiceError
+from sluice.message import MessageExt
+from sluice.protocol import properties as P
+
+if TYPE_CHECKING:
+    from sluice.client.push_consumer import AsyncPushConsumer
+
+__all__ = ["ConcurrentConsumeService", "OrderlyConsumeService", "Listener", "call_listener"]
+
+log = logging.getLogger(__name__)
+
+Listener = Callable[[list[MessageExt]], Any]
+_SUCCESS = (ConsumeResult.SUCCESS, ConsumeOrderlyResult.SUCCESS)
+
+
+def call_listener(listener: Listener, msgs: list[MessageExt]) -> bool:
+    """Run the listener (on a pool thread); True for success. An exception or None means 'later'."""
+    try:
+        result = listener(msgs)
+    except Exception:
+        log.exception("the message listener raised; its %d message(s) will be consumed again", len(msgs))
+        return False
+    return result in _SUCCESS
+
+
+class _Service:
+    def __init__(self, consumer: AsyncPushConsumer, listener: Listener) -> None:
+        self.consumer = consumer
+        self.listener = listener
+        opts = consumer.options
+        self.executor = ThreadPoolExecutor(max_workers=opts.consume_thread_max,
+                                           thread_name_prefix=f"sluice-consume-{consumer.group}")
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.stopping = False
+        self.consumed = 0
+        self.failed = 0
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        self._idle.clear()
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not self._tasks:
+            self._idle.set()
+        if not task.cancelled() and task.exception() is not None:
+            log.error("consume task failed", exc_info=task.exception())
+
+    async def _listen(self, pq: ProcessQueue, msgs: list[MessageExt]) -> bool:
+        pq.busy += 1
+        try:
+            ok = await asyncio.get_running_loop().run_in_executor(self.executor, call_listener, self.listener, msgs)
+        finally:
+            pq.busy -= 1
+        if ok:
+            self.consumed += len(msgs)
+        else:
+            self.failed += len(msgs)
+        return ok
+
+    def _owned(self, mq: MessageQueue, pq: ProcessQueue) -> bool:
+        return self.consumer.rebalancer.process_queues.get(mq) is pq
+
+    async def _send_back(self, msg: MessageExt, delay_level: int, orderly: bool) -> bool:
+        c = self.consumer
+        try:
+            await send_message_back(c.instance.api, msg, c.group, delay_level=delay_level,
+                                    max_reconsume_times=c.options.effective_max_reconsume(orderly),
+                                    timeout=c.options.request_timeout)
+            return True
+        except SluiceError as exc:
+            log.warning("sending message %s back to the broker failed: %s", msg.msg_id, exc)
+            return False
+
+    async def shutdown(self, timeout: float) -> None:
+        """Stop taking work, wait up to ``timeout`` for listener calls in flight, stop the pool."""
+        self.stopping = True
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            log.warning("%d consume task(s) still running after %.1f s; not waiting longer",
+                        len(self._tasks), timeout)
+            for t in list(self._tasks):
+                t.cancel()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+class ConcurrentConsumeService(_Service):
+    orderly = False
+
+    def submit(self, mq: MessageQueue, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
+        n = self.consumer.options.consume_message_batch_max_size
+        for i in range(0, len(msgs), n):
+            self._spawn(self._consume(mq, pq, msgs[i:i + n]))
+
+    async def _consume(self, mq: MessageQueue, pq: ProcessQueue, batch: list[MessageExt]) -> None:
+        if pq.dropped and not self._owned(mq, pq):
+            return
+        ok = await self._listen(pq, batch)
+        done = batch
+        if not ok:
+            done = await self._failed(mq, pq, batch)
+        offset = pq.remove(done)
+        if offset >= 0 and self._owned(mq, pq):
+            self.consumer.offset_store.update(mq, offset, increase_only=True)
+
+    async def _failed(self, mq: MessageQueue, pq: ProcessQueue, batch: list[MessageExt]) -> list[MessageExt]:
+        c = self.consumer
+        if c.options.model is MessageModel.BROADCASTING:
+            log.warning("broadcast consumer %s dropped %d message(s) its listener failed", c.group, len(batch))
+            return batch
+        sent = await asyncio.gather(*(self._send_back(m, 0, False) for m in batch))
+        later = [m for m, ok in zip(batch, sent) if not ok]
+        if later:
+            for m in later:
+                m.reconsume_times += 1
+            asyncio.get_running_loop().call_later(c.options.consume_later_delay, self._again, mq, pq, later)
+        return [m for m, ok in zip(batch, sent) if ok]
+
+    def _again(self, mq: MessageQueue, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
+        if not self.stopping and not pq.dropped:
+            self.submit(mq, pq, msgs)
+
+
+class OrderlyConsumeService(_Service):
+    orderly = True
+
+    def start_queue(self, mq: MessageQueue, pq: ProcessQueue) -> None:
+        self._spawn(self._queue_loop(mq, pq))
+
+    def submit(self, mq: MessageQueue, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
+        """Nothing to do: the queue's task takes what arrives (ProcessQueue.put sets ``arrived``)."""
+
+    def _lock_ok(self, pq: ProcessQueue) -> bool:
+        c = self.consumer
+        if c.options.model is MessageModel.BROADCASTING:
+            return True
+        return pq.locked and not pq.lock_expired(c.options.lock_max_live)
+
+    async def _queue_loop(self, mq: MessageQueue, pq: ProcessQueue) -> None:
+        c = self.consumer
+        n = c.options.consume_message_batch_max_size
+        while not pq.dropped and not self.stopping:
+            if not pq.msgs:
+                await pq.arrived.wait()
+                if not pq.msgs:
+                    pq.arrived.clear()
+                continue
+            if not self._lock_ok(pq):
+                await asyncio.sleep(0.1)  # tryLockLaterAndReconsume: the 20 s renewal or a rebalance re-locks
+                continue
+            suspend = False
+            async with pq.consume_lock:
+                if pq.dropped or self.stopping:
+                    break
+                batch = pq.take(n)
+                ok = await self._listen(pq, batch)
+                if not ok:
+                    suspend = await self._check_reconsume(batch)
+                    if suspend:
+                        pq.make_back_to_consume(batch)
+                if not suspend:
+                    offset = pq.commit()
+                    if offset >= 0:
+                        c.offset_store.update(mq, offset)
+            if suspend:
+                await asyncio.sleep(c.options.suspend_current_queue_time)
+
+    async def _check_reconsume(self, batch: list[MessageExt]) -> bool:
+        """checkReconsumeTimes: True to retry the batch in place; messages over the limit go to the DLQ."""
+        c = self.consumer
+        limit = c.options.effective_max_reconsume(True)
+        suspend = False
+        for m in batch:
+            if m.reconsume_times >= limit and c.options.model is MessageModel.CLUSTERING:
+                m.properties[P.RECONSUME_TIME] = str(m.reconsume_times)
+                if not await self._send_back(m, -1, True):
+                    suspend = True
+                    m.reconsume_times += 1
+            else:
+                suspend = True
+                m.reconsume_times += 1
+        return suspend

@@ -1,0 +1,175 @@
+"""What a push consumer's listener returns, where a new group starts, and the push consumer's options.
+
+Every default is RocketMQ's DefaultMQPushConsumer / ClientConfig value unless
+its comment says otherwise (rocketmq-facts f.1).
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from enum import Enum
+from typing import Any
+
+from sluice.errors import InvalidParameterError
+
+__all__ = [
+    "AllocateStrategy", "ConsumeFromWhere", "ConsumeOrderlyResult", "ConsumeResult", "MessageModel",
+    "PushConsumerOptions", "parse_consume_timestamp",
+]
+
+
+class ConsumeResult(Enum):
+    """ConsumeConcurrentlyStatus: what a concurrent listener returns for its batch."""
+
+    SUCCESS = "CONSUME_SUCCESS"
+    #: The whole batch goes back to the broker's %RETRY%<group> topic (delay level 3 + reconsume times).
+    RECONSUME_LATER = "RECONSUME_LATER"
+
+
+class ConsumeOrderlyResult(Enum):
+    """ConsumeOrderlyStatus: what an orderly listener returns for its batch."""
+
+    SUCCESS = "SUCCESS"
+    #: Keep the batch at the head of its queue and try it again after suspend_current_queue_time.
+    SUSPEND_CURRENT_QUEUE_A_MOMENT = "SUSPEND_CURRENT_QUEUE_A_MOMENT"
+
+
+class MessageModel(str, Enum):
+    CLUSTERING = "CLUSTERING"
+    BROADCASTING = "BROADCASTING"
+
+
+class ConsumeFromWhere(str, Enum):
+    """Where a group starts on a queue for which it has no committed offset (nowhere else)."""
+
+    CONSUME_FROM_LAST_OFFSET = "CONSUME_FROM_LAST_OFFSET"
+    CONSUME_FROM_FIRST_OFFSET = "CONSUME_FROM_FIRST_OFFSET"
+    CONSUME_FROM_TIMESTAMP = "CONSUME_FROM_TIMESTAMP"
+
+
+#: Allocation strategy names (as RocketMQ's getName()) accepted by the ``allocate_strategy`` option.
+AllocateStrategy = str
+
+
+def parse_consume_timestamp(value: int | str) -> int:
+    """Epoch milliseconds, or RocketMQ's ``yyyyMMddHHmmss`` string (local time), to epoch milliseconds."""
+    if isinstance(value, int):
+        if value < 0:
+            raise InvalidParameterError(f"consume_timestamp must be >= 0, got {value}")
+        return value
+    text = str(value).strip()
+    if len(text) != 14 or not text.isdigit():
+        raise InvalidParameterError(f"consume_timestamp {value!r} is neither epoch ms nor yyyyMMddHHmmss")
+    try:
+        return int(time.mktime(time.strptime(text, "%Y%m%d%H%M%S")) * 1000)
+    except ValueError as exc:
+        raise InvalidParameterError(f"consume_timestamp {value!r}: {exc}") from None
+
+
+def _half_hour_ago() -> int:
+    # RocketMQ's default consumeTimestamp: 30 minutes before the consumer was built.
+    return int(time.time() * 1000) - 30 * 60 * 1000
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PushConsumerOptions:
+    #: CLUSTERING (queues shared by the group, offsets on the broker) or BROADCASTING (every member
+    #: gets everything, offsets in a local file).
+    message_model: str = MessageModel.CLUSTERING.value
+    #: Where to start on a queue the group has no committed offset for.
+    consume_from_where: str = ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET.value
+    #: With CONSUME_FROM_TIMESTAMP: epoch ms or "yyyyMMddHHmmss"; default half an hour ago.
+    consume_timestamp: int | str = dataclasses.field(default_factory=_half_hour_ago)
+    #: "AVG" (AllocateMessageQueueAveragely), "AVG_BY_CIRCLE", "CONSISTENT_HASH", or a callable
+    #: ``fn(client_id, all_queues, all_client_ids) -> queues`` from sluice.client.allocate.
+    allocate_strategy: str | Callable[..., Any] = "AVG"
+    #: consumeThreadMax: listener calls running at once (one thread pool per consumer).
+    consume_thread_max: int = 20
+    #: consumeMessageBatchMaxSize: messages per listener call.
+    consume_message_batch_max_size: int = 1
+    #: pullBatchSize: messages asked per pull.
+    pull_batch_size: int = 32
+    #: pullThresholdForQueue / pullThresholdSizeForQueue: stop pulling a queue above this many cached
+    #: messages or MiB.
+    pull_threshold_for_queue: int = 1000
+    pull_threshold_size_for_queue: int = 100
+    #: consumeConcurrentlyMaxSpan: stop pulling when the cached offsets of a queue span more than this.
+    consume_concurrently_max_span: int = 2000
+    #: maxReconsumeTimes: -1 means 16 for concurrent consumers, unlimited for orderly ones.
+    max_reconsume_times: int = -1
+    #: suspendCurrentQueueTimeMillis (in seconds): an orderly queue's pause after a failed batch.
+    suspend_current_queue_time: float = 1.0
+    #: Concurrent consumers whose send-back to the broker failed retry the batch locally after this
+    #: (RocketMQ's submitConsumeRequestLater, 5 s).
+    consume_later_delay: float = 5.0
+    #: pullInterval: pause between pulls of one queue.
+    pull_interval: float = 0.0
+    #: BROKER_SUSPEND_MAX_TIME_MILLIS: how long the broker may hold a pull that found nothing.
+    broker_suspend_max: float = 15.0
+    #: CONSUMER_TIMEOUT_MILLIS_WHEN_SUSPEND: the network timeout of such a pull.
+    consumer_timeout_when_suspend: float = 30.0
+    #: pullTimeDelayMillsWhenException.
+    pull_time_delay_when_exception: float = 1.0
+    #: The periodic rebalance (rocketmq.client.rebalance.waitInterval); notifications trigger it at once.
+    rebalance_interval: float = 20.0
+    #: Orderly: queue locks are renewed this often (the broker expires them after 60 s).
+    lock_renew_interval: float = 20.0
+    #: Orderly: a lock not renewed for this long is treated as lost by the client (REBALANCE_LOCK_MAX_LIVE_TIME).
+    lock_max_live: float = 30.0
+    #: Shutdown waits this long for listener calls in flight before committing offsets.
+    await_termination: float = 10.0
+    #: BROADCASTING offsets live in <dir>/<instance name or DEFAULT>/<group>/offsets.json
+    #: (RocketMQ: ~/.rocketmq_offsets).
+    offset_store_dir: str = "~/.sluice_offsets"
+    #: Check the body CRC of pulled records.
+    check_crc: bool = True
+    #: Timeout of offset, lock, consumer-list and send-back requests.
+    request_timeout: float = 3.0
+
+    def __post_init__(self) -> None:
+        try:
+            MessageModel(self.message_model)
+        except ValueError:
+            raise InvalidParameterError(
+                f"message_model must be CLUSTERING or BROADCASTING, got {self.message_model!r}") from None
+        try:
+            ConsumeFromWhere(self.consume_from_where)
+        except ValueError:
+            raise InvalidParameterError(
+                f"consume_from_where must be one of {', '.join(c.value for c in ConsumeFromWhere)}, "
+                f"got {self.consume_from_where!r}") from None
+        parse_consume_timestamp(self.consume_timestamp)
+        for name in ("consume_thread_max", "pull_batch_size", "pull_threshold_for_queue",
+                     "pull_threshold_size_for_queue", "consume_concurrently_max_span"):
+            if getattr(self, name) < 1:
+                raise InvalidParameterError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 1 <= self.consume_message_batch_max_size <= 1024:
+            raise InvalidParameterError("consume_message_batch_max_size must be 1..1024")
+        if self.pull_batch_size > 1024:
+            raise InvalidParameterError("pull_batch_size must be <= 1024")
+        if self.max_reconsume_times < -1:
+            raise InvalidParameterError("max_reconsume_times must be -1 (default) or >= 0")
+        if self.broker_suspend_max >= self.consumer_timeout_when_suspend:
+            raise InvalidParameterError("broker_suspend_max must be below consumer_timeout_when_suspend")
+        if self.rebalance_interval < 1.0:
+            raise InvalidParameterError("rebalance_interval must be >= 1 s (RocketMQ's minimum)")
+        if not callable(self.allocate_strategy):
+            from sluice.client.allocate import STRATEGIES
+            if self.allocate_strategy not in STRATEGIES:
+                raise InvalidParameterError(f"allocate_strategy must be one of {', '.join(STRATEGIES)} or a "
+                                            f"callable, got {self.allocate_strategy!r}")
+
+    @property
+    def model(self) -> MessageModel:
+        return MessageModel(self.message_model)
+
+    @property
+    def from_where(self) -> ConsumeFromWhere:
+        return ConsumeFromWhere(self.consume_from_where)
+
+    def effective_max_reconsume(self, orderly: bool) -> int:
+        """getMaxReconsumeTimes: -1 is 16 for concurrent consumers and unlimited for orderly ones."""
+        if self.max_reconsume_times >= 0:
+            return self.max_reconsume_times
+        return 2**31 - 1 if orderly else 16

@@ -1,0 +1,392 @@
+"""The push consumer (DefaultMQPushConsumer): subscribe, register a listener, start; Sluice pulls for you.
+
+::
+
+    def on_messages(msgs):
+        for m in msgs:
+            handle(m)
+        return ConsumeResult.SUCCESS          # or ConsumeResult.RECONSUME_LATER
+
+    c = PushConsumer("orders-app", namesrv="127.0.0.1:9876", consume_from_where="CONSUME_FROM_FIRST_OFFSET")
+    c.subscribe("Orders", "TagA || TagB")     # or MessageSelector.by_sql("amount > 100")
+    c.register_listener(on_messages)          # register_listener(fn, orderly=True) for per-queue order
+    c.start()
+    ...
+    c.shutdown()
+
+Parts: :class:`Rebalancer` decides the queues (rebalance.py); one pull task
+per owned queue long-polls the broker (here), with flow control; a consume
+service runs the listener on a thread pool (consume_service.py); an offset
+store keeps progress (offset_store.py). In CLUSTERING the group's
+``%RETRY%<group>`` topic is subscribed too, and a retried message reaches the
+listener with its original topic restored.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from sluice.client.consume_service import ConcurrentConsumeService, Listener, OrderlyConsumeService
+from sluice.client.consume_types import MessageModel, PushConsumerOptions, parse_consume_timestamp
+from sluice.client.facade import _SLACK, _Facade
+from sluice.client.instance import ClientInstance
+from sluice.client.offset_store import LocalFileOffsetStore, OffsetStore, RemoteBrokerOffsetStore
+from sluice.client.options import split_options
+from sluice.client.process_queue import ProcessQueue
+from sluice.client.pull_consumer import FLAG_COMMIT_OFFSET, FLAG_SUBSCRIPTION, FLAG_SUSPEND, process_pull_response
+from sluice.client.rebalance import RETRY_PREFIX, RebalanceService, Rebalancer
+from sluice.client.results import MessageQueue, PullResult, PullStatus
+from sluice.client.selector import MessageSelector, as_selector
+from sluice.errors import ClientError, InvalidParameterError, SluiceError
+from sluice.message import MessageExt
+from sluice.protocol import headers as H
+from sluice.protocol import properties as P
+from sluice.protocol.bodies import ConsumerData
+from sluice.protocol.codes import RequestCode
+from sluice.protocol.command import RemotingCommand
+from sluice.protocol.record import check_topic
+
+__all__ = ["AsyncPushConsumer", "PushConsumer"]
+
+log = logging.getLogger(__name__)
+
+#: Flow control: how long a queue over its thresholds waits before looking again (RocketMQ: 50 ms).
+FLOW_CONTROL_DELAY_S = 0.05
+MIB = 1024 * 1024
+
+
+class AsyncPushConsumer:
+    """The asyncio push consumer; :class:`PushConsumer` runs it on a background loop thread.
+
+    Options (keywords): :class:`sluice.client.consume_types.PushConsumerOptions` and
+    :class:`sluice.client.instance.ClientConfig` (e.g. ``persist_offset_interval``, ``instance_name``).
+    """
+
+    def __init__(self, group: str, namesrv: str | Iterable[str], **options: Any) -> None:
+        if not group:
+            raise InvalidParameterError("a consumer needs a group name")
+        check_topic(RETRY_PREFIX + group)  # the group name becomes part of topic names
+        self.group = group
+        self.namesrv = namesrv if isinstance(namesrv, str) else list(namesrv)
+        self.options, self.client_config = split_options(PushConsumerOptions, options)
+        self.consume_timestamp_ms = parse_consume_timestamp(self.options.consume_timestamp)
+        self._subs: dict[str, tuple[MessageSelector, int]] = {}
+        self.listener: Listener | None = None
+        self.orderly = False
+        self._instance: ClientInstance | None = None
+        self.rebalancer = Rebalancer(self)
+        self.offset_store: OffsetStore = RemoteBrokerOffsetStore(self._query_offset, self._commit_offset)
+        self.service: ConcurrentConsumeService | OrderlyConsumeService | None = None
+        self._pull_tasks: dict[MessageQueue, asyncio.Task[None]] = {}
+        self._lock_task: asyncio.Task[None] | None = None
+        self._running = False
+        #: Times a queue waited because its cache was over a threshold (flow control).
+        self.flow_control_times = 0
+
+    # ------------------------------------------------------------------------------ configuration
+
+    def subscribe(self, topic: str, selector: MessageSelector | str | None = "*") -> None:
+        """Consume ``topic``'s messages matching ``selector`` (a MessageSelector or a tag expression)."""
+        check_topic(topic)
+        if topic.startswith(RETRY_PREFIX):
+            raise InvalidParameterError("retry topics are subscribed automatically; subscribe the original topic")
+        sel = as_selector(selector)
+        old = self._subs.get(topic)
+        if old is None or old[0] != sel:
+            self._subs[topic] = (sel, int(time.time() * 1000))
+        if self._instance is not None:
+            self._spawn_housekeeping(self._instance.send_heartbeat_to_all())
+            RebalanceService.of(self._instance).wakeup()
+
+    def unsubscribe(self, topic: str) -> None:
+        self._subs.pop(topic, None)
+        if self._instance is not None:
+            RebalanceService.of(self._instance).wakeup()
+
+    def register_listener(self, listener: Listener, *, orderly: bool = False) -> None:
+        """``listener(messages) -> ConsumeResult`` (concurrent) or, with ``orderly=True``, a listener called
+        for one queue at a time, in offset order, returning ConsumeOrderlyResult (or ConsumeResult)."""
+        if not callable(listener):
+            raise InvalidParameterError("the listener must be callable")
+        if self._running:
+            raise ClientError("register the listener before start()")
+        self.listener = listener
+        self.orderly = orderly
+
+    def topics(self) -> list[str]:
+        """Every topic rebalanced: the subscriptions, and the group's retry topic in CLUSTERING."""
+        out = sorted(self._subs)
+        if self.options.model is MessageModel.CLUSTERING and out:
+            out.append(RETRY_PREFIX + self.group)
+        return out
+
+    def _selector(self, topic: str) -> tuple[MessageSelector, int]:
+        got = self._subs.get(topic)
+        if got is None:  # the retry topic: everything; the broker applies the original topic's filter
+            return MessageSelector.by_tag("*"), 0
+        return got
+
+    # ------------------------------------------------------------------------------ lifecycle
+
+    @property
+    def instance(self) -> ClientInstance:
+        if self._instance is None:
+            raise ClientError(f"push consumer {self.group!r} is not started")
+        return self._instance
+
+    async def start(self) -> None:
+        if self._instance is not None:
+            raise ClientError(f"push consumer {self.group!r} is already started")
+        if self.listener is None:
+            raise ClientError("register a message listener before start()")
+        if not self._subs:
+            raise ClientError("subscribe to at least one topic before start()")
+        inst = await ClientInstance.acquire(self.namesrv, self.client_config)
+        try:
+            inst.register_consumer(self.group, self)
+        except SluiceError:
+            await inst.release()
+            raise
+        self._instance = inst
+        if self.options.model is MessageModel.BROADCASTING:
+            name = self.client_config.instance_name or "DEFAULT"
+            root = Path(self.options.offset_store_dir).expanduser()
+            self.offset_store = LocalFileOffsetStore(root / name / self.group / "offsets.json")
+        await self.offset_store.load()
+        self.service = (OrderlyConsumeService if self.orderly else ConcurrentConsumeService)(self, self.listener)
+        self._running = True
+        for topic in self._subs:
+            try:
+                await inst.topic_route(topic, refresh=True)
+            except SluiceError as exc:
+                log.warning("no route for %s yet (%s); the rebalance will look again", topic, exc)
+        await inst.send_heartbeat_to_all()
+        RebalanceService.of(inst).attach(self)
+        if self.orderly and self.options.model is MessageModel.CLUSTERING:
+            self._lock_task = asyncio.get_running_loop().create_task(self._renew_locks(), name="sluice-lock-renew")
+
+    async def shutdown(self) -> None:
+        """Stop pulling, let listener calls in flight finish (``await_termination``), commit, unlock,
+        leave the group (the broker tells the others to rebalance)."""
+        inst = self._instance
+        if inst is None:
+            return
+        self._running = False
+        try:
+            await RebalanceService.of(inst).detach(self)
+            tasks = [t for t in (self._lock_task, *self._pull_tasks.values()) if t is not None]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if self.service is not None:
+                self.service.stopping = True
+                for pq in self.rebalancer.process_queues.values():
+                    pq.arrived.set()  # orderly queue tasks waiting for messages see the stop
+                await self.service.shutdown(self.options.await_termination)
+            await self.offset_store.persist_all(list(self.rebalancer.process_queues))
+            if self.orderly and self.options.model is MessageModel.CLUSTERING:
+                await self.rebalancer.unlock_all()
+            for pq in self.rebalancer.process_queues.values():
+                pq.dropped = True
+        finally:
+            self._instance = None
+            await inst.unregister(consumer_group=self.group)
+            await inst.release()
+
+    async def __aenter__(self) -> AsyncPushConsumer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.shutdown()
+
+    def _spawn_housekeeping(self, coro: Any) -> None:
+        async def quietly() -> None:
+            try:
+                await coro
+            except SluiceError as exc:
+                log.info("consumer housekeeping failed: %s", exc)
+        asyncio.get_running_loop().create_task(quietly())
+
+    # ------------------------------------------------------------------------------ ConsumerInner
+
+    def consumer_data(self) -> ConsumerData:
+        subs = [sel.subscription_data(topic, version) for topic, (sel, version) in sorted(self._subs.items())]
+        if self.options.model is MessageModel.CLUSTERING and subs:
+            subs.append(MessageSelector.by_tag("*").subscription_data(RETRY_PREFIX + self.group, 0))
+        return ConsumerData(group_name=self.group, consume_type="CONSUME_PASSIVELY",
+                            message_model=self.options.message_model,
+                            consume_from_where=self.options.consume_from_where, subscription_data_set=subs)
+
+    async def persist_offsets(self) -> None:
+        await self.offset_store.persist_all(list(self.rebalancer.process_queues))
+
+    async def do_rebalance(self) -> bool:
+        if not self._running:
+            return True
+        return await self.rebalancer.do_rebalance()
+
+    async def _renew_locks(self) -> None:
+        while True:
+            await asyncio.sleep(self.options.lock_renew_interval)
+            try:
+                await self.rebalancer.lock_all()
+            except SluiceError as exc:
+                log.warning("renewing queue locks of %s failed: %s", self.group, exc)
+
+    # ------------------------------------------------------------------------------ offsets on the broker
+
+    async def _query_offset(self, mq: MessageQueue) -> int:
+        addr = await self.instance.broker_addr_for(mq.topic, mq.broker_name)
+        return await self.instance.api.query_consumer_offset(addr, self.group, mq, self.options.request_timeout)
+
+    async def _commit_offset(self, mq: MessageQueue, offset: int) -> None:
+        addr = await self.instance.broker_addr_for(mq.topic, mq.broker_name)
+        await self.instance.api.update_consumer_offset(addr, self.group, mq, offset, self.options.request_timeout)
+
+    # ------------------------------------------------------------------------------ pulling
+
+    def start_pulling(self, mq: MessageQueue, pq: ProcessQueue, offset: int) -> None:
+        old = self._pull_tasks.get(mq)
+        if old is not None and not old.done():
+            old.cancel()
+        task = asyncio.get_running_loop().create_task(self._pull_loop(mq, pq, offset), name=f"sluice-pull-{mq}")
+        self._pull_tasks[mq] = task
+        task.add_done_callback(lambda t, mq=mq: self._pull_tasks.pop(mq) if self._pull_tasks.get(mq) is t else None)
+        if isinstance(self.service, OrderlyConsumeService):
+            self.service.start_queue(mq, pq)
+
+    def _flow_controlled(self, pq: ProcessQueue) -> bool:
+        o = self.options
+        if pq.msg_count > o.pull_threshold_for_queue or pq.msg_size > o.pull_threshold_size_for_queue * MIB:
+            return True
+        return not self.orderly and pq.max_span > o.consume_concurrently_max_span
+
+    async def _pull_loop(self, mq: MessageQueue, pq: ProcessQueue, offset: int) -> None:
+        o = self.options
+        assert self.service is not None
+        while self._running and not pq.dropped:
+            if self._flow_controlled(pq):
+                self.flow_control_times += 1
+                await asyncio.sleep(FLOW_CONTROL_DELAY_S)
+                continue
+            try:
+                result = await self._pull_once(mq, offset)
+            except SluiceError as exc:
+                log.warning("pull of %s at offset %d failed: %s", mq, offset, exc)
+                await asyncio.sleep(o.pull_time_delay_when_exception)
+                continue
+            if pq.dropped:
+                break
+            pq.last_pull_time = time.monotonic()
+            status, nxt = result.status, result.next_begin_offset
+            if status is PullStatus.FOUND and result.msg_found_list:
+                offset = nxt
+                fresh = pq.put(self._restore_topics(result.msg_found_list))
+                if fresh:
+                    self.service.submit(mq, pq, fresh)
+            elif status is PullStatus.OFFSET_ILLEGAL:
+                log.warning("group %s: offset %d of %s is out of range [%d, %d]; moving to %d", self.group,
+                            offset, mq, result.min_offset, result.max_offset, nxt)
+                offset = nxt
+                self.offset_store.update(mq, nxt)
+                await self.offset_store.persist(mq)
+            else:
+                offset = nxt
+                if pq.msg_count == 0:  # correctTagsOffset: nothing cached, so progress is the pull position
+                    self.offset_store.update(mq, nxt, increase_only=True)
+            if o.pull_interval > 0:
+                await asyncio.sleep(o.pull_interval)
+
+    async def _pull_once(self, mq: MessageQueue, offset: int) -> PullResult:
+        o = self.options
+        inst = self.instance
+        sel, version = self._selector(mq.topic)
+        flags = FLAG_SUSPEND | FLAG_SUBSCRIPTION
+        commit = 0
+        if o.model is MessageModel.CLUSTERING:
+            commit = self.offset_store.read_memory(mq)
+            if commit > 0:
+                flags |= FLAG_COMMIT_OFFSET
+        header = H.PullMessageRequestHeader(
+            consumer_group=self.group, topic=mq.topic, queue_id=mq.queue_id, queue_offset=offset,
+            max_msg_nums=o.pull_batch_size, sys_flag=flags, commit_offset=max(commit, 0),
+            suspend_timeout_millis=int(o.broker_suspend_max * 1000), subscription=sel.expression,
+            sub_version=version, expression_type=sel.expression_type)
+        addr = await inst.broker_addr_for(mq.topic, mq.broker_name, master_only=False)
+        request = RemotingCommand.request(RequestCode.PULL_MESSAGE, header.to_ext())
+        response = await inst.remoting.invoke(addr, request, o.consumer_timeout_when_suspend)
+        return process_pull_response(response, sel, check_crc=o.check_crc)
+
+    def _restore_topics(self, msgs: list[MessageExt]) -> list[MessageExt]:
+        """resetRetryAndNamespace: a retried message shows its original topic to the listener."""
+        retry = RETRY_PREFIX + self.group
+        for m in msgs:
+            if m.topic == retry:
+                original = m.properties.get(P.RETRY_TOPIC)
+                if original:
+                    m.topic = original
+        return msgs
+
+    # ------------------------------------------------------------------------------ introspection
+
+    def owned_queues(self) -> list[MessageQueue]:
+        return sorted(self.rebalancer.process_queues, key=lambda q: (q.topic, q.broker_name, q.queue_id))
+
+
+class PushConsumer(_Facade):
+    """The blocking push consumer: the listener runs on the consumer's thread pool; the rest on the
+    shared client loop thread. See :class:`AsyncPushConsumer` for the options."""
+
+    def __init__(self, group: str, namesrv: str | Iterable[str], **options: Any) -> None:
+        super().__init__()
+        self._impl: AsyncPushConsumer = AsyncPushConsumer(group, namesrv, **options)  # type: ignore[assignment]
+
+    @property
+    def group(self) -> str:
+        return self._impl.group
+
+    @property
+    def async_consumer(self) -> AsyncPushConsumer:
+        return self._impl
+
+    def subscribe(self, topic: str, selector: MessageSelector | str | None = "*") -> None:
+        if self._loop is None:
+            self._impl.subscribe(topic, selector)
+            return
+
+        async def on_loop() -> None:
+            self._impl.subscribe(topic, selector)
+        self._run(on_loop(), self._impl.options.request_timeout)
+
+    def unsubscribe(self, topic: str) -> None:
+        if self._loop is None:
+            self._impl.unsubscribe(topic)
+            return
+
+        async def on_loop() -> None:
+            self._impl.unsubscribe(topic)
+        self._run(on_loop(), self._impl.options.request_timeout)
+
+    def register_listener(self, listener: Listener, *, orderly: bool = False) -> None:
+        self._impl.register_listener(listener, orderly=orderly)
+
+    def shutdown(self) -> None:
+        if self._loop is None:
+            return
+        o = self._impl.options
+        try:
+            self._run(self._impl.shutdown(), o.await_termination + 4 * o.request_timeout + _SLACK)
+        finally:
+            from sluice.client.facade import _release_loop
+            self._loop = None
+            _release_loop()
+
+    def owned_queues(self) -> list[MessageQueue]:
+        async def on_loop() -> list[MessageQueue]:
+            return self._impl.owned_queues()
+        return self._run(on_loop(), self._impl.options.request_timeout)

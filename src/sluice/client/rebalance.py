@@ -1,0 +1,322 @@
+"""Rebalance: which queues a push consumer owns, and the service that re-decides it (RebalanceImpl,
+RebalanceService).
+
+Every ``rebalance_interval`` (20 s), and at once when a broker sends
+NOTIFY_CONSUMER_IDS_CHANGED, each push consumer of a client instance reads
+its topics' queues (routes) and, in CLUSTERING, the group's members from a
+broker; both lists are sorted and the allocation strategy picks this member's
+share. A queue no longer ours is dropped (pulling stops), its in-flight
+listener calls get a short grace, its offset is committed, and — orderly —
+its broker lock is released; a queue newly ours starts at the committed
+offset, or where consume_from_where says when the group has none (that start
+is committed at once, so a member dying before its first commit cannot make
+the group skip messages). Orderly consumers take a queue only with its broker
+lock, and re-run the rebalance after a second when a lock was refused.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from sluice.client.allocate import STRATEGIES
+from sluice.client.consume_types import ConsumeFromWhere, MessageModel
+from sluice.client.process_queue import ProcessQueue
+from sluice.client.push_api import consumer_id_list, lock_batch, unlock_batch
+from sluice.client.results import MessageQueue, queue_sort_key
+from sluice.client.routing import subscribe_queues
+from sluice.errors import SluiceError
+from sluice.protocol.codes import RequestCode
+from sluice.protocol.command import RemotingCommand
+from sluice.protocol.connection import RemotingConnection
+
+if TYPE_CHECKING:
+    from sluice.client.instance import ClientInstance
+    from sluice.client.push_consumer import AsyncPushConsumer
+
+__all__ = ["RebalanceService", "Rebalancer", "resolve_strategy"]
+
+log = logging.getLogger(__name__)
+
+RETRY_PREFIX = "%RETRY%"
+#: A released queue waits this long for its in-flight listener calls before committing (fewer duplicates).
+RELEASE_GRACE_S = 1.0
+#: After a refused orderly lock (the previous owner has not let go yet), rebalance again this soon.
+REBALANCE_LATER_S = 1.0
+
+
+def resolve_strategy(strategy: str | Callable[..., Any]) -> Callable[[str, Sequence[MessageQueue], Sequence[str]],
+                                                                     list[MessageQueue]]:
+    return strategy if callable(strategy) else STRATEGIES[strategy]
+
+
+class Rebalancer:
+    """The queue table of one push consumer and the rules to change it."""
+
+    def __init__(self, consumer: AsyncPushConsumer) -> None:
+        self.consumer = consumer
+        self.process_queues: dict[MessageQueue, ProcessQueue] = {}
+        self.strategy = resolve_strategy(consumer.options.allocate_strategy)
+        self._lock = asyncio.Lock()
+
+    @property
+    def _inst(self) -> ClientInstance:
+        return self.consumer.instance
+
+    async def do_rebalance(self) -> bool:
+        """One pass over every subscribed topic; False when an orderly lock was refused (try again soon)."""
+        async with self._lock:
+            ok = True
+            topics = self.consumer.topics()
+            for topic in topics:
+                try:
+                    ok &= await self._rebalance_topic(topic)
+                except SluiceError as exc:
+                    log.warning("rebalance of %s for group %s failed: %s", topic, self.consumer.group, exc)
+            for mq in [mq for mq in self.process_queues if mq.topic not in topics]:
+                await self._release(mq, self.process_queues[mq])
+            return ok
+
+    async def _rebalance_topic(self, topic: str) -> bool:
+        route = await self._inst.topic_route(topic)
+        queues = sorted(subscribe_queues(topic, route), key=queue_sort_key)
+        if self.consumer.options.model is MessageModel.BROADCASTING:
+            return await self._update(topic, set(queues))
+        cids = await self._consumer_ids(topic)
+        if not queues or not cids:
+            log.debug("rebalance %s/%s: %d queues, %d members", self.consumer.group, topic, len(queues), len(cids))
+            return True
+        mine = self.strategy(self._inst.client_id, queues, sorted(cids))
+        return await self._update(topic, set(mine))
+
+    async def _consumer_ids(self, topic: str) -> list[str]:
+        route = await self._inst.topic_route(topic)
+        addrs = [a for a in (bd.select_broker_addr() for bd in sorted(route.broker_datas,
+                                                                      key=lambda b: b.broker_name)) if a]
+        last: SluiceError | None = None
+        for addr in addrs:
+            try:
+                return await consumer_id_list(self._inst.api, addr, self.consumer.group,
+                                              self.consumer.options.request_timeout)
+            except SluiceError as exc:
+                last = exc
+        if last is not None:
+            raise last
+        return []
+
+    async def _update(self, topic: str, allocated: set[MessageQueue]) -> bool:
+        """updateProcessQueueTableInRebalance."""
+        for mq, pq in list(self.process_queues.items()):
+            # A queue dropped earlier but still here (its release was busy) is released first, even
+            # when it is ours again: it then starts afresh from the committed offset.
+            if mq.topic == topic and (mq not in allocated or pq.dropped):
+                await self._release(mq, pq)
+        all_locked = True
+        c = self.consumer
+        for mq in sorted(allocated - set(self.process_queues), key=queue_sort_key):
+            if c.orderly and c.options.model is MessageModel.CLUSTERING and not await self._lock_one(mq):
+                log.info("group %s: queue %s is still locked by another member; retrying soon", c.group, mq)
+                all_locked = False
+                continue
+            c.offset_store.remove(mq)
+            try:
+                offset = await self.compute_pull_from_where(mq)
+            except SluiceError as exc:
+                log.warning("group %s: no start offset for %s (%s); not taking it this round", c.group, mq, exc)
+                await self._unlock_quietly(mq)
+                continue
+            pq = ProcessQueue()
+            pq.locked = True
+            pq.last_lock_time = time.monotonic()
+            self.process_queues[mq] = pq
+            log.info("group %s takes %s from offset %d", c.group, mq, offset)
+            c.start_pulling(mq, pq, offset)
+        return all_locked
+
+    async def _release(self, mq: MessageQueue, pq: ProcessQueue) -> None:
+        """removeUnnecessaryMessageQueue: stop pulling, let in-flight work finish briefly, commit, unlock."""
+        c = self.consumer
+        pq.dropped = True
+        pq.arrived.set()  # wakes an orderly consume task so it sees the drop
+        orderly_locked = c.orderly and c.options.model is MessageModel.CLUSTERING
+        if orderly_locked:
+            try:
+                # The batch with the listener finishes (and commits) before the lock is given up.
+                await asyncio.wait_for(pq.consume_lock.acquire(), RELEASE_GRACE_S)
+            except TimeoutError:
+                log.info("group %s: %s is busy; releasing it at the next rebalance", c.group, mq)
+                self._inst_later()
+                return
+        else:
+            deadline = time.monotonic() + RELEASE_GRACE_S
+            while pq.busy and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+        try:
+            await c.offset_store.persist(mq)
+            c.offset_store.remove(mq)
+            self.process_queues.pop(mq, None)
+            pq.clear()
+            if orderly_locked:
+                await self._unlock_quietly(mq)
+            log.info("group %s released %s", c.group, mq)
+        finally:
+            if orderly_locked:
+                pq.consume_lock.release()
+
+    def _inst_later(self) -> None:
+        RebalanceService.of(self._inst).wakeup_later(REBALANCE_LATER_S)
+
+    async def compute_pull_from_where(self, mq: MessageQueue) -> int:
+        """The committed offset, else consume_from_where, exactly (RebalancePushImpl.computePullFromWhere
+        without its fall-backs to 0). Retry topics start at 0: every retry of the group is wanted."""
+        c = self.consumer
+        committed = await c.offset_store.read_store(mq)
+        if committed >= 0:
+            return committed
+        if mq.topic.startswith(RETRY_PREFIX):
+            offset = 0
+        else:
+            where = c.options.from_where
+            api, rt = self._inst.api, c.options.request_timeout
+            addr = await self._inst.broker_addr_for(mq.topic, mq.broker_name, master_only=False)
+            if where is ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET:
+                offset = await api.max_offset(addr, mq, rt)
+            elif where is ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET:
+                offset = await api.min_offset(addr, mq, rt)
+            else:
+                offset = await api.search_offset(addr, mq, c.consume_timestamp_ms, rt)
+        c.offset_store.update(mq, offset)
+        await c.offset_store.persist(mq)
+        return offset
+
+    # ------------------------------------------------------------------------------ orderly locks
+
+    async def _lock_one(self, mq: MessageQueue) -> bool:
+        c = self.consumer
+        try:
+            addr = await self._inst.broker_addr_for(mq.topic, mq.broker_name)
+            got = await lock_batch(self._inst.api, addr, c.group, self._inst.client_id, [mq],
+                                   c.options.request_timeout)
+        except SluiceError as exc:
+            log.warning("locking %s failed: %s", mq, exc)
+            return False
+        return mq in got
+
+    async def _unlock_quietly(self, mq: MessageQueue) -> None:
+        c = self.consumer
+        if not (c.orderly and c.options.model is MessageModel.CLUSTERING):
+            return
+        try:
+            addr = await self._inst.broker_addr_for(mq.topic, mq.broker_name)
+            await unlock_batch(self._inst.api, addr, c.group, self._inst.client_id, [mq], c.options.request_timeout)
+        except SluiceError as exc:
+            log.info("unlocking %s failed (the broker expires it): %s", mq, exc)
+
+    async def lock_all(self) -> None:
+        """Renew the locks of every owned queue, per broker (RebalanceImpl.lockAll)."""
+        c = self.consumer
+        by_broker: dict[str, list[MessageQueue]] = {}
+        for mq in self.process_queues:
+            by_broker.setdefault(mq.broker_name, []).append(mq)
+        for broker, mqs in by_broker.items():
+            try:
+                addr = await self._inst.broker_addr_for(mqs[0].topic, broker)
+                got = await lock_batch(self._inst.api, addr, c.group, self._inst.client_id, mqs,
+                                       c.options.request_timeout)
+            except SluiceError as exc:
+                log.warning("renewing locks on %s failed: %s", broker, exc)
+                continue
+            now = time.monotonic()
+            for mq in mqs:
+                pq = self.process_queues.get(mq)
+                if pq is None:
+                    continue
+                pq.locked = mq in got
+                if pq.locked:
+                    pq.last_lock_time = now
+                else:
+                    log.warning("group %s lost the lock of %s", c.group, mq)
+
+    async def unlock_all(self) -> None:
+        c = self.consumer
+        by_broker: dict[str, list[MessageQueue]] = {}
+        for mq in self.process_queues:
+            by_broker.setdefault(mq.broker_name, []).append(mq)
+        for broker, mqs in by_broker.items():
+            try:
+                addr = await self._inst.broker_addr_for(mqs[0].topic, broker)
+                await unlock_batch(self._inst.api, addr, c.group, self._inst.client_id, mqs,
+                                   c.options.request_timeout)
+            except SluiceError as exc:
+                log.info("unlocking queues on %s failed (the broker expires them): %s", broker, exc)
+
+
+class RebalanceService:
+    """One per client instance: runs every push consumer's rebalance on a timer and on notification."""
+
+    _services: weakref.WeakKeyDictionary[ClientInstance, RebalanceService] = weakref.WeakKeyDictionary()
+
+    def __init__(self, inst: ClientInstance) -> None:
+        self.inst = inst
+        self.consumers: dict[str, AsyncPushConsumer] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._later: asyncio.TimerHandle | None = None
+        inst.remoting.register(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, self._on_notify)
+
+    @classmethod
+    def of(cls, inst: ClientInstance) -> RebalanceService:
+        svc = cls._services.get(inst)
+        if svc is None:
+            svc = cls._services[inst] = cls(inst)
+        return svc
+
+    def attach(self, consumer: AsyncPushConsumer) -> None:
+        self.consumers[consumer.group] = consumer
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="sluice-rebalance")
+        self.wakeup()
+
+    async def detach(self, consumer: AsyncPushConsumer) -> None:
+        if self.consumers.get(consumer.group) is consumer:
+            del self.consumers[consumer.group]
+        if not self.consumers and self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+            if self._later is not None:
+                self._later.cancel()
+
+    def wakeup(self) -> None:
+        self._wake.set()
+
+    def wakeup_later(self, delay: float) -> None:
+        if self._later is None or self._later.cancelled() or self._later.when() <= asyncio.get_running_loop().time():
+            self._later = asyncio.get_running_loop().call_later(delay, self.wakeup)
+
+    async def _on_notify(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand | None:
+        group = request.ext_fields.get("consumerGroup", "")
+        log.info("broker %s says the members of group %s changed; rebalancing", conn.peer, group)
+        if group in self.consumers or not group:
+            self.wakeup()
+        return None
+
+    async def _run(self) -> None:
+        while self.consumers:
+            interval = min(c.options.rebalance_interval for c in self.consumers.values())
+            try:
+                await asyncio.wait_for(self._wake.wait(), interval)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            for consumer in list(self.consumers.values()):
+                try:
+                    if not await consumer.do_rebalance():
+                        self.wakeup_later(REBALANCE_LATER_S)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # one consumer's failure must not stop the others' rebalances
+                    log.exception("rebalance of group %s failed", consumer.group)

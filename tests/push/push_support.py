@@ -1,0 +1,155 @@
+"""Helpers for the push-consumer tests: real `sluice namesrv` / `sluice broker` subprocesses.
+
+A uniquely named module (not conftest.py, whose name other test folders share); tests/push/conftest.py
+re-exports the fixtures.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from servers import SluiceProcess
+
+from sluice.errors import SluiceError
+from sluice.namesrv.client import SyncNamesrvClient
+
+#: Shrunk delay levels for the tests: level 3 (the first retry) is 0.3 s, level 4 0.4 s, ...
+FAST_LEVELS = "100ms 200ms 300ms 400ms 500ms 600ms 700ms 800ms 900ms 1s 1s 1s 1s 1s 1s 1s 1s 1s"
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).with_name("consumer_worker.py")
+
+_names = itertools.count()
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}{os.getpid()}x{next(_names)}"
+
+
+def wait_for(pred: Callable[[], object], timeout: float = 15.0, what: str = "condition",
+             interval: float = 0.05) -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not met within {timeout:g} s")
+        time.sleep(interval)
+
+
+def wait_for_route(namesrv: str, topic: str, timeout: float = 15.0) -> None:
+    with SyncNamesrvClient(namesrv) as ns:
+        def ready() -> bool:
+            try:
+                return len(ns.get_route(topic).broker_datas) >= 1
+            except SluiceError:
+                return False
+        wait_for(ready, timeout, f"route of {topic}")
+
+
+@dataclass
+class Cluster:
+    tmp: Path
+    namesrv: SluiceProcess
+    broker: SluiceProcess
+    broker_args: list[str] = field(default_factory=list)
+
+    @property
+    def ns(self) -> str:
+        return self.namesrv.addr
+
+    def restart_broker(self, *, kill: bool = False) -> None:
+        """Stop (SIGTERM, or SIGKILL with ``kill``) and start the broker again on the same port and store."""
+        port = self.broker.port
+        if kill:
+            self.broker.kill()
+        else:
+            self.broker.stop()
+        self.broker = SluiceProcess.start(self.broker_args, self.tmp, name="broker-restarted", port=port)
+
+
+def start_cluster(tmp: Path, *, delay_levels: str = FAST_LEVELS, max_reconsume_times: int = 16) -> Cluster:
+    conf = tmp / "broker.toml"
+    conf.write_text(f'message_delay_level = "{delay_levels}"\nmax_reconsume_times = {max_reconsume_times}\n'
+                    "default_topic_queue_nums = 8\n")
+    ns = SluiceProcess.start(["namesrv"], tmp, name="namesrv")
+    args = ["broker", "--namesrv", ns.addr, "--store", str(tmp / "store"), "--config", str(conf)]
+    try:
+        broker = SluiceProcess.start(args, tmp, name="broker")
+    except BaseException:
+        ns.stop()
+        raise
+    c = Cluster(tmp, ns, broker, args)
+    wait_for_route(ns.addr, "TBW102")
+    return c
+
+
+def stop_cluster(c: Cluster) -> None:
+    c.broker.stop()
+    c.namesrv.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """One namesrv and one broker (shrunk delay levels) shared by a module; each test uses its own names."""
+    c = start_cluster(tmp_path_factory.mktemp("push"))
+    try:
+        yield c
+    finally:
+        stop_cluster(c)
+
+
+@dataclass
+class Worker:
+    """A consumer_worker.py subprocess writing one line per consumed message to ``log``."""
+
+    proc: subprocess.Popen[bytes]
+    log: Path
+    name: str
+
+    def lines(self) -> list[list[str]]:
+        try:
+            text = self.log.read_text()
+        except FileNotFoundError:
+            return []
+        return [ln.split("\t") for ln in text.splitlines() if ln.count("\t") >= 3 and not ln.startswith("#")]
+
+    def ready(self) -> bool:
+        try:
+            return "#ready" in self.log.read_text()
+        except FileNotFoundError:
+            return False
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                return self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        return self.proc.wait(10)
+
+
+def start_worker(tmp: Path, name: str, namesrv: str, group: str, topic: str, *extra: str) -> Worker:
+    log = tmp / f"{name}.log"
+    err = open(tmp / f"{name}.stderr.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, str(WORKER), "--namesrv", namesrv, "--group", group, "--topic", topic, "--log", str(log),
+         "--name", name, *extra],
+        stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT / "src")})
+    err.close()
+    return Worker(proc, log, name)

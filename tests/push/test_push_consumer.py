@@ -1,0 +1,320 @@
+"""Push consumer against a real namesrv + broker (subprocesses): consumption, filters, start positions,
+offsets, orderly, broadcasting, retries and dead letters."""
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from push_support import Cluster, unique, wait_for
+
+from sluice import (
+    ConsumeOrderlyResult, ConsumeResult, Message, MessageExt, MessageSelector, Producer, PullConsumer, PushConsumer,
+    select_by_hash,
+)
+from sluice.client.results import MessageQueue
+from sluice.errors import ClientError, InvalidParameterError
+from sluice.protocol import properties as P
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+
+class Sink:
+    """A listener that records what it saw (thread-safe) and can fail chosen messages."""
+
+    def __init__(self, fail: frozenset[str] = frozenset(), result: object = ConsumeResult.SUCCESS) -> None:
+        self.lock = threading.Lock()
+        self.msgs: list[MessageExt] = []
+        self.fail = fail
+        self.result = result
+
+    def __call__(self, msgs: list[MessageExt]) -> object:
+        with self.lock:
+            self.msgs.extend(msgs)
+        if any(m.body.decode() in self.fail for m in msgs):
+            return ConsumeResult.RECONSUME_LATER
+        return self.result
+
+    def bodies(self) -> list[str]:
+        with self.lock:
+            return [m.body.decode() for m in self.msgs]
+
+
+def _producer(c: Cluster) -> Producer:
+    return Producer(unique("pg"), namesrv=c.ns, default_topic_queue_nums=8)
+
+
+def _create_topic(p: Producer, topic: str) -> None:
+    """Create the topic (8 queues) with one send; its route is then known to the namesrv."""
+    p.send(Message(topic, b"create"))
+    wait_for(lambda: len(p.fetch_publish_queues(topic)) == 8, 10, f"8 queues of {topic}")
+
+
+def test_api_refuses_misuse(cluster: Cluster) -> None:
+    with pytest.raises(InvalidParameterError):
+        PushConsumer("g", namesrv=cluster.ns, message_model="SOMETIMES")
+    with pytest.raises(InvalidParameterError):
+        PushConsumer("g", namesrv=cluster.ns, consume_from_where="CONSUME_FROM_NOWHERE")
+    with pytest.raises(InvalidParameterError):
+        PushConsumer("g", namesrv=cluster.ns, allocate_strategy="RANDOM")
+    with pytest.raises(InvalidParameterError):
+        PushConsumer("g", namesrv=cluster.ns, no_such_option=1)
+    c = PushConsumer("g", namesrv=cluster.ns)
+    with pytest.raises(ClientError):
+        c.start()  # no listener, no subscription
+    c.register_listener(Sink())
+    with pytest.raises(ClientError):
+        c.start()  # no subscription
+    with pytest.raises(InvalidParameterError):
+        c.subscribe("%RETRY%g")
+
+
+def test_consumes_everything_with_tag_filter_and_resumes_from_committed_offsets(cluster: Cluster) -> None:
+    topic, group = unique("PushT"), unique("cg")
+    with _producer(cluster) as p:
+        _create_topic(p, topic)
+        sink = Sink()
+        cons = PushConsumer(group, namesrv=cluster.ns, consume_from_where="CONSUME_FROM_LAST_OFFSET")
+        cons.subscribe(topic, "A || B")
+        cons.register_listener(sink)
+        cons.start()
+        try:
+            wait_for(lambda: len([q for q in cons.owned_queues() if q.topic == topic]) == 8, 10, "8 queues owned")
+            for i in range(120):
+                p.send(Message(topic, f"m{i}".encode(), tags="ABC"[i % 3]))
+            want = {f"m{i}" for i in range(120) if i % 3 != 2}
+            wait_for(lambda: set(sink.bodies()) >= want, 20, "tagged messages")
+            time.sleep(0.3)
+            assert Counter(sink.bodies()) == Counter(want)  # each once; C never; "create" predates the group
+            assert all(m.topic == topic and m.tags in ("A", "B") for m in sink.msgs)
+        finally:
+            cons.shutdown()
+        # Offsets were committed at shutdown: a new member of the group continues after them.
+        for i in range(120, 130):
+            p.send(Message(topic, f"m{i}".encode(), tags="A"))
+        sink2 = Sink()
+        cons2 = PushConsumer(group, namesrv=cluster.ns, consume_from_where="CONSUME_FROM_FIRST_OFFSET")
+        cons2.subscribe(topic, "A || B")
+        cons2.register_listener(sink2)
+        cons2.start()
+        try:
+            want2 = {f"m{i}" for i in range(120, 130)}
+            wait_for(lambda: set(sink2.bodies()) >= want2, 20, "messages sent while nobody consumed")
+            time.sleep(0.3)
+            assert Counter(sink2.bodies()) == Counter(want2)
+        finally:
+            cons2.shutdown()
+
+
+@pytest.mark.parametrize("where", ["CONSUME_FROM_FIRST_OFFSET", "CONSUME_FROM_LAST_OFFSET", "CONSUME_FROM_TIMESTAMP"])
+def test_new_group_starts_exactly_where_asked(cluster: Cluster, where: str) -> None:
+    topic, group = unique("StartT"), unique("cg")
+    with _producer(cluster) as p:
+        _create_topic(p, topic)
+        for i in range(16):
+            p.send(Message(topic, f"old{i}".encode()))
+        time.sleep(0.05)
+        cut = int(time.time() * 1000)
+        time.sleep(0.05)
+        for i in range(16):
+            p.send(Message(topic, f"mid{i}".encode()))
+        sink = Sink()
+        cons = PushConsumer(group, namesrv=cluster.ns, consume_from_where=where, consume_timestamp=cut)
+        cons.subscribe(topic)
+        cons.register_listener(sink)
+        cons.start()
+        try:
+            wait_for(lambda: len([q for q in cons.owned_queues() if q.topic == topic]) == 8, 10, "8 queues owned")
+            for i in range(16):
+                p.send(Message(topic, f"new{i}".encode()))
+            expected = {f"new{i}" for i in range(16)}
+            if where != "CONSUME_FROM_LAST_OFFSET":
+                expected |= {f"mid{i}" for i in range(16)}
+            if where == "CONSUME_FROM_FIRST_OFFSET":
+                expected |= {f"old{i}" for i in range(16)} | {"create"}
+            wait_for(lambda: set(sink.bodies()) >= expected, 20, f"messages for {where}")
+            time.sleep(0.3)
+            assert set(sink.bodies()) == expected
+        finally:
+            cons.shutdown()
+
+
+def test_retry_ladder_then_dead_letter_keeps_identity(cluster: Cluster) -> None:
+    topic, group = unique("RetryT"), unique("cg")
+    with _producer(cluster) as p:
+        _create_topic(p, topic)
+        sink = Sink(fail=frozenset({"bad"}))
+        cons = PushConsumer(group, namesrv=cluster.ns, max_reconsume_times=3)
+        cons.subscribe(topic)
+        cons.register_listener(sink)
+        cons.start()
+        try:
+            wait_for(lambda: len([q for q in cons.owned_queues() if q.topic == topic]) == 8, 10, "8 queues owned")
+            sent = p.send(Message(topic, b"bad", tags="T1", keys=["k-bad"], properties={"color": "red"}))
+            p.send(Message(topic, b"good"))
+            wait_for(lambda: sink.bodies().count("bad") >= 4, 30, "the original and 3 retries")
+            time.sleep(1.0)  # a 5th delivery would come within this (the shrunk levels are <= 1 s)
+            bad = [m for m in sink.msgs if m.body == b"bad"]
+            assert [m.reconsume_times for m in bad] == [0, 1, 2, 3]
+            assert sink.bodies().count("good") == 1
+            for m in bad:  # retries look like the original to the listener
+                assert m.topic == topic and m.msg_id == sent.msg_id and m.tags == "T1" and m.keys == ["k-bad"]
+                assert m.properties["color"] == "red"
+            times = [m.store_timestamp for m in bad]
+            # delay levels 3, 4, 5 are 0.3, 0.4, 0.5 s: each retry is stored no earlier than its delay
+            for gap, level_ms in zip([b - a for a, b in zip(times, times[1:])], [300, 400, 500]):
+                assert gap >= level_ms - 50, (times, gap, level_ms)
+        finally:
+            cons.shutdown()
+        # The dead letter is readable and still names the original topic and id.
+        with PullConsumer(unique("inspect"), namesrv=cluster.ns) as pc:
+            dlq = f"%DLQ%{group}"
+            [mq] = pc.fetch_message_queues(dlq)
+            res = pc.pull(mq, "*", 0, 32)
+            assert [m.body for m in res.msg_found_list] == [b"bad"]
+            dead = res.msg_found_list[0]
+            assert dead.msg_id == sent.msg_id and dead.keys == ["k-bad"] and dead.tags == "T1"
+            assert dead.properties[P.RETRY_TOPIC] == topic
+            assert dead.properties[P.DLQ_ORIGIN_TOPIC] == topic
+            assert dead.properties["color"] == "red"
+            assert dead.reconsume_times == 4
+
+
+@pytest.mark.parametrize("first,second,kind", [
+    ("a > 5", "a > 50", "SQL92"),
+    ("TagA || TagB", "TagB", "TAG"),
+])
+def test_retries_follow_the_groups_current_subscription(cluster: Cluster, first: str, second: str,
+                                                        kind: str) -> None:
+    """A retried message is filtered by the subscription of its original topic, like a first delivery."""
+    topic, group = unique("FiltT"), unique("cg")
+
+    def sel(expr: str) -> MessageSelector:
+        return MessageSelector.by_sql(expr) if kind == "SQL92" else MessageSelector.by_tag(expr)
+    with _producer(cluster) as p:
+        _create_topic(p, topic)
+        failing = Sink(fail=frozenset({"x", "y"}))
+        cons = PushConsumer(group, namesrv=cluster.ns)
+        cons.subscribe(topic, sel(first))
+        cons.register_listener(failing)
+        cons.start()
+        try:
+            wait_for(lambda: len([q for q in cons.owned_queues() if q.topic == topic]) == 8, 10, "8 queues owned")
+            p.send(Message(topic, b"x", tags="TagA", properties={"a": "10"}))
+            p.send(Message(topic, b"y", tags="TagB", properties={"a": "100"}))
+            wait_for(lambda: {"x", "y"} <= set(failing.bodies()), 20, "first deliveries")
+        finally:
+            cons.shutdown()  # the retries are stored while nobody of the group pulls
+        sink = Sink()
+        cons2 = PushConsumer(group, namesrv=cluster.ns)
+        cons2.subscribe(topic, sel(second))
+        cons2.register_listener(sink)
+        cons2.start()
+        try:
+            wait_for(lambda: "y" in sink.bodies(), 20, "the retry that still matches")
+            time.sleep(1.5)
+            assert sink.bodies().count("y") == 1 and "x" not in sink.bodies()
+            assert [m.reconsume_times for m in sink.msgs] == [1]
+        finally:
+            cons2.shutdown()
+
+
+def test_orderly_consumer_keeps_queue_order_and_retries_in_place(cluster: Cluster) -> None:
+    topic, group = unique("OrderT"), unique("cg")
+    seen: dict[int, list[int]] = {}
+    failed_once: set[str] = set()
+    lock = threading.Lock()
+
+    def listener(msgs: list[MessageExt]) -> ConsumeOrderlyResult:
+        m = msgs[0]
+        key, seq = m.body.decode().split(":")
+        with lock:
+            if int(seq) % 7 == 3 and m.body.decode() not in failed_once:
+                failed_once.add(m.body.decode())
+                return ConsumeOrderlyResult.SUSPEND_CURRENT_QUEUE_A_MOMENT
+            seen.setdefault(int(key), []).append(int(seq))
+        return ConsumeOrderlyResult.SUCCESS
+
+    with _producer(cluster) as p:
+        _create_topic(p, topic)
+        cons = PushConsumer(group, namesrv=cluster.ns, suspend_current_queue_time=0.05)
+        cons.subscribe(topic)
+        cons.register_listener(listener, orderly=True)
+        cons.start()
+        try:
+            wait_for(lambda: len([q for q in cons.owned_queues() if q.topic == topic]) == 8, 10, "8 queues owned")
+            for seq in range(30):
+                for key in range(4):
+                    p.send(Message(topic, f"{key}:{seq}".encode()), selector=select_by_hash, arg=str(key))
+            wait_for(lambda: sum(len(v) for v in seen.values()) >= 120, 30, "all ordered messages")
+            assert {k: v for k, v in seen.items()} == {k: list(range(30)) for k in range(4)}
+            assert len(failed_once) == 4 * 4  # seq 3, 10, 17, 24 of each key failed once, then passed
+        finally:
+            cons.shutdown()
+
+
+def test_orderly_gives_up_to_the_dlq_after_max_reconsume_times(cluster: Cluster) -> None:
+    topic, group = unique("OrderDlq"), unique("cg")
+    sink = Sink(fail=frozenset({"poison"}))
+    with _producer(cluster) as p:
+        _create_topic(p, topic)
+        q0 = MessageQueue(topic=topic, broker_name=p.fetch_publish_queues(topic)[0].broker_name, queue_id=0)
+        cons = PushConsumer(group, namesrv=cluster.ns, max_reconsume_times=2, suspend_current_queue_time=0.05)
+        cons.subscribe(topic)
+        cons.register_listener(sink, orderly=True)
+        cons.start()
+        try:
+            wait_for(lambda: len([q for q in cons.owned_queues() if q.topic == topic]) == 8, 10, "8 queues owned")
+            p.send(Message(topic, b"poison"), queue=q0)
+            p.send(Message(topic, b"after"), queue=q0)
+            wait_for(lambda: "after" in sink.bodies(), 20, "the queue to move past the poison message")
+            assert sink.bodies() == ["poison", "poison", "poison", "after"]
+        finally:
+            cons.shutdown()
+        with PullConsumer(unique("inspect"), namesrv=cluster.ns) as pc:
+            [mq] = pc.fetch_message_queues(f"%DLQ%{group}")
+            assert [m.body for m in pc.pull(mq, "*", 0, 8).msg_found_list] == [b"poison"]
+
+
+def test_broadcasting_offsets_live_in_a_local_file(cluster: Cluster, tmp_path: Path) -> None:
+    topic, group = unique("BcastT"), unique("cg")
+    with _producer(cluster) as p:
+        _create_topic(p, topic)
+        sinks = [Sink(), Sink()]
+        members = []
+        for i, s in enumerate(sinks):
+            c = PushConsumer(group, namesrv=cluster.ns, message_model="BROADCASTING", instance_name=f"m{i}",
+                             offset_store_dir=str(tmp_path))
+            c.subscribe(topic)
+            c.register_listener(s)
+            members.append(c)
+        for c in members:
+            c.start()
+        try:
+            for c in members:
+                wait_for(lambda c=c: len([q for q in c.owned_queues() if q.topic == topic]) == 8, 10, "all queues")
+            for i in range(40):
+                p.send(Message(topic, f"b{i}".encode()))
+            want = Counter(f"b{i}" for i in range(40))
+            for s in sinks:
+                wait_for(lambda s=s: Counter(s.bodies()) == want, 20, "every message at every member")
+        finally:
+            for c in members:
+                c.shutdown()
+        assert (tmp_path / "m0" / group / "offsets.json").exists()
+        # A member that comes back continues from its file: only what was sent meanwhile.
+        p.send(Message(topic, b"later"))
+        again = Sink()
+        c = PushConsumer(group, namesrv=cluster.ns, message_model="BROADCASTING", instance_name="m0",
+                         offset_store_dir=str(tmp_path), consume_from_where="CONSUME_FROM_FIRST_OFFSET")
+        c.subscribe(topic)
+        c.register_listener(again)
+        c.start()
+        try:
+            wait_for(lambda: "later" in again.bodies(), 20, "the message sent while away")
+            time.sleep(0.3)
+            assert again.bodies() == ["later"]
+        finally:
+            c.shutdown()
