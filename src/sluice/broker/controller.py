@@ -38,6 +38,8 @@ from sluice.broker.longpoll import HoldService
 from sluice.broker.offsets import ConsumerOffsetManager
 from sluice.broker.pull import PullProcessor
 from sluice.broker.queries import QueryProcessor
+from sluice.broker.retry import RetryProcessor
+from sluice.broker.schedule import ScheduleService
 from sluice.broker.send import SendProcessor
 from sluice.broker.topics import TopicConfigManager
 from sluice.errors import ServiceNotAvailableError, SluiceError
@@ -115,6 +117,9 @@ class BrokerController:
                      AdminProcessor(self), AdminExtProcessor(self)):
             proc.register()
         FilterAdminProcessor(self).register()
+        self.schedule = ScheduleService(self, root / "config")  # delay levels and deliver-at (schedule.py)
+        self.retry_processor = RetryProcessor(self)
+        self.retry_processor.register()
         self.server.on_connection_close(self._connection_closed)
         self.started_at = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -168,6 +173,7 @@ class BrokerController:
             self._loop.create_task(self._every(EXPIRY_SCAN_S, self._expire_clients), name="client-expiry"),
             self._loop.create_task(persist_filter_data_loop(self), name="persist-filter-data"),
         ]
+        self.schedule.start()
         if self.namesrv is not None:
             await self.register_all()
             self._tasks.append(self._loop.create_task(
@@ -187,6 +193,7 @@ class BrokerController:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.hold.stop()
+        await self.schedule.stop()
         deadline = time.monotonic() + DRAIN_TIMEOUT_S
         while self._in_flight > 0 and time.monotonic() < deadline:
             await asyncio.sleep(0.01)

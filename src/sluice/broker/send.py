@@ -7,8 +7,8 @@ runs on the broker's thread pool, so a synchronous flush never blocks the
 event loop. Sends to ``%RETRY%<group>`` that exceeded the group's
 maxReconsumeTimes are stored in ``%DLQ%<group>`` instead.
 
-Delayed delivery is not implemented yet: a DELAY property is stored as it came
-and the message is delivered at once.
+Delayed messages (DELAY, TIMER_DELIVER_MS / TIMER_DELAY_MS / TIMER_DELAY_SEC)
+are diverted to their schedule queue by ``broker.schedule`` (schedule.py).
 """
 from __future__ import annotations
 
@@ -66,9 +66,11 @@ class SendProcessor:
         header = SendMessageRequestHeader.from_command(request)
         batch = request.code == RequestCode.SEND_BATCH_MESSAGE or header.batch or _batch_flag(request)
         msgs = self._build(conn, request, header, batch)
+        queue_id = msgs[0].queue_id  # the reply names the queue asked for, also for a delayed message
+        self.broker.schedule.divert(msgs)
         results = await self.broker.appender.put(msgs)
         self.sent_messages += len(results)
-        return request.make_response(ext_fields=self._reply_fields(results, msgs[0].queue_id, batch))
+        return request.make_response(ext_fields=self._reply_fields(results, queue_id, batch))
 
     # ---- building the store messages (event loop, no I/O) -----------------------------------------
     def _build(self, conn: RemotingConnection, request: RemotingCommand, h: SendMessageRequestHeader,
