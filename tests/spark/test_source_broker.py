@@ -82,6 +82,19 @@ def test_pushdown_results_equal_spark_filtering(spark, cluster):
     assert pushed == plain and len(pushed) > 0
 
 
+def test_store_timestamp_bounds_are_pushed_exactly(spark, cluster):
+    rows = sorted(_read(spark, cluster).select("store_timestamp", "msg_id").collect())
+    mid = rows[len(rows) // 2].store_timestamp
+    import operator
+
+    ops = {">=": operator.ge, ">": operator.gt, "<": operator.lt, "<=": operator.le, "=": operator.eq}
+    for op, fn in ops.items():
+        where = f"store_timestamp {op} timestamp'{mid.isoformat()}'"
+        pushed = sorted(r.msg_id for r in _read(spark, cluster).where(where).collect())
+        want = sorted(r.msg_id for r in rows if fn(r.store_timestamp, mid))
+        assert pushed == want, op
+
+
 def test_broker_side_sql92_selector_matches_selector_column(spark, cluster):
     from sluice.spark import selector_column
 

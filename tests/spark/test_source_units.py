@@ -79,3 +79,24 @@ def test_options_are_checked_on_the_driver():
         Options({"namesrv": "x:1", "maxOffsetsPerTrigger": "lots"})
     with pytest.raises(Exception, match="SQL92"):
         Options({"namesrv": "x:1", "selectorType": "SQL92", "selector": "a >"})
+
+
+def test_store_timestamp_bounds_become_whole_milliseconds():
+    import datetime
+
+    utc = datetime.timezone.utc
+    v = datetime.datetime(2026, 1, 1, 0, 0, 0, 1500, tzinfo=utc)  # 1.5 ms past a whole second
+    ms = int(datetime.datetime(2026, 1, 1, tzinfo=utc).timestamp() * 1000)
+    p = Pushdown()
+    assert p.take(GreaterThanOrEqual(("store_timestamp",), v)) and p.ts_lo == ms + 2
+    p = Pushdown()
+    assert p.take(GreaterThan(("store_timestamp",), v)) and p.ts_lo == ms + 2
+    p = Pushdown()
+    assert p.take(LessThan(("store_timestamp",), v)) and p.ts_hi == ms + 2
+    p = Pushdown()
+    assert p.take(EqualTo(("store_timestamp",), v)) and (p.ts_lo, p.ts_hi) == (ms + 2, ms + 2)  # empty
+    whole = datetime.datetime(2026, 1, 1, tzinfo=utc)
+    p = Pushdown()
+    assert p.take(EqualTo(("store_timestamp",), whole)) and (p.ts_lo, p.ts_hi) == (ms, ms + 1)
+    assert not Pushdown().take(GreaterThan(("store_timestamp",), datetime.datetime(2026, 1, 1)))  # naive
+    assert not Pushdown().take(GreaterThan(("born_timestamp",), whole))  # not ordered within a queue

@@ -7,6 +7,7 @@ for the options, the columns and the pushdown rules.
 """
 from __future__ import annotations
 
+import datetime
 import hashlib
 import logging
 import uuid
@@ -42,6 +43,7 @@ from sluice.spark.storefiles import ARROW_SCHEMA, SCHEMA_DDL
 log = logging.getLogger(__name__)
 
 _BATCH_ROWS = 4096
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,6 +242,8 @@ class Pushdown:
         self.queue_ids: frozenset[int] | None = None
         self.offset_lo: int | None = None  # inclusive
         self.offset_hi: int | None = None  # exclusive
+        self.ts_lo: int | None = None  # store time in ms, inclusive
+        self.ts_hi: int | None = None  # exclusive
 
     def take(self, f: Filter) -> bool:
         attr = f.attribute
@@ -251,7 +255,7 @@ class Pushdown:
                 self.tag_sets.append(frozenset(f.value))
                 return True
             return False
-        if attr in (("queue_offset",), ("queue_id",)) and isinstance(f, IsNotNull):
+        if attr in (("queue_offset",), ("queue_id",), ("store_timestamp",)) and isinstance(f, IsNotNull):
             return True  # never null
         if attr == ("queue_id",) and isinstance(f, (EqualTo, In)):
             vals = [f.value] if isinstance(f, EqualTo) else list(f.value)
@@ -259,6 +263,8 @@ class Pushdown:
                 return False
             self.queue_ids = frozenset(vals) if self.queue_ids is None else self.queue_ids & frozenset(vals)
             return True
+        if attr == ("store_timestamp",) and isinstance(getattr(f, "value", None), datetime.datetime):
+            return self._take_time(f)
         if attr == ("queue_offset",) and isinstance(f.value if hasattr(f, "value") else None, int):
             v = f.value
             lo, hi = {EqualTo: (v, v + 1), GreaterThan: (v + 1, None), GreaterThanOrEqual: (v, None),
@@ -271,6 +277,26 @@ class Pushdown:
                 self.offset_hi = hi if self.offset_hi is None else min(self.offset_hi, hi)
             return True
         return False
+
+    def _take_time(self, f: Filter) -> bool:
+        """Store times only grow within a queue (the commit log stamps max(now, last)), so a bound on
+        store_timestamp is a queue-offset bound the broker's search_offset finds exactly."""
+        v = f.value
+        if v.tzinfo is None:
+            return False
+        us = (v - _EPOCH) // datetime.timedelta(microseconds=1)
+        floor_ms, ceil_ms = us // 1000, -(-us // 1000)
+        # The column holds ms * 1000; translate each comparison on microseconds into whole ms.
+        lo, hi = {EqualTo: (ceil_ms, floor_ms + 1), GreaterThan: (floor_ms + 1, None),
+                  GreaterThanOrEqual: (ceil_ms, None), LessThan: (None, ceil_ms),
+                  LessThanOrEqual: (None, floor_ms + 1)}.get(type(f), (None, None))
+        if lo is None and hi is None:
+            return False
+        if lo is not None:
+            self.ts_lo = lo if self.ts_lo is None else max(self.ts_lo, lo)
+        if hi is not None:
+            self.ts_hi = hi if self.ts_hi is None else min(self.ts_hi, hi)
+        return True
 
     def selector(self, selector_type: str, selector: str | None) -> tuple[str, str | None]:
         """The user's selector narrowed by the pushed tag conjuncts (still exact)."""
@@ -307,6 +333,12 @@ class SluiceBatchReader(DataSourceReader):
             bounds = [b for b in bounds if b[0].queue_id in p.queue_ids]
         start = resolve(o, o.starting, o.starting_ts, bounds, ending=False)
         end = resolve(o, o.ending, o.ending_ts, bounds, ending=True)
+        if p.ts_lo is not None:
+            by_time = resolve(o, "earliest", p.ts_lo, bounds, ending=False)
+            start = {k: max(v, by_time[k]) for k, v in start.items()}
+        if p.ts_hi is not None:
+            by_time = resolve(o, "latest", p.ts_hi, bounds, ending=True)
+            end = {k: min(v, by_time[k]) for k, v in end.items()}
         ranges = []
         for mq, lo, hi in bounds:
             key = f"{mq.broker_name}:{mq.queue_id}"
