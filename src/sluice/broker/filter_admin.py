@@ -37,8 +37,10 @@ __all__ = ["install_filtering", "FilterAdminProcessor", "persist_filter_data_loo
 
 log = logging.getLogger(__name__)
 
-#: consumerFilter.json is written this often when it changed (RocketMQ: every 10 s), and at shutdown.
-PERSIST_PERIOD_S = 10.0
+#: consumerFilter.json is written within this long of a change (RocketMQ: every 10 s), and at shutdown:
+#: changes are rare (a new, changed or dead subscription), and filter data lost in a crash would leave the
+#: records replayed by recovery without bitmaps and pulls without subscription refused until the next heartbeat.
+PERSIST_PERIOD_S = 1.0
 
 
 def install_filtering(broker: BrokerController) -> None:
