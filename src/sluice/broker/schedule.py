@@ -315,7 +315,7 @@ class ScheduleService:
                                 rec.born_host, rec.reconsume_times)
         if topic == TIMER_TOPIC:
             due = int(props.get(P.TIMER_DELIVER_MS, "0") or 0)
-            if due - now >= 1000:  # not due yet: into the bucket of what remains
+            if due > now:  # not due yet: into the bucket of what remains (bucket 0 waits for the due time)
                 self.refiled += 1
                 return msg(TIMER_TOPIC, timer_bucket(due - now))
             props.pop(P.TIMER_DELIVER_MS, None)
