@@ -120,3 +120,21 @@ def test_live_store_is_scanned_up_to_what_dispatch_has_seen(tmp_path):
         st.close()
     assert not store_is_open(tmp_path)
     assert _all(tmp_path, 512).num_rows == 20
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_backfill_bitmaps_match_the_broker_selector(spark, store, tmp_path):
+    from sluice.filter import compile_selector
+    from sluice.spark.backfill import backfill, read_bitmap, selector_hash
+
+    expr = "a > 300 AND region <> 'ap'"
+    sel = compile_selector("SQL92", expr)
+    m = backfill(spark, str(store), "Orders", "g-new", expr, str(tmp_path / "bf"), split_bytes=64 * 1024)
+    assert sorted(m["queues"]) == ["1", "2", "3"]
+    for q in (1, 2, 3):
+        head, bits = read_bitmap(m["queues"][str(q)]["file"])
+        assert head["selector_sha256"] == selector_hash("SQL92", expr).hex()
+        assert (head["first"], head["end"]) == (0, 375)
+        want = [sel.matches(_props(4 * k + q)) for k in range(375)]
+        assert bits.tolist() == want and head["matched"] == sum(want)

@@ -1,4 +1,4 @@
-"""``sluice spark …``: bulk jobs over a store's files (scan, stats) and the demo job."""
+"""``sluice spark …``: bulk jobs over a store's files (scan, stats, backfill) and the demo job."""
 from __future__ import annotations
 
 import sys
@@ -67,6 +67,31 @@ def stats_command(store: str, topic: str | None, selectors: tuple[str, ...], top
     try:
         result = stats(spark, store, topic=topic, subscriptions=subs, top=top)
         sys.stdout.write(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode() + "\n")
+    except SluiceError as e:
+        raise click.ClickException(str(e)) from None
+    finally:
+        spark.stop()
+
+
+@spark_group.command("backfill")
+@click.argument("store", type=click.Path(exists=True, file_okay=False))
+@click.option("--topic", required=True)
+@click.option("--group", required=True, help="The consumer group whose new subscription this is.")
+@click.option("--selector", required=True, help="The subscription's expression.")
+@click.option("--selector-type", type=click.Choice(["SQL92", "TAG"], case_sensitive=False), default="SQL92",
+              show_default=True)
+@click.option("--out", required=True, help="Directory for the per-queue bitmaps and manifest.json.")
+@click.option("--master", default="local[*]", show_default=True)
+def backfill_command(store: str, topic: str, group: str, selector: str, selector_type: str, out: str,
+                     master: str) -> None:
+    """Which stored messages of TOPIC match a subscription: one bitmap per queue (for the broker to skip
+    non-matching messages of the backlog; see docs/spark.md)."""
+    from sluice.spark.backfill import backfill
+
+    spark = _session(master)
+    try:
+        manifest = backfill(spark, store, topic, group, selector, out, expression_type=selector_type.upper())
+        click.echo(orjson.dumps(manifest, option=orjson.OPT_INDENT_2).decode())
     except SluiceError as e:
         raise click.ClickException(str(e)) from None
     finally:
