@@ -1,0 +1,161 @@
+"""Helpers for the admin tests: run ``sluice admin`` in-process, real namesrv/broker subprocesses, dead letters.
+
+A uniquely named module (never conftest.py, whose name other test folders share): test modules
+import what they need from here, fixtures included.
+"""
+from __future__ import annotations
+
+import io
+import itertools
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from servers import SluiceProcess
+
+from sluice.admin import ExitStatus, main
+from sluice.errors import SluiceError
+from sluice.namesrv.client import SyncNamesrvClient
+from sluice.protocol import properties as P
+from sluice.protocol.bodies import ConsumerData, HeartbeatData, SubscriptionData, encode_body
+from sluice.protocol.client import RemotingClient
+from sluice.protocol.codes import RequestCode
+from sluice.protocol.command import RemotingCommand
+from sluice.protocol.headers import SendMessageRequestHeader
+from sluice.protocol.msgid import new_unique_id
+from sluice.protocol.sync import SyncRemotingClient
+
+
+@dataclass
+class Run:
+    """One in-process ``sluice admin`` run: its exit status and what it wrote."""
+
+    status: ExitStatus
+    stdout: str
+    stderr: str
+
+    @property
+    def json(self) -> Any:
+        return orjson.loads(self.stdout)
+
+    @property
+    def error(self) -> dict[str, Any]:
+        return orjson.loads(self.stderr)["error"]
+
+
+def run_admin(*argv: str, env: dict[str, str] | None = None) -> Run:
+    out, err = io.StringIO(), io.StringIO()
+    status = main(list(argv), env or {}, stdout=out, stderr=err)
+    return Run(status, out.getvalue(), err.getvalue())
+
+
+def wait_for(pred: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not met within {timeout:g} s")
+        time.sleep(0.05)
+
+
+def wait_for_route(namesrv: str, topic: str, brokers: int = 1, timeout: float = 15.0) -> None:
+    with SyncNamesrvClient(namesrv) as ns:
+        def ready() -> bool:
+            try:
+                return len(ns.get_route(topic).broker_datas) >= brokers
+            except SluiceError:
+                return False
+        wait_for(ready, timeout, f"route of {topic} with {brokers} broker(s)")
+
+
+@dataclass
+class Cluster:
+    namesrv: SluiceProcess
+    brokers: list[SluiceProcess]
+    names: list[str] = field(default_factory=list)
+
+    @property
+    def ns(self) -> str:
+        return self.namesrv.addr
+
+    def admin(self, *argv: str) -> Run:
+        """``sluice admin ARGV -n <this namesrv>``."""
+        return run_admin(*argv, "-n", self.ns)
+
+
+def start_broker(tmp: Path, namesrv: str, name: str, cluster: str = "DefaultCluster") -> SluiceProcess:
+    return SluiceProcess.start(["broker", "--namesrv", namesrv, "--store", str(tmp / f"store-{name}"),
+                                "--broker-name", name, "--cluster-name", cluster], tmp, name=name)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """One namesrv and two brokers (broker-a, broker-b) of DefaultCluster, shared by a module's tests."""
+    tmp = tmp_path_factory.mktemp("admin")
+    with SluiceProcess.start(["namesrv"], tmp, name="namesrv") as ns:
+        brokers: list[SluiceProcess] = []
+        try:
+            for name in ("broker-a", "broker-b"):
+                brokers.append(start_broker(tmp, ns.addr, name))
+            wait_for_route(ns.addr, "TBW102", brokers=2)
+            yield Cluster(ns, brokers, ["broker-a", "broker-b"])
+        finally:
+            for b in brokers:
+                b.stop()
+
+
+_names = itertools.count()
+
+
+@pytest.fixture
+def topic(request: pytest.FixtureRequest) -> str:
+    return f"A{next(_names)}_{request.node.name[:40].replace('[', '_').replace(']', '_').replace('-', '_')}"
+
+
+def write_dead_letter(broker_addr: str, group: str, body: bytes, *, origin: str | None, tags: str | None = None,
+                      keys: str | None = None, props: dict[str, str] | None = None, via_retry: bool = True,
+                      reconsume_times: int = 17) -> str:
+    """Store a dead letter of ``group`` the way a broker does; returns its msgId (UNIQ_KEY).
+
+    ``via_retry``: a send to %RETRY%<group> past maxReconsumeTimes, which the broker moves to %DLQ%<group>
+    (the client's send-back fallback; the origin is in RETRY_TOPIC). Otherwise straight to %DLQ%<group>
+    with DLQ_ORIGIN_TOPIC, as the retry service stores one.
+    """
+    uid = new_unique_id()
+    all_props = {P.UNIQ_KEY: uid, **(props or {})}
+    if tags:
+        all_props[P.TAGS] = tags
+    if keys:
+        all_props[P.KEYS] = keys
+    if origin is not None:
+        all_props[P.RETRY_TOPIC if via_retry else P.DLQ_ORIGIN_TOPIC] = origin
+        all_props[P.ORIGIN_MESSAGE_ID] = uid
+    all_props[P.RECONSUME_TIME] = str(reconsume_times)
+    header = SendMessageRequestHeader(
+        producer_group="dlq-writer", topic=(f"%RETRY%{group}" if via_retry else f"%DLQ%{group}"),
+        default_topic="TBW102", default_topic_queue_nums=1, queue_id=0, sys_flag=0,
+        born_timestamp=int(time.time() * 1000), flag=0, properties=P.encode_properties(all_props),
+        reconsume_times=reconsume_times, max_reconsume_times=16)
+    with SyncRemotingClient() as client:
+        client.invoke(broker_addr, RemotingCommand.request(RequestCode.SEND_MESSAGE, header.to_ext(), body),
+                      5.0).raise_for_code()
+    return uid
+
+
+async def join_group(client: RemotingClient, addrs: list[str], group: str, topic: str, client_id: str,
+                     expression: str = "*") -> None:
+    """Heartbeat ``client_id`` into ``group`` (subscribed to ``topic``) on each broker; the membership
+    lasts while ``client``'s connections stay open."""
+    tags = [] if expression == "*" else [t.strip() for t in expression.split("||")]
+    hb = HeartbeatData(client_id=client_id, consumer_data_set=[ConsumerData(
+        group_name=group, consume_type="CONSUME_PASSIVELY",
+        subscription_data_set=[SubscriptionData(topic=topic, sub_string=expression, tags_set=tags)])])
+    for addr in addrs:
+        (await client.invoke(addr, RemotingCommand.request(RequestCode.HEART_BEAT, body=encode_body(hb)), 5.0)
+         ).raise_for_code()
