@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from sluice.broker.controller import BrokerController
 
 __all__ = ["MAX_TIMER_DELAY_MS", "TIMER_BUCKETS", "TIMER_TOPIC", "ScheduleService", "parse_delay_levels",
-           "timer_bucket"]
+           "timer_bucket", "timer_hop_ms"]
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +92,12 @@ def timer_bucket(remaining_ms: int) -> int:
     if remaining_ms < 1000:
         return 0
     return min((remaining_ms // 1000).bit_length(), TIMER_BUCKETS - 1)
+
+
+def timer_hop_ms(bucket: int, max_hop_ms: int = MAX_HOP_MS) -> int:
+    """How long after it was stored a bucket-``bucket`` message is looked at again (bucket 0: at its due time,
+    which the caller applies)."""
+    return 0 if bucket <= 0 else min(1000 << (bucket - 1), max_hop_ms)
 
 
 class ScheduleService:
@@ -259,7 +265,7 @@ class ScheduleService:
         due = int(props.get(P.TIMER_DELIVER_MS, "0") or 0)
         if qid == 0:
             return due
-        return min(due, rec.store_timestamp + min(1000 << (qid - 1), self.max_hop_ms))
+        return min(due, rec.store_timestamp + timer_hop_ms(qid, self.max_hop_ms))
 
     async def _serve(self, q: tuple[str, int], now: int) -> bool:
         """Move the queue's due head messages; True when a whole batch moved (there may be more)."""

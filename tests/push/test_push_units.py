@@ -1,0 +1,229 @@
+"""Unit and property tests of the push consumer's parts and the broker's schedule rules (no servers)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sluice.broker.config import BrokerConfig
+from sluice.broker.controller import BrokerController
+from sluice.broker.schedule import (
+    MAX_HOP_MS, MAX_TIMER_DELAY_MS, TIMER_BUCKETS, TIMER_TOPIC, parse_delay_levels, timer_bucket, timer_hop_ms,
+)
+from sluice.broker.topics import SCHEDULE_TOPIC
+from sluice.client.consume_service import call_listener
+from sluice.client.consume_types import (
+    ConsumeOrderlyResult, ConsumeResult, PushConsumerOptions, parse_consume_timestamp,
+)
+from sluice.client.offset_store import LocalFileOffsetStore
+from sluice.client.process_queue import ProcessQueue
+from sluice.client.results import MessageQueue
+from sluice.errors import InvalidParameterError, MessageIllegalError
+from sluice.message import Message, MessageExt
+from sluice.protocol import properties as P
+from sluice.store.types import StoreMessage
+
+
+def _msg(offset: int, body: bytes = b"x") -> MessageExt:
+    return MessageExt(topic="T", body=body, properties={}, queue_id=0, queue_offset=offset, commitlog_offset=0,
+                      msg_id=f"id{offset}", offset_msg_id="", sysflag=0, flag=0, born_timestamp=0,
+                      born_host=("127.0.0.1", 0), store_timestamp=0, store_host=("127.0.0.1", 1), reconsume_times=0,
+                      body_crc=0, store_size=0)
+
+
+# ------------------------------------------------------------------------------------------ ProcessQueue
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 5), min_size=1, max_size=40), st.randoms(use_true_random=False))
+def test_process_queue_commits_the_lowest_offset_still_cached(gaps: list[int], rnd) -> None:  # type: ignore[no-untyped-def]
+    pq = ProcessQueue()
+    offsets, off = [], 100
+    for g in gaps:
+        off += g
+        offsets.append(off)
+    msgs = [_msg(o, b"ab") for o in offsets]
+    assert pq.put(msgs) == msgs
+    assert pq.put(msgs[:3]) == []  # already cached
+    assert pq.msg_count == len(msgs) and pq.msg_size == 2 * len(msgs)
+    assert pq.max_span == offsets[-1] - offsets[0]
+    order = list(msgs)
+    rnd.shuffle(order)
+    remaining = set(offsets)
+    for m in order:
+        commit = pq.remove([m])
+        remaining.discard(m.queue_offset)
+        assert commit == (min(remaining) if remaining else offsets[-1] + 1)
+    assert pq.msg_count == 0 and pq.msg_size == 0
+
+
+def test_process_queue_orderly_take_commit_and_retry_in_place() -> None:
+    pq = ProcessQueue()
+    pq.put([_msg(o) for o in (5, 6, 7, 8)])
+    batch = pq.take(2)
+    assert [m.queue_offset for m in batch] == [5, 6] and list(pq.msgs) == [7, 8]
+    pq.make_back_to_consume(batch)  # failed: back at the head, in order
+    assert list(pq.msgs) == [5, 6, 7, 8] and not pq.consuming
+    assert [m.queue_offset for m in pq.take(3)] == [5, 6, 7]
+    assert pq.commit() == 8 and pq.msg_count == 1
+    assert pq.commit() == -1
+    pq.put([_msg(4)])  # an older offset (re-pull after a reset) is kept in order
+    assert list(pq.msgs) == [4, 8]
+
+
+# ------------------------------------------------------------------------------------------ options, results
+
+def test_options_validate_and_default_like_rocketmq() -> None:
+    o = PushConsumerOptions()
+    assert (o.pull_batch_size, o.pull_threshold_for_queue, o.pull_threshold_size_for_queue,
+            o.consume_concurrently_max_span, o.consume_thread_max, o.consume_message_batch_max_size) == \
+        (32, 1000, 100, 2000, 20, 1)
+    assert o.effective_max_reconsume(False) == 16 and o.effective_max_reconsume(True) == 2**31 - 1
+    assert PushConsumerOptions(max_reconsume_times=3).effective_max_reconsume(True) == 3
+    for bad in ({"message_model": "X"}, {"consume_from_where": "X"}, {"pull_batch_size": 0},
+                {"consume_message_batch_max_size": 0}, {"broker_suspend_max": 40.0}, {"rebalance_interval": 0.5},
+                {"max_reconsume_times": -2}, {"allocate_strategy": "NOPE"}, {"consume_timestamp": "2024"}):
+        with pytest.raises(InvalidParameterError):
+            PushConsumerOptions(**bad)  # type: ignore[arg-type]
+    assert PushConsumerOptions(allocate_strategy=lambda cid, mqs, cids: list(mqs)).allocate_strategy
+
+
+def test_consume_timestamp_accepts_epoch_ms_and_rocketmq_text() -> None:
+    assert parse_consume_timestamp(1_700_000_000_000) == 1_700_000_000_000
+    assert parse_consume_timestamp("20240102030405") > 1_700_000_000_000
+    with pytest.raises(InvalidParameterError):
+        parse_consume_timestamp("2024-01-02")
+
+
+def test_listener_outcomes() -> None:
+    assert call_listener(lambda ms: ConsumeResult.SUCCESS, [])
+    assert call_listener(lambda ms: ConsumeOrderlyResult.SUCCESS, [])
+    assert not call_listener(lambda ms: ConsumeResult.RECONSUME_LATER, [])
+    assert not call_listener(lambda ms: None, [])  # no answer = try later, as RocketMQ
+    assert not call_listener(lambda ms: 1 / 0, [])  # a raising listener does not kill the consumer
+
+
+# ------------------------------------------------------------------------------------------ offset stores
+
+def test_local_file_offset_store_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "DEFAULT" / "g" / "offsets.json"
+    mq0, mq1 = (MessageQueue(topic="T", broker_name="b", queue_id=i) for i in (0, 1))
+
+    async def run() -> None:
+        s = LocalFileOffsetStore(path)
+        await s.load()
+        assert await s.read_store(mq0) == -1
+        s.update(mq0, 10)
+        s.update(mq0, 7, increase_only=True)  # never backwards when asked so
+        s.update(mq1, 3)
+        await s.persist_all([mq0])
+        doc = json.loads(path.read_text())
+        assert {(e["queueId"], e["offset"]) for e in doc["offsetTable"]} == {(0, 10), (1, 3)}
+        s2 = LocalFileOffsetStore(path)
+        await s2.load()
+        assert await s2.read_store(mq0) == 10 and s2.read_memory(mq1) == 3
+        s2.remove(mq1)
+        assert s2.read_memory(mq1) == -1
+    asyncio.run(run())
+
+
+def test_local_file_offset_store_ignores_damaged_entries(tmp_path: Path) -> None:
+    path = tmp_path / "offsets.json"
+    path.write_text(json.dumps({"offsetTable": [{"topic": "T", "brokerName": "b", "queueId": 0, "offset": 5},
+                                                {"topic": "T", "queueId": "x"}]}))
+
+    async def run() -> int:
+        s = LocalFileOffsetStore(path)
+        await s.load()
+        return await s.read_store(MessageQueue(topic="T", broker_name="b", queue_id=0))
+    assert asyncio.run(run()) == 5
+
+
+# ------------------------------------------------------------------------------------------ schedule rules
+
+def test_delay_levels_parse() -> None:
+    assert parse_delay_levels(BrokerConfig().message_delay_level)[:5] == [1000, 5000, 10000, 30000, 60000]
+    assert len(parse_delay_levels(BrokerConfig().message_delay_level)) == 18
+    assert parse_delay_levels("100ms 2s 1m 1h 1d") == [100, 2000, 60000, 3_600_000, 86_400_000]
+    for bad in ("", "5", "1x", "s"):
+        with pytest.raises(InvalidParameterError):
+            parse_delay_levels(bad)
+
+
+def test_timer_buckets() -> None:
+    assert [timer_bucket(ms) for ms in (-5, 0, 999, 1000, 1999, 2000, 3999, 4000)] == [0, 0, 0, 1, 1, 2, 2, 3]
+    assert timer_bucket(MAX_TIMER_DELAY_MS) == TIMER_BUCKETS - 1
+    assert timer_hop_ms(0) == 0 and timer_hop_ms(1) == 1000 and timer_hop_ms(3) == 4000
+    assert timer_hop_ms(TIMER_BUCKETS - 1) == MAX_HOP_MS
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.integers(0, MAX_TIMER_DELAY_MS), st.sampled_from([MAX_HOP_MS, 3_600_000]))
+def test_timing_wheel_is_never_early_and_takes_few_hops(delay: int, max_hop: int) -> None:
+    """Follow one message through the wheel: looked at again hop(bucket) after each store, delivered from
+    bucket 0 at its due time. It is never looked at after it is due, and is rewritten about log2 times."""
+    t, due, hops = 0, delay, 0
+    while True:
+        k = timer_bucket(due - t)
+        if k == 0:
+            break
+        look = min(due, t + timer_hop_ms(k, max_hop))
+        assert look > t and look <= due
+        t, hops = look, hops + 1
+    assert t <= due  # bucket 0 then waits for the due time itself
+    assert hops <= 2 * (math.log2(max(delay, 1000) / 1000) + 2) + delay / max_hop
+
+
+def _broker(tmp_path: Path, **cfg: object) -> BrokerController:
+    return BrokerController(BrokerConfig(store=str(tmp_path / "store"), listen="127.0.0.1:0", **cfg))  # type: ignore[arg-type]
+
+
+def _store_msg(msg: Message) -> StoreMessage:
+    return StoreMessage(msg.topic, msg.body, 2, msg.all_properties())
+
+
+def test_divert_routes_delayed_messages_to_their_schedule_queue(tmp_path: Path) -> None:
+    b = _broker(tmp_path, message_delay_level="1s 2s 3s")
+    s = b.schedule
+    assert b.topics.get(SCHEDULE_TOPIC).read_queue_nums == 3  # one queue per configured level
+    now = 1_000_000
+    plain, lvl, big, at, rel, past = (_store_msg(m) for m in (
+        Message("T", b"a"), Message("T", b"b", delay_level=2), Message("T", b"c", delay_level=99),
+        Message("T", b"d", deliver_at=now + 5000), Message("T", b"e", delay=0.5),
+        Message("T", b"f", deliver_at=now - 1)))
+    for m in (plain, lvl, big, at, rel, past):
+        s.divert([m], now_ms=now)
+    assert (plain.topic, plain.queue_id) == ("T", 2)
+    assert (lvl.topic, lvl.queue_id, lvl.properties[P.REAL_TOPIC], lvl.properties[P.REAL_QID]) == \
+        (SCHEDULE_TOPIC, 1, "T", "2")
+    assert (big.queue_id, big.properties[P.DELAY]) == (2, "3")  # capped at the last level
+    assert (at.topic, at.queue_id, at.properties[P.TIMER_DELIVER_MS]) == (TIMER_TOPIC, 3, str(now + 5000))
+    assert (rel.topic, rel.queue_id, rel.properties[P.TIMER_DELIVER_MS]) == (TIMER_TOPIC, 0, str(now + 500))
+    assert P.TIMER_DELAY_MS not in rel.properties
+    assert past.topic == "T" and P.TIMER_DELIVER_MS not in past.properties  # due already
+
+
+def test_divert_refuses_bad_delays_and_never_delays_dead_letters(tmp_path: Path) -> None:
+    s = _broker(tmp_path).schedule
+    for props in ({P.TIMER_DELAY_MS: "abc"}, {P.TIMER_DELAY_SEC: "-1"}, {P.DELAY: "x"},
+                  {P.TIMER_DELIVER_MS: str(2**62)}, {P.DELAY: "2", P.TIMER_DELAY_MS: "10"}):
+        with pytest.raises(MessageIllegalError):
+            s.divert([StoreMessage("T", b"x", 0, dict(props))], now_ms=0)
+    with pytest.raises(MessageIllegalError, match="batch"):
+        s.divert([StoreMessage("T", b"x", 0, {P.DELAY: "1"}), StoreMessage("T", b"y", 0, {})])
+    dead = StoreMessage("%DLQ%g", b"x", 0, {P.DELAY: "4"})
+    s.divert([dead])
+    assert dead.topic == "%DLQ%g" and P.DELAY not in dead.properties
+
+
+def test_message_delay_options_are_validated() -> None:
+    assert Message("T", b"x", delay=1.25).all_properties()[P.TIMER_DELAY_MS] == "1250"
+    assert Message("T", b"x", deliver_at=42).all_properties()[P.TIMER_DELIVER_MS] == "42"
+    for m in (Message("T", b"x", delay=-1), Message("T", b"x", deliver_at=1, delay=1.0),
+              Message("T", b"x", delay_level=2, deliver_at=5)):
+        with pytest.raises(MessageIllegalError):
+            m.validate()
