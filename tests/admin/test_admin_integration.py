@@ -9,7 +9,7 @@ import signal
 import time
 
 import pytest
-from admin_support import (Cluster, Run, cluster, join_group, run_admin, topic, wait_for,  # noqa: F401
+from admin_support import (Cluster, Run, cluster, join_group, topic, wait_for,  # noqa: F401
                            wait_for_route, write_dead_letter)
 
 from sluice import Message, Producer, PullConsumer, PullStatus
