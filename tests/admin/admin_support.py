@@ -23,9 +23,9 @@ from sluice.namesrv.client import SyncNamesrvClient
 from sluice.protocol import properties as P
 from sluice.protocol.bodies import ConsumerData, HeartbeatData, SubscriptionData, encode_body
 from sluice.protocol.client import RemotingClient
-from sluice.protocol.codes import RequestCode
+from sluice.protocol.codes import RequestCode, ResponseCode
 from sluice.protocol.command import RemotingCommand
-from sluice.protocol.headers import SendMessageRequestHeader
+from sluice.protocol.headers import ConsumerSendMsgBackRequestHeader, SendMessageRequestHeader
 from sluice.protocol.msgid import new_unique_id
 from sluice.protocol.sync import SyncRemotingClient
 
@@ -159,3 +159,17 @@ async def join_group(client: RemotingClient, addrs: list[str], group: str, topic
     for addr in addrs:
         (await client.invoke(addr, RemotingCommand.request(RequestCode.HEART_BEAT, body=encode_body(hb)), 5.0)
          ).raise_for_code()
+
+
+def send_back_to_dlq(broker_addr: str, group: str, commitlog_offset: int, origin_topic: str, msg_id: str) -> bool:
+    """CONSUMER_SEND_MSG_BACK with a negative delay level: the broker's retry service moves the stored
+    message to %DLQ%<group> at once. False when the broker does not serve the request."""
+    header = ConsumerSendMsgBackRequestHeader(offset=commitlog_offset, group=group, delay_level=-1,
+                                              origin_msg_id=msg_id, origin_topic=origin_topic)
+    with SyncRemotingClient() as client:
+        resp = client.invoke(broker_addr, RemotingCommand.request(RequestCode.CONSUMER_SEND_MSG_BACK,
+                                                                  header.to_ext()), 5.0)
+    if resp.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED:
+        return False
+    resp.raise_for_code()
+    return True

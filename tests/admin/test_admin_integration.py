@@ -9,7 +9,7 @@ import signal
 import time
 
 import pytest
-from admin_support import (Cluster, Run, cluster, join_group, topic, wait_for,  # noqa: F401
+from admin_support import (Cluster, Run, cluster, join_group, send_back_to_dlq, topic, wait_for,  # noqa: F401
                            wait_for_route, write_dead_letter)
 
 from sluice import Message, Producer, PullConsumer, PullStatus
@@ -381,6 +381,33 @@ def test_resend_dead_letters(cluster: Cluster, topic: str) -> None:
     # queryMsgByUniqueKey with -g shows every copy, labelled.
     copies = cluster.admin("queryMsgByUniqueKey", "-t", topic, "-i", u2, "-g", group, "--json").json["messages"]
     assert sorted(c["role"] for c in copies) == ["dead-letter", "original", "original"]
+
+
+def test_resend_letters_the_broker_dead_lettered(cluster: Cluster, topic: str) -> None:
+    """The real path: a consumer gives up on a message (CONSUMER_SEND_MSG_BACK, level -1), the broker's
+    retry service stores the dead letter, the tool sends it back."""
+    make_topic(cluster, topic, queues=1)
+    group = f"G_{topic}"
+    with Producer("admin-test-producer", namesrv=cluster.ns) as p:
+        sent = p.send(Message(topic, b"poison", tags="T1", keys=["pk"], properties={"a": "1"}),
+                      queue=MessageQueue(topic=topic, broker_name="broker-a", queue_id=0))
+    wait_dispatched(cluster, topic, [("broker-a", 0, sent.queue_offset)])
+    stored = pull_all(cluster, topic, f"{group}_first")[0]
+    if not send_back_to_dlq(cluster.brokers[0].addr, group, stored.commitlog_offset, topic, sent.msg_id):
+        pytest.skip("this broker does not serve CONSUMER_SEND_MSG_BACK")
+    wait_for_route(cluster.ns, f"%DLQ%{group}")
+    wait_dispatched(cluster, f"%DLQ%{group}", [("broker-a", 0, 0)])
+    r = cluster.admin("resendDeadLetters", "-g", group, "--json")
+    assert r.status is ExitStatus.SUCCESS, r.stderr
+    assert [(m["msgId"], m["originTopic"], m["result"]) for m in r.json["messages"]] == [(sent.msg_id, topic, "resent")]
+
+    def twice() -> list:
+        got = pull_all(cluster, topic, f"{group}_second")
+        return got if len(got) == 2 else []
+    again = [m for m in wait_for(twice, 10, "the resent copy") if m.queue_offset == 1][0]
+    assert (again.msg_id, again.body, again.tags, again.keys, again.properties["a"]) == \
+        (sent.msg_id, b"poison", "T1", ["pk"], "1")
+    assert not {"DLQ_ORIGIN_TOPIC", "DLQ_ORIGIN_MESSAGE_ID", "RETRY_TOPIC", "ORIGIN_MESSAGE_ID"} & set(again.properties)
 
 
 def test_resend_without_dead_letter_topic_is_not_found(cluster: Cluster) -> None:
