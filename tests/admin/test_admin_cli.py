@@ -22,7 +22,7 @@ from sluice.admin.params import parse_timestamp
 from sluice.message import MessageExt
 from sluice.protocol import properties as P
 from sluice.protocol.bodies import MessageQueue
-from sluice.protocol.offset_table import decode_offset_table, encode_fastjson_offset_table
+from sluice.protocol.offset_table import decode_offset_table, decode_queue_table, encode_fastjson_offset_table
 
 MQADMIN_NAMES = ["updateTopic", "topicList", "topicRoute", "topicStatus", "clusterList", "brokerStatus",
                  "consumerProgress", "consumerConnection", "queryMsgByKey", "queryMsgById", "queryMsgByUniqueKey",
@@ -251,3 +251,23 @@ def test_resend_properties_keep_the_message_and_drop_the_retry_path() -> None:
     assert kept == {P.UNIQ_KEY: "U1", P.TAGS: "TagA", P.KEYS: "k1 k2", "region": "eu"}
     fresh = resend_properties(_ext(props), new_id=True)
     assert fresh[P.UNIQ_KEY] != "U1" and len(fresh[P.UNIQ_KEY]) == 32
+
+
+def test_queue_tables_in_rocketmq_fastjson_form() -> None:
+    """GET_TOPIC_STATS_INFO and GET_CONSUME_STATS bodies as a RocketMQ broker writes them (MessageQueue keys)."""
+    stats = (b'{"offsetTable":{{"brokerName":"broker-a","queueId":0,"topic":"T"}:{"lastUpdateTimestamp":1706708700000,'
+             b'"maxOffset":12,"minOffset":2},{"brokerName":"broker-a","queueId":1,"topic":"T"}:{"lastUpdateTimestamp":0,'
+             b'"maxOffset":0,"minOffset":0}}}')
+    doc, entries = decode_queue_table(stats)
+    assert sorted((e["queueId"], e["minOffset"], e["maxOffset"]) for e in entries) == [(0, 2, 12), (1, 0, 0)]
+    consume = (b'{"consumeTps":1.5,"offsetTable":{{"brokerName":"b","queueId":3,"topic":"T"}:'
+               b'{"brokerOffset":10,"consumerOffset":4,"lastTimestamp":0}}}')
+    doc, entries = decode_queue_table(consume)
+    assert doc["consumeTps"] == 1.5
+    assert entries == [{"brokerOffset": 10, "consumerOffset": 4, "lastTimestamp": 0, "topic": "T", "brokerName": "b",
+                        "queueId": 3}]
+
+
+def test_traceback_flag_prints_the_traceback() -> None:
+    r = run_admin("topicList", "--traceback", "-n", f"127.0.0.1:{free_port()}")
+    assert r.status is ExitStatus.UNAVAILABLE and "Traceback (most recent call last)" in r.stderr

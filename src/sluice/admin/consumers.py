@@ -24,7 +24,7 @@ from sluice.admin.status import CONSUMER_NOT_ONLINE, ExitStatus
 from sluice.errors import NotFoundError, SluiceError
 from sluice.protocol import headers as H
 from sluice.protocol.codes import RequestCode
-from sluice.protocol.offset_table import decode_offset_table
+from sluice.protocol.offset_table import decode_queue_table
 
 RETRY_PREFIX = "%RETRY%"
 
@@ -36,13 +36,15 @@ async def consume_stats(s: AdminSession, group: str, topic: str | None) -> tuple
     """Every master's GET_CONSUME_STATS entries for ``group``, the summed consume TPS, and warnings."""
     header = H.GetConsumeStatsRequestHeader(consumer_group=group, topic=topic)
 
-    async def one(b: BrokerRef) -> dict[str, Any]:
-        return dict(orjson.loads((await s.invoke(b.addr, RequestCode.GET_CONSUME_STATS, header)).body))
+    async def one(b: BrokerRef) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        return decode_queue_table((await s.invoke(b.addr, RequestCode.GET_CONSUME_STATS, header)).body)
     res = settle(await s.gather_per_broker(await s.brokers(), one), "GET_CONSUME_STATS")
     entries = []
     warnings = list(res.warnings)
-    for _, body in res.ok:
-        for e in body.get("offsetTable", []):
+    for _, (body, table_) in res.ok:
+        for e in table_:
+            if "lag" not in e:  # RocketMQ's OffsetWrapper has only the two offsets
+                e["lag"] = max(0, int(e["brokerOffset"]) - max(int(e["consumerOffset"]), 0))
             if "filteredLag" in e:
                 basis = "counted" if e.get("filteredLagExact", True) else "at-least"
                 entries.append({**e, "matchingLag": int(e["filteredLag"]), "matchingLagBasis": basis})
@@ -51,7 +53,7 @@ async def consume_stats(s: AdminSession, group: str, topic: str | None) -> tuple
         for c in body.get("subscriptionConflicts", []):
             warnings.append(f"subscription conflict in group {group}: {_conflict_text(c)}")
     entries.sort(key=lambda e: (e["topic"], e["brokerName"], e["queueId"]))
-    tps = sum(float(body.get("consumeTps", 0.0)) for _, body in res.ok)
+    tps = sum(float(body.get("consumeTps", 0.0)) for _, (body, _t) in res.ok)
     return entries, tps, warnings
 
 
@@ -202,19 +204,12 @@ async def reset_offset_by_time(s: AdminSession, group: str, topic: str, timestam
     header = H.ResetOffsetRequestHeader(topic=topic, group=group, timestamp=-1 if timestamp is None else timestamp,
                                         is_force=force, queue_id=queue_id, offset=offset)
 
-    async def one(b: BrokerRef) -> dict[str, Any]:
-        resp = await s.invoke(b.addr, RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, header)
-        try:
-            body = orjson.loads(resp.body)
-        except orjson.JSONDecodeError:  # a RocketMQ broker's fastjson map: new offsets only
-            body = {"offsetTable": [{"topic": mq.topic, "brokerName": mq.broker_name, "queueId": mq.queue_id,
-                                     "offset": off, "previousOffset": None}
-                                    for mq, off in decode_offset_table(resp.body).items()]}
-        return dict(body)
+    async def one(b: BrokerRef) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        # Sluice answers old and new offsets; a RocketMQ broker its fastjson ResetOffsetBody (new offsets only).
+        return decode_queue_table((await s.invoke(b.addr, RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, header)).body)
     res = settle(await s.gather_per_broker(brokers, one), "resetOffsetByTime")
-    entries = sorted((e for _, body in res.ok for e in body.get("offsetTable", [])),
-                     key=lambda e: (e["brokerName"], e["queueId"]))
-    notified = sorted({c for _, body in res.ok for c in body.get("notifiedClients", [])})
+    entries = sorted((e for _, (_b, table_) in res.ok for e in table_), key=lambda e: (e["brokerName"], e["queueId"]))
+    notified = sorted({c for _, (body, _t) in res.ok for c in body.get("notifiedClients", [])})
 
     def moved(e: dict[str, Any]) -> str:
         prev = e.get("previousOffset")

@@ -14,6 +14,7 @@ from sluice.errors import NotFoundError, SluiceError
 from sluice.protocol import headers as H
 from sluice.protocol.bodies import PERM_READ, PERM_WRITE, encode_body
 from sluice.protocol.codes import RequestCode
+from sluice.protocol.offset_table import decode_queue_table
 from sluice.protocol.record import check_topic
 
 ORDER_TOPIC_CONFIG = "ORDER_TOPIC_CONFIG"  # the namesrv KV namespace of ordered topics' queue layout
@@ -165,7 +166,7 @@ async def topic_status(s: AdminSession, topic: str) -> Result:
 
     async def stats(b: BrokerRef) -> list[dict[str, Any]]:
         resp = await s.invoke(b.addr, RequestCode.GET_TOPIC_STATS_INFO, header)
-        return list(orjson.loads(resp.body).get("offsetTable", []))
+        return decode_queue_table(resp.body)[1]  # Sluice's list or RocketMQ's map
     res = settle(await s.gather_per_broker(brokers, stats), "topicStatus")
     ok, warnings = res.ok, res.warnings
     entries = sorted((e for _, es in ok for e in es), key=lambda e: (e["brokerName"], e["queueId"]))

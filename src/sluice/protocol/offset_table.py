@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from typing import Any
 
 import orjson
 
 from sluice.errors import InvalidParameterError
 from sluice.protocol.bodies import MessageQueue, loads_lenient
 
-__all__ = ["decode_offset_table", "encode_fastjson_offset_table"]
+__all__ = ["decode_offset_table", "decode_queue_table", "encode_fastjson_offset_table"]
 
 # A flat JSON object in key position: after "{" or "," and before ":". Topic and broker names cannot
 # hold braces, so a MessageQueue key never nests.
@@ -40,29 +41,43 @@ def _quote_key(match: re.Match[bytes]) -> bytes:
     return match.group(1) + orjson.dumps(match.group(2).decode("utf-8")) + match.group(3)
 
 
-def decode_offset_table(data: bytes | str) -> dict[MessageQueue, int]:
-    """The ``offsetTable`` of a body in fastjson's object-key form or Sluice's list form."""
+def decode_queue_table(data: bytes | str, key: str = "offsetTable") -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A body with a table keyed by message queue, in either form: the whole document and the table as
+    flat entries (``topic``, ``brokerName``, ``queueId`` plus the value's fields; a bare number value
+    becomes ``offset``). Reads Sluice's list form and RocketMQ's fastjson form of ResetOffsetBody,
+    TopicStatsTable (GET_TOPIC_STATS_INFO) and ConsumeStats (GET_CONSUME_STATS)."""
     raw = data.encode() if isinstance(data, str) else bytes(data)
     if not raw:
-        raise InvalidParameterError("offset table body is empty")
+        raise InvalidParameterError("queue table body is empty")
     try:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError:
         doc = loads_lenient(_OBJECT_KEY.sub(_quote_key, raw))
-    table = doc.get("offsetTable") if isinstance(doc, dict) else None
-    out: dict[MessageQueue, int] = {}
+    table = doc.get(key) if isinstance(doc, dict) else None
+    entries: list[dict[str, Any]] = []
     try:
         if isinstance(table, list):
             for e in table:
-                out[MessageQueue(topic=str(e["topic"]), broker_name=str(e["brokerName"]),
-                                 queue_id=int(e["queueId"]))] = int(e["offset"])
+                entries.append({**e, "topic": str(e["topic"]), "brokerName": str(e["brokerName"]),
+                                "queueId": int(e["queueId"])})
         elif isinstance(table, dict):
-            for key, offset in table.items():
-                k = orjson.loads(key)
-                out[MessageQueue(topic=str(k["topic"]), broker_name=str(k["brokerName"]),
-                                 queue_id=int(k["queueId"]))] = int(offset)
+            for k, value in table.items():
+                mq = orjson.loads(k)
+                fields = dict(value) if isinstance(value, dict) else {"offset": int(value)}
+                entries.append({**fields, "topic": str(mq["topic"]), "brokerName": str(mq["brokerName"]),
+                                "queueId": int(mq["queueId"])})
         else:
-            raise InvalidParameterError("offset table body has no offsetTable")
+            raise InvalidParameterError(f"body has no {key}")
     except (KeyError, TypeError, ValueError, orjson.JSONDecodeError) as exc:
+        raise InvalidParameterError(f"malformed {key} entry: {exc!r}") from None
+    return doc, entries
+
+
+def decode_offset_table(data: bytes | str) -> dict[MessageQueue, int]:
+    """The ``offsetTable`` of a body in fastjson's object-key form or Sluice's list form."""
+    _, entries = decode_queue_table(data)
+    try:
+        return {MessageQueue(topic=e["topic"], broker_name=e["brokerName"], queue_id=e["queueId"]): int(e["offset"])
+                for e in entries}
+    except (KeyError, TypeError, ValueError) as exc:
         raise InvalidParameterError(f"malformed offsetTable entry: {exc!r}") from None
-    return out
