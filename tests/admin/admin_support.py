@@ -47,9 +47,9 @@ class Run:
         return orjson.loads(self.stderr)["error"]
 
 
-def run_admin(*argv: str, env: dict[str, str] | None = None) -> Run:
+def run_admin(*argv: str, env: dict[str, str] | None = None, stdin: bytes = b"") -> Run:
     out, err = io.StringIO(), io.StringIO()
-    status = main(list(argv), env or {}, stdout=out, stderr=err)
+    status = main(list(argv), env or {}, stdout=out, stderr=err, stdin=io.BytesIO(stdin))
     return Run(status, out.getvalue(), err.getvalue())
 
 

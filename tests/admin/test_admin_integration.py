@@ -5,12 +5,14 @@ The module shares one cluster; each test uses its own topics and groups. The las
 from __future__ import annotations
 
 import asyncio
+import base64
 import signal
 import time
+from pathlib import Path
 
 import pytest
-from admin_support import (Cluster, Run, cluster, join_group, send_back_to_dlq, topic, wait_for,  # noqa: F401
-                           wait_for_route, write_dead_letter)
+from admin_support import (Cluster, Run, cluster, join_group, run_admin, send_back_to_dlq, topic,  # noqa: F401
+                           wait_for, wait_for_route, write_dead_letter)
 
 from sluice import Message, Producer, PullConsumer, PullStatus
 from sluice.admin import ExitStatus
@@ -175,6 +177,24 @@ def test_send_and_query_by_key_id_and_unique_key(cluster: Cluster, topic: str) -
     assert nothing.status is ExitStatus.NOT_FOUND and nothing.stdout == "" and nothing.error["status"] == "NOT_FOUND"
     future = cluster.admin("queryMsgByKey", "-t", topic, "-k", "shared", "-b", str(int(time.time() * 1000) + 3_600_000))
     assert future.status is ExitStatus.NOT_FOUND and "time range" in future.stderr
+
+
+def test_send_message_bodies_from_files_and_stdin(cluster: Cluster, topic: str, tmp_path: Path) -> None:
+    make_topic(cluster, topic)
+    f = tmp_path / "body.bin"
+    f.write_bytes(bytes(range(256)) * 40)  # binary, and big enough to be sent compressed
+    r = cluster.admin("sendMessage", "-t", topic, "--body-file", str(f), "-k", "file-body", "--json")
+    assert r.status is ExitStatus.SUCCESS, r.stderr
+    piped = run_admin("sendMessage", "-t", topic, "--body-file", "-", "-k", "stdin-body", "-n", cluster.ns, "--json",
+                      stdin=b"from stdin")
+    assert piped.status is ExitStatus.SUCCESS, piped.stderr
+    wait_dispatched(cluster, topic, [(x["brokerName"], x["queueId"], x["queueOffset"]) for x in (r.json, piped.json)])
+    m = cluster.admin("queryMsgByKey", "-t", topic, "-k", "file-body", "--json").json["messages"][0]
+    assert cluster.admin("queryMsgByKey", "-t", topic, "-k", "stdin-body", "--json").json["messages"][0]["body"] \
+        == "from stdin"
+    assert m["bodyEncoding"] == "base64" and base64.b64decode(m["body"]) == f.read_bytes()
+    missing = cluster.admin("sendMessage", "-t", topic, "--body-file", str(tmp_path / "nope"))
+    assert missing.status is ExitStatus.USAGE and "does not exist" in missing.stderr
 
 
 def test_send_message_refusals(cluster: Cluster, topic: str) -> None:

@@ -23,7 +23,7 @@ import traceback
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
 
 import click
 
@@ -33,7 +33,7 @@ from sluice.admin.status import ExitStatus, exit_status_for
 from sluice.errors import SluiceError
 from sluice.protocol.codes import ResponseCode
 
-__all__ = ["FAMILIES", "AdminEnv", "admin_command", "admin_group", "cli_command", "main"]
+__all__ = ["FAMILIES", "AdminEnv", "admin_command", "admin_group", "cli_command", "current_env", "main"]
 
 #: Modules of sluice.admin that define commands; a new family is one module and one name here.
 FAMILIES = ("topics", "cluster", "consumers", "messages", "deadletters", "explain")
@@ -50,6 +50,7 @@ class AdminEnv:
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     stdout: TextIO = field(default_factory=lambda: sys.stdout)
     stderr: TextIO = field(default_factory=lambda: sys.stderr)
+    stdin: BinaryIO = field(default_factory=lambda: sys.stdin.buffer)
     namesrv: str | None = None
     json: bool = False
     timeout: float = DEFAULT_TIMEOUT
@@ -64,6 +65,11 @@ class AdminEnv:
                 return value
         raise click.UsageError("no namesrv address: pass -n/--namesrv HOST:PORT or set SLUICE_NAMESRV "
                                "(or NAMESRV_ADDR)")
+
+
+def current_env() -> AdminEnv:
+    """The AdminEnv of the command running now (its injected streams and environment)."""
+    return click.get_current_context().ensure_object(AdminEnv)
 
 
 class AliasGroup(click.Group):
@@ -170,11 +176,11 @@ def _report(env: AdminEnv, exc: BaseException, status: ExitStatus) -> None:
 
 
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None, *,
-         stdout: TextIO | None = None, stderr: TextIO | None = None) -> ExitStatus:
+         stdout: TextIO | None = None, stderr: TextIO | None = None, stdin: BinaryIO | None = None) -> ExitStatus:
     """Run ``sluice admin <argv...>`` in-process and return its exit status (never calls sys.exit)."""
     load_families()
     obj = AdminEnv(env=dict(os.environ) if env is None else dict(env), stdout=stdout or sys.stdout,
-                   stderr=stderr or sys.stderr)
+                   stderr=stderr or sys.stderr, stdin=stdin or sys.stdin.buffer)
     args = list(sys.argv[1:] if argv is None else argv)
     with redirect_stdout(obj.stdout), redirect_stderr(obj.stderr):  # click's help and usage text included
         try:

@@ -9,11 +9,10 @@ dead-letter copies too), labelled with its role, deduplicated, newest first.
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 import click
 
-from sluice.admin.core import admin_command
+from sluice.admin.core import admin_command, current_env
 from sluice.admin.output import Result, body_preview, fmt_time, message_detail, message_json, message_role, table
 from sluice.admin.params import KEY_VALUE, TIMESTAMP
 from sluice.admin.session import TOOLS_CONSUMER_GROUP, AdminSession
@@ -136,7 +135,7 @@ async def _view(s: AdminSession, mid: str, known: set[str], topic: str | None) -
 @admin_command("sendMessage", aliases=["send-message"])
 @click.option("-t", "--topic", required=True)
 @click.option("-p", "--body", help="The body, as UTF-8 text.")
-@click.option("--body-file", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
+@click.option("--body-file", type=click.Path(exists=True, dir_okay=False, allow_dash=True, path_type=Path),
               help="Read the body from this file ('-': standard input).")
 @click.option("-k", "--key", "keys", help="Keys, space-separated.")
 @click.option("-c", "--tags", help="The tag.")
@@ -153,7 +152,7 @@ async def send_message(s: AdminSession, topic: str, body: str | None, body_file:
     if (broker_name is None) != (queue_id is None):
         raise click.UsageError("-b/--broker and -i/--qid go together")
     if body_file is not None:
-        data = sys.stdin.buffer.read() if str(body_file) == "-" else body_file.read_bytes()
+        data = current_env().stdin.read() if str(body_file) == "-" else body_file.read_bytes()
     else:
         data = (body or "").encode("utf-8")
     msg = Message(topic, data, tags=tags, keys=keys, properties=dict(props), delay_level=delay_level)
