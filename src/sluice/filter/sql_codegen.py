@@ -88,6 +88,10 @@ class _Gen:
         self.temps += 1
         return f"t{self.temps}"
 
+    def parse(self, fn: str, var: str) -> str:
+        """Code parsing property ``var`` with ``fn`` (_pi, _pl or _pd)."""
+        return f"{fn}({var})"
+
     def value(self, node: Node) -> tuple[str, str]:
         """(code, kind) of a value; kind is a jtype, 'S?' (property), 'B?' (predicate) or 'N'."""
         if isinstance(node, Prop):
@@ -109,6 +113,9 @@ class _Gen:
         if isinstance(node, Not):
             return f"_NOT[{self.pred(node.operand)}]"
         if isinstance(node, (And, Or)):
+            fused = self.range_test(node)
+            if fused is not None:
+                return f"(None if {fused[0]} is None else {fused[1]})"
             stop = "False" if isinstance(node, And) else "True"
             other = "True" if isinstance(node, And) else "False"
             names = [self.temp() for _ in node.terms]
@@ -131,6 +138,54 @@ class _Gen:
             return self.strmatch(node)
         raise TypeError(f"not a predicate node: {node!r}")
 
+    def range_test(self, node: And | Or) -> tuple[str, str] | None:
+        """``a BETWEEN x AND y`` (and its NOT form) on an integer literal pair: (property variable, code
+        of the two comparisons) parsing the property once; None for any other AND/OR.
+
+        Both terms are NULL exactly when the property is missing, so the three-valued AND/OR reduces to
+        Python's on the two comparisons; a value that does not parse raises at the first, as before."""
+        terms = node.terms
+        if len(terms) != 2 or not all(isinstance(t, Compare) and isinstance(t.left, Prop)
+                                      and isinstance(t.right, Const) for t in terms):
+            return None
+        a, b = terms
+        if a.left.name != b.left.name or a.right.jtype != b.right.jtype or a.right.jtype not in ("I", "L"):
+            return None
+        v = self.var[a.left.name]
+        t = self.temp()
+        parsed = self.parse("_pi" if a.right.jtype == "I" else "_pl", v)
+        join = "and" if isinstance(node, And) else "or"
+        return v, f"(({t} := {parsed}) {a.op} ({a.right.value!r}) {join} {t} {b.op} ({b.right.value!r}))"
+
+    def test(self, node: Node) -> str:
+        """Python code that is True exactly when ``pred(node) is True``: two-valued where that is cheaper.
+
+        Under "delivered only on TRUE", AND is TRUE iff every term is and OR iff any term is, and an
+        error anywhere means no delivery whichever way it is reached, so And/Or become Python's own
+        (left to right, short-circuit). Only NOT needs the three values of its operand."""
+        fused = self.range_test(node) if isinstance(node, (And, Or)) else None
+        if fused is not None:
+            return f"({fused[0]} is not None and {fused[1]})"
+        if isinstance(node, And):
+            return "(" + " and ".join(self.test(t) for t in node.terms) + ")"
+        if isinstance(node, Or):
+            return "(" + " or ".join(self.test(t) for t in node.terms) + ")"
+        if isinstance(node, Not):
+            return f"({self.pred(node.operand)} is False)"
+        if isinstance(node, In):
+            v = self.var[node.operand.name]
+            items = ", ".join(repr(x) for x in sorted(node.values))
+            return f"({v} is not None and {v} {'not in' if node.negated else 'in'} {{{items}}})"
+        if isinstance(node, (Compare, Eq)) and isinstance(node.left, Prop) and isinstance(node.right, Const) \
+                and node.right.jtype in ("I", "L", "S"):
+            # NULL only when the property is missing: "is True" is "present and the comparison holds".
+            v = self.var[node.left.name]
+            code = self.pred(node)
+            prefix = f"(None if {v} is None else "
+            if code.startswith(prefix):
+                return f"({v} is not None and {code[len(prefix):-1]})"
+        return f"({self.pred(node)} is True)"
+
     def eq(self, node: Eq) -> str:
         lc, lk = self.value(node.left)
         rc, rk = self.value(node.right)
@@ -151,16 +206,16 @@ class _Gen:
         # String against a number literal: the literal's type parses the string
         # (Integer.valueOf / Long.valueOf / Double.valueOf); doubles use Double.compare.
         if lk == "S?" and rk in ("I", "L"):
-            return f"(None if {lc} is None else {'_pi' if rk == 'I' else '_pl'}({lc}) {op} {rc})"
+            return f"(None if {lc} is None else {self.parse('_pi' if rk == 'I' else '_pl', lc)} {op} {rc})"
         if rk == "S?" and lk in ("I", "L"):
-            return f"(None if {rc} is None else {lc} {op} {'_pi' if lk == 'I' else '_pl'}({rc}))"
+            return f"(None if {rc} is None else {lc} {op} {self.parse('_pi' if lk == 'I' else '_pl', rc)})"
         if "S?" in (lk, rk) and "D" in (lk, rk):
             v, c, op = (lc, rc, op) if lk == "S?" else (rc, lc, _FLIP[op])
             if float(c.strip("()")) != 0.0:
                 # Away from zero, Double.compare is Python's order except that NaN is the largest.
                 t = self.temp()
                 nan = f" or {t} != {t}" if op in (">", ">=") else ""
-                return f"(None if {v} is None else (({t} := _pd({v})) {op} {c}{nan}))"
+                return f"(None if {v} is None else (({t} := {self.parse('_pd', v)}) {op} {c}{nan}))"
             return f"(None if {v} is None else _dcs({v}, {c}) {op} 0)"
         if lk == "S?" and rk == "S?":
             return f"(None if {lc} is None or {rc} is None else _ss({lc}, {rc}) {op} 0)"
@@ -193,6 +248,7 @@ def generate(node: Node) -> tuple[str, list[str]]:
     props = properties_of(node)
     gen = _Gen(props)
     body = gen.pred(node)
+    test = gen.test(node)
     loads_try = "".join(f"        {gen.var[name]} = g({name!r})\n" for name in props)
     source = (
         "def _evaluate(p):\n"
@@ -207,11 +263,71 @@ def generate(node: Node) -> tuple[str, list[str]]:
         "    try:\n"
         "        g = p.get\n"
         f"{loads_try}"
-        f"        return {body} is True\n"
+        f"        return {test}\n"
         "    except _E:\n"
         "        return False\n"
     )
     return source, props
+
+
+def generate_multi(nodes: list[Node]) -> str:
+    """Python source of ``_multi(p)``: bit i of the result is set when ``nodes[i]`` is TRUE on ``p``.
+
+    For evaluating many expressions on each message at once (bitmaps at dispatch): one call per message,
+    each property looked up once, each expression in its own try (an error there is that expression's
+    "no match", as in ``_matches``).
+    """
+    props: list[str] = []
+    for node in nodes:
+        props += [name for name in properties_of(node) if name not in props]
+    gen = _MultiGen(props)
+    body: list[str] = []
+    for i, node in enumerate(nodes):
+        body += ["    try:", f"        if {gen.test(node)}:", f"            m |= {1 << i}",
+                 "    except _E:", "        pass"]
+    lines = ["def _multi(p):", "    g = p.get"]
+    lines += [f"    {gen.var[name]} = g({name!r})" for name in props]
+    # Each property is parsed as a number once per message, not once per expression; a value that does
+    # not parse becomes _BAD, whose comparisons raise where the parse would have (so only there).
+    for (fn, var), name in gen.parsed.items():
+        lines += [f"    try:", f"        {name} = None if {var} is None else {fn}({var})", "    except _E:",
+                  f"        {name} = _BAD"]
+    lines.append("    m = 0")
+    lines += body
+    lines.append("    return m")
+    return "\n".join(lines) + "\n"
+
+
+class _Bad:
+    """A property value that did not parse as a number: comparing it fails like parsing it did."""
+
+    __slots__ = ()
+
+    def _fail(self, other: object) -> bool:
+        raise ValueError("not a number")
+
+    __lt__ = __le__ = __gt__ = __ge__ = __eq__ = __ne__ = _fail  # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]
+
+
+class _MultiGen(_Gen):
+    def __init__(self, props: list[str]) -> None:
+        super().__init__(props)
+        self.parsed: dict[tuple[str, str], str] = {}
+
+    def parse(self, fn: str, var: str) -> str:
+        name = self.parsed.get((fn, var))
+        if name is None:
+            name = self.parsed[(fn, var)] = f"n{len(self.parsed)}"
+        return name
+
+
+def compile_multi(nodes: list[Node]) -> Callable[[Mapping[str, str]], int]:
+    """The compiled ``_multi`` of :func:`generate_multi`."""
+    namespace: dict[str, Any] = {"__builtins__": {}, "_BAD": _Bad()}
+    namespace.update(HELPERS)
+    exec(compile(generate_multi(nodes), "<selectors>", "exec"), namespace)  # noqa: S102 - from validated ASTs
+    return namespace["_multi"]
 
 
 def compile_ast(node: Node, name: str = "<selector>") -> tuple[Callable[[Mapping[str, str]], bool | None],
