@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -28,8 +30,34 @@ LOCAL_CONF: dict[str, str] = {
     "spark.sql.adaptive.enabled": "false",
     "spark.driver.bindAddress": "127.0.0.1",
     "spark.driver.host": "127.0.0.1",
-    "spark.driver.extraJavaOptions": "-XX:+UseSerialGC -XX:TieredStopAtLevel=1",
 }
+_LOCAL_JAVA_OPTIONS = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1"
+
+# Spark's default log4j profile prints a banner and WARN lines into the output of every command
+# (`sluice demo`, `sluice spark ...`); errors still reach stderr, and the job's own errors are raised.
+# The repl logger at the root's level stops the "Setting default log level" notice of a Python driver.
+_LOG4J2 = """\
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
+logger.repl.name = org.apache.spark.repl.Main
+logger.repl.level = error
+logger.gateway.name = org.apache.spark.api.python.PythonGatewayServer
+logger.gateway.level = error
+"""
+
+
+def _log4j2_file() -> str:
+    path = Path(tempfile.gettempdir()) / f"sluice-spark-log4j2-{os.getuid()}.properties"
+    if not path.exists() or path.read_text() != _LOG4J2:
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(_LOG4J2)
+        os.replace(tmp, path)
+    return str(path)
 
 
 def session(master: str = "local[*]", app_name: str = "sluice", **conf: Any) -> SparkSession:
@@ -47,7 +75,9 @@ def session(master: str = "local[*]", app_name: str = "sluice", **conf: Any) -> 
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.master(master).appName(app_name)
-    settings = {**BASE_CONF, **(LOCAL_CONF if local else {}), **{k: str(v) for k, v in conf.items()}}
+    java = f"-Dlog4j2.configurationFile={_log4j2_file()}" + (f" {_LOCAL_JAVA_OPTIONS}" if local else "")
+    settings = {**BASE_CONF, **(LOCAL_CONF if local else {}), "spark.driver.extraJavaOptions": java,
+                **{k: str(v) for k, v in conf.items()}}
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
