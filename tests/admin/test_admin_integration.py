@@ -261,6 +261,37 @@ def test_consumer_progress_and_connection(cluster: Cluster, topic: str) -> None:
     assert cluster.admin("consumerProgress", "-g", "NoSuchGroup").status is ExitStatus.NOT_FOUND
 
 
+def test_consumer_progress_counts_the_matching_lag_of_a_tag_subscription(cluster: Cluster, topic: str) -> None:
+    make_topic(cluster, topic, queues=1)
+    group = f"G_{topic}"
+    with Producer("admin-test-producer", namesrv=cluster.ns) as p:
+        q = MessageQueue(topic=topic, broker_name="broker-a", queue_id=0)
+        for i in range(6):
+            last = p.send(Message(topic, b"x", tags="TagA" if i < 2 else "TagB"), queue=q)
+    wait_dispatched(cluster, topic, [("broker-a", 0, last.queue_offset)])
+
+    async def scenario() -> tuple[Run, Run]:
+        client = RemotingClient()
+        try:
+            await join_group(client, [cluster.brokers[0].addr], group, topic, "member-1", "TagA")
+            loop = asyncio.get_running_loop()
+            as_json = await loop.run_in_executor(None, cluster.admin, "consumerProgress", "-g", group, "-t", topic,
+                                                 "--json")
+            text = await loop.run_in_executor(None, cluster.admin, "consumerProgress", "-g", group, "-t", topic)
+            return as_json, text
+        finally:
+            await client.close()
+
+    as_json, text = asyncio.run(scenario())
+    assert as_json.status is ExitStatus.SUCCESS, as_json.stderr
+    (a_row,) = [e for e in as_json.json["offsetTable"] if e["brokerName"] == "broker-a"]
+    if a_row["matchingLagBasis"] == "plain-lag":
+        pytest.skip("this broker does not count the filter-aware lag")
+    assert (a_row["lag"], a_row["matchingLag"], a_row["matchingLagBasis"]) == (6, 2, "counted")
+    assert as_json.json["totalMatchingLag"] == 2
+    assert "matching lag 2," in text.stdout
+
+
 def test_consumer_connection_merges_brokers(cluster: Cluster, topic: str) -> None:
     make_topic(cluster, topic)
     group = f"G_{topic}"

@@ -31,9 +31,10 @@ RETRY_PREFIX = "%RETRY%"
 
 # ------------------------------------------------------------------------------------------ consumerProgress
 
-async def consume_stats(s: AdminSession, group: str, topic: str | None) -> tuple[list[dict[str, Any]], float,
-                                                                                  list[str]]:
-    """Every master's GET_CONSUME_STATS entries for ``group``, the summed consume TPS, and warnings."""
+async def consume_stats(s: AdminSession, group: str, topic: str | None,
+                        filter_stats: dict[str, Any] | None = None) -> tuple[list[dict[str, Any]], float, list[str]]:
+    """Every master's GET_CONSUME_STATS entries for ``group``, the summed consume TPS, and warnings;
+    the brokers' per-topic filter figures (``filterStats``) go into ``filter_stats`` by broker name."""
     header = H.GetConsumeStatsRequestHeader(consumer_group=group, topic=topic)
 
     async def one(b: BrokerRef) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -41,7 +42,9 @@ async def consume_stats(s: AdminSession, group: str, topic: str | None) -> tuple
     res = settle(await s.gather_per_broker(await s.brokers(), one), "GET_CONSUME_STATS")
     entries = []
     warnings = list(res.warnings)
-    for _, (body, table_) in res.ok:
+    for b, (body, table_) in res.ok:
+        if filter_stats is not None and body.get("filterStats"):
+            filter_stats[b.name or b.addr] = body["filterStats"]
         for e in table_:
             if "lag" not in e:  # RocketMQ's OffsetWrapper has only the two offsets
                 e["lag"] = max(0, int(e["brokerOffset"]) - max(int(e["consumerOffset"]), 0))
@@ -55,6 +58,20 @@ async def consume_stats(s: AdminSession, group: str, topic: str | None) -> tuple
     entries.sort(key=lambda e: (e["topic"], e["brokerName"], e["queueId"]))
     tps = sum(float(body.get("consumeTps", 0.0)) for _, (body, _t) in res.ok)
     return entries, tps, warnings
+
+
+def filter_notes(filters: dict[str, Any]) -> list[str]:
+    """One line per broker and filtered topic: the expression and the broker's evaluation counters."""
+    out = []
+    for broker, topics in sorted(filters.items()):
+        for t, st in sorted(topics.items()):
+            if not isinstance(st, dict) or not st.get("expression") or st.get("expression") == "*":
+                continue
+            counters = ", ".join(f"{k} {v}" for k, v in st.items()
+                                 if k not in ("expression", "expressionType", "subVersion", "dead") and v is not None)
+            out.append(f"filter {st.get('expressionType') or ''} {st['expression']!r} on {t} at {broker}"
+                       + (f": {counters}" if counters else ""))
+    return out
 
 
 def _conflict_text(c: Any) -> str:
@@ -81,7 +98,8 @@ async def consumer_progress(s: AdminSession, group: str | None, topic: str | Non
         if topic is not None:
             raise click.UsageError("-t/--topic needs -g/--groupName")
         return await _all_groups(s)
-    entries, tps, warnings = await consume_stats(s, group, topic)
+    filters: dict[str, Any] = {}
+    entries, tps, warnings = await consume_stats(s, group, topic, filters)
     if not entries:
         what = f"topic {topic!r} of group {group!r}" if topic else f"group {group!r}"
         raise NotFoundError(f"{what}: no committed offset and no online subscription on any broker")
@@ -100,8 +118,9 @@ async def consumer_progress(s: AdminSession, group: str | None, topic: str | Non
         notes.append("* the broker does not count matching messages: the plain lag is shown")
     elif basis == "at-least":
         notes.append("≥ the broker stopped counting at its work bound: at least this many match")
+    notes += filter_notes(filters)
     data = {"group": group, "offsetTable": entries, "totalLag": total, "totalMatchingLag": matching,
-            "matchingLagBasis": basis, "consumeTps": tps}
+            "matchingLagBasis": basis, "consumeTps": tps, "filterStats": filters}
     return Result(data, [t], notes, warnings, ExitStatus.PARTIAL if warnings else ExitStatus.SUCCESS)
 
 
