@@ -271,3 +271,12 @@ def test_queue_tables_in_rocketmq_fastjson_form() -> None:
 def test_traceback_flag_prints_the_traceback() -> None:
     r = run_admin("topicList", "--traceback", "-n", f"127.0.0.1:{free_port()}")
     assert r.status is ExitStatus.UNAVAILABLE and "Traceback (most recent call last)" in r.stderr
+
+
+@given(st.datetimes(min_value=dt.datetime(1971, 1, 2), max_value=dt.datetime(2200, 1, 1)))
+def test_timestamp_forms_agree(when: dt.datetime) -> None:
+    when = when.replace(microsecond=when.microsecond // 1000 * 1000)
+    mq = when.strftime("%Y-%m-%d#%H:%M:%S:") + f"{when.microsecond // 1000:03d}"
+    ms = parse_timestamp(mq)
+    assert parse_timestamp(when.isoformat()) == ms
+    assert parse_timestamp(str(ms)) == ms

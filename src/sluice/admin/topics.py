@@ -1,6 +1,7 @@
 """Topic commands: updateTopic, deleteTopic, topicList, topicRoute, topicStatus."""
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import click
@@ -18,6 +19,8 @@ from sluice.protocol.offset_table import decode_queue_table
 from sluice.protocol.record import check_topic
 
 ORDER_TOPIC_CONFIG = "ORDER_TOPIC_CONFIG"  # the namesrv KV namespace of ordered topics' queue layout
+#: topicList -c asks the namesrv for every topic's route: a few at a time, not thousands at once.
+ROUTE_LOOKUPS_IN_FLIGHT = 16
 
 
 def perm_text(perm: int) -> str:
@@ -121,13 +124,17 @@ async def topic_list(s: AdminSession, cluster_model: bool) -> Result:
     clusters, brokers = set(info.cluster_addr_table), set(info.broker_addr_table)
     where: dict[str, list[str]] = {}
     if cluster_model:
-        for t in topics:
-            try:
-                route = await s.route(t)
-            except SluiceError:
-                where[t] = []
-                continue
+        gate = asyncio.Semaphore(ROUTE_LOOKUPS_IN_FLIGHT)
+
+        async def clusters_of(t: str) -> None:
+            async with gate:
+                try:
+                    route = await s.route(t)
+                except SluiceError:
+                    where[t] = []
+                    return
             where[t] = sorted({bd.cluster for bd in route.broker_datas})
+        await asyncio.gather(*(clusters_of(t) for t in topics))
     entries = [{"topic": t, "kind": topic_kind(t, clusters, brokers),
                 **({"clusters": where.get(t, [])} if cluster_model else {})} for t in topics]
     cols = ["Topic", "Kind"] + (["Cluster"] if cluster_model else [])
