@@ -5,8 +5,9 @@ Listeners are plain functions run on the consumer's thread pool; everything
 else (process queues, offsets, send-backs) stays on the consumer's event loop,
 so the listener's answer is applied there and no state is shared with threads.
 
-Concurrent: each batch of up to ``consume_message_batch_max_size`` messages
-is a pool job. SUCCESS removes the batch from its process queue and moves the
+Concurrent: the listener gets batches of up to ``consume_message_batch_max_size``
+messages; a pull's batches are spread over the free threads (all in one pool
+job when none is free, so a backlog costs one thread hand-off per pull). SUCCESS removes the batch from its process queue and moves the
 queue's offset to the lowest message still cached. RECONSUME_LATER sends each
 message back to the broker (CONSUMER_SEND_MSG_BACK → %RETRY%<group>, or the DLQ
 once retries are used up) and then counts it consumed; a message whose
@@ -71,6 +72,8 @@ class _Service:
         self.stopping = False
         self.consumed = 0
         self.failed = 0
+        #: Pool jobs submitted and not finished.
+        self.jobs = 0
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -85,17 +88,30 @@ class _Service:
         if not task.cancelled() and task.exception() is not None:
             log.error("consume task failed", exc_info=task.exception())
 
-    async def _listen(self, pq: ProcessQueue, msgs: list[MessageExt]) -> bool:
+    def _call(self, pq: ProcessQueue, batches: list[list[MessageExt]]) -> list[bool | None]:
+        # On a pool thread, one listener call per batch. A batch whose queue was released meanwhile is
+        # skipped: the queue's new owner starts from the committed offset, which does not include it.
+        return [None if pq.dropped else call_listener(self.listener, b) for b in batches]
+
+    async def _listen_many(self, pq: ProcessQueue, batches: list[list[MessageExt]]) -> list[bool | None]:
+        """The listener's verdict per batch (True / False), None for a batch skipped (queue released).
+        The batches go to one pool job: a thread hand-off costs more than a fast listener call."""
         pq.busy += 1
+        self.jobs += 1
         try:
-            ok = await asyncio.get_running_loop().run_in_executor(self.executor, call_listener, self.listener, msgs)
+            oks = await asyncio.get_running_loop().run_in_executor(self.executor, self._call, pq, batches)
         finally:
             pq.busy -= 1
-        if ok:
-            self.consumed += len(msgs)
-        else:
-            self.failed += len(msgs)
-        return ok
+            self.jobs -= 1
+        for b, ok in zip(batches, oks):
+            if ok:
+                self.consumed += len(b)
+            elif ok is not None:
+                self.failed += len(b)
+        return oks
+
+    async def _listen(self, pq: ProcessQueue, msgs: list[MessageExt]) -> bool | None:
+        return (await self._listen_many(pq, [msgs]))[0]
 
     def _owned(self, mq: MessageQueue, pq: ProcessQueue) -> bool:
         return self.consumer.rebalancer.process_queues.get(mq) is pq
@@ -128,20 +144,27 @@ class ConcurrentConsumeService(_Service):
     orderly = False
 
     def submit(self, mq: MessageQueue, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
+        """Split into listener batches and spread them over the free threads: one job per free thread
+        (slow listeners run in parallel), all in one job when the pool is busy (a backlog costs one
+        hand-off per pull, not per message)."""
         n = self.consumer.options.consume_message_batch_max_size
-        for i in range(0, len(msgs), n):
-            self._spawn(self._consume(mq, pq, msgs[i:i + n]))
+        batches = [msgs[i:i + n] for i in range(0, len(msgs), n)]
+        jobs = min(len(batches), max(1, self.consumer.options.consume_thread_max - self.jobs))
+        per = -(-len(batches) // jobs)
+        for i in range(0, len(batches), per):
+            self._spawn(self._consume(mq, pq, batches[i:i + per]))
 
-    async def _consume(self, mq: MessageQueue, pq: ProcessQueue, batch: list[MessageExt]) -> None:
+    async def _consume(self, mq: MessageQueue, pq: ProcessQueue, batches: list[list[MessageExt]]) -> None:
         if pq.dropped and not self._owned(mq, pq):
             return
-        ok = await self._listen(pq, batch)
-        done = batch
-        if not ok:
-            done = await self._failed(mq, pq, batch)
-        offset = pq.remove(done)
-        if offset >= 0 and self._owned(mq, pq):
-            self.consumer.offset_store.update(mq, offset, increase_only=True)
+        oks = await self._listen_many(pq, batches)
+        for batch, ok in zip(batches, oks):
+            if ok is None:
+                continue
+            done = batch if ok else await self._failed(mq, pq, batch)
+            offset = pq.remove(done)
+            if offset >= 0 and self._owned(mq, pq):
+                self.consumer.offset_store.update(mq, offset, increase_only=True)
 
     async def _failed(self, mq: MessageQueue, pq: ProcessQueue, batch: list[MessageExt]) -> list[MessageExt]:
         c = self.consumer
@@ -194,6 +217,9 @@ class OrderlyConsumeService(_Service):
                     break
                 batch = pq.take(n)
                 ok = await self._listen(pq, batch)
+                if ok is None:
+                    pq.make_back_to_consume(batch)
+                    break
                 if not ok:
                     suspend = await self._check_reconsume(batch)
                     if suspend:

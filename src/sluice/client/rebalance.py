@@ -46,6 +46,9 @@ RETRY_PREFIX = "%RETRY%"
 RELEASE_GRACE_S = 1.0
 #: After a refused orderly lock (the previous owner has not let go yet), rebalance again this soon.
 REBALANCE_LATER_S = 1.0
+#: Concurrent CLUSTERING hand-off: a queue taken while the group has other members is started this long
+#: after the rebalance, so its previous owner (released at the same notification) has committed first.
+HANDOFF_DELAY_S = RELEASE_GRACE_S + 0.5
 
 
 def resolve_strategy(strategy: str | Callable[..., Any]) -> Callable[[str, Sequence[MessageQueue], Sequence[str]],
@@ -90,7 +93,7 @@ class Rebalancer:
             log.debug("rebalance %s/%s: %d queues, %d members", self.consumer.group, topic, len(queues), len(cids))
             return True
         mine = self.strategy(self._inst.client_id, queues, sorted(cids))
-        return await self._update(topic, set(mine))
+        return await self._update(topic, set(mine), handoff=len(cids) > 1)
 
     async def _consumer_ids(self, topic: str) -> list[str]:
         route = await self._inst.topic_route(topic)
@@ -107,7 +110,7 @@ class Rebalancer:
             raise last
         return []
 
-    async def _update(self, topic: str, allocated: set[MessageQueue]) -> bool:
+    async def _update(self, topic: str, allocated: set[MessageQueue], *, handoff: bool = False) -> bool:
         """updateProcessQueueTableInRebalance."""
         for mq, pq in list(self.process_queues.items()):
             # A queue dropped earlier but still here (its release was busy) is released first, even
@@ -116,7 +119,11 @@ class Rebalancer:
                 await self._release(mq, pq)
         all_locked = True
         c = self.consumer
-        for mq in sorted(allocated - set(self.process_queues), key=queue_sort_key):
+        new = sorted(allocated - set(self.process_queues), key=queue_sort_key)
+        if new and handoff and not c.orderly:
+            # Orderly queues hand over through broker locks; concurrent ones through this pause.
+            await asyncio.sleep(HANDOFF_DELAY_S)
+        for mq in new:
             if c.orderly and c.options.model is MessageModel.CLUSTERING and not await self._lock_one(mq):
                 log.info("group %s: queue %s is still locked by another member; retrying soon", c.group, mq)
                 all_locked = False
