@@ -429,6 +429,10 @@ def test_resend_dead_letters(cluster: Cluster, topic: str) -> None:
     picked = cluster.admin("resendDeadLetters", "-g", group, "--all", "-i", u2, "--json").json
     assert [m["msgId"] for m in picked["messages"]] == [u2] and picked["offsets"][0]["committed"] is False
     wait_for(lambda: len(pull_all(cluster, topic, f"{group}_check2")) == 3, 10, "the third copy")
+    unknown = cluster.admin("resendDeadLetters", "-g", group, "--all", "-i", "0" * 32)
+    assert unknown.status is ExitStatus.NOT_FOUND and "holds none of" in unknown.stderr
+    half = cluster.admin("resendDeadLetters", "-g", group, "--all", "-i", u1, "-i", "0" * 32, "--dry-run")
+    assert half.status is ExitStatus.PARTIAL and "does not hold" in half.stderr and "would resend 1" in half.stdout
     # queryMsgByUniqueKey with -g shows every copy, labelled.
     copies = cluster.admin("queryMsgByUniqueKey", "-t", topic, "-i", u2, "-g", group, "--json").json["messages"]
     assert sorted(c["role"] for c in copies) == ["dead-letter", "original", "original"]

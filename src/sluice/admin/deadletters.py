@@ -131,6 +131,7 @@ async def resend_dead_letters(s: AdminSession, group: str, msg_ids: tuple[str, .
         raise NotFoundError(f"group {group!r} has no dead-letter topic {dlq} "
                             "(no message of it ever ran out of retries)") from None
     wanted = set(msg_ids)
+    seen: set[str] = set()  # the -i ids met in the DLQ
     commit = not dry_run and not wanted
     resender = _Resender(s, new_id=new_id)
     outcomes: list[_Outcome] = []
@@ -143,11 +144,16 @@ async def resend_dead_letters(s: AdminSession, group: str, msg_ids: tuple[str, .
         lo, hi = await s.min_offset(addr, mq), await s.max_offset(addr, mq)
         committed = await s.committed_offset(addr, group, mq)
         start = lo if from_start or committed < 0 else max(committed, lo)
-        pos, failure = await _resend_queue(s, resender, mq, group, start, hi, wanted, max_num, dry_run, outcomes)
+        pos, failure = await _resend_queue(s, resender, mq, group, start, hi, wanted, seen, max_num, dry_run,
+                                           outcomes)
         if commit and pos > committed:  # never moves the group's DLQ progress back (--all with --max)
             await s.commit_offset(addr, group, mq, pos)
         offsets.append({"brokerName": mq.broker_name, "queueId": mq.queue_id, "from": start, "to": pos,
                         "committed": commit})
+    missing = sorted(wanted - seen)
+    if missing and not seen:
+        raise NotFoundError(f"{dlq} holds none of {', '.join(missing)} (from the offset each queue starts at; "
+                            "--all starts at the first letter kept)")
     resent = sum(o.result == "resent" for o in outcomes)
     skipped = [o for o in outcomes if o.result == "skipped"]
     rows = [(o.queue_id, o.offset, o.msg_id, o.origin or "?", o.result, o.new_offset_msg_id or o.detail)
@@ -158,7 +164,8 @@ async def resend_dead_letters(s: AdminSession, group: str, msg_ids: tuple[str, .
     notes = [f"{dlq}: {verb} {_count(outcomes)}, skipped {len(skipped)}"
              + ("" if commit else " (offsets not changed)")]
     warnings = [f"skipped {o.msg_id} at {dlq} offset {o.offset}: {o.detail}" for o in skipped]
-    status = ExitStatus.PARTIAL if skipped else ExitStatus.SUCCESS
+    warnings += [f"{dlq} does not hold {i}" for i in missing]
+    status = ExitStatus.PARTIAL if skipped or missing else ExitStatus.SUCCESS
     if failure is not None:
         warnings.append(f"stopped: {failure}")
         status = ExitStatus.PARTIAL if resent else exit_status_for(failure)
@@ -173,7 +180,7 @@ def _count(outcomes: list[_Outcome]) -> int:
 
 
 async def _resend_queue(s: AdminSession, resender: _Resender, mq: MessageQueue, group: str, start: int, hi: int,
-                        wanted: set[str], max_num: int | None, dry_run: bool,
+                        wanted: set[str], seen: set[str], max_num: int | None, dry_run: bool,
                         outcomes: list[_Outcome]) -> tuple[int, SluiceError | None]:
     """Resend from ``start`` up to ``hi``; returns the offset after the last letter dealt with, and the error
     that stopped the run (the letter it failed on is not passed, so the next run tries it again)."""
@@ -186,9 +193,12 @@ async def _resend_queue(s: AdminSession, resender: _Resender, mq: MessageQueue, 
         for m in r.msg_found_list:
             if max_num is not None and _count(outcomes) >= max_num:
                 return pos, None
-            if wanted and m.msg_id not in wanted and m.offset_msg_id not in wanted:
-                pos = m.queue_offset + 1
-                continue
+            if wanted:
+                hit = wanted & {m.msg_id, m.offset_msg_id}
+                if not hit:
+                    pos = m.queue_offset + 1
+                    continue
+                seen |= hit
             origin = origin_topic(m)
             problem = "it names no original topic" if origin is None else await resender.topic_problem(origin)
             if problem is not None:
