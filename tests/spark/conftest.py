@@ -1,9 +1,13 @@
 """One SparkSession (local[2]) for every Spark test: starting one costs 6-13 s here."""
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 pyspark = pytest.importorskip("pyspark", reason="the spark extra is not installed")
+if shutil.which("java") is None:  # the machine image provides Java 17; Spark cannot run without one
+    pytest.skip("no java on PATH (Spark 4 needs Java 17 or 21)", allow_module_level=True)
 
 
 @pytest.fixture(scope="session")

@@ -138,3 +138,21 @@ def test_backfill_bitmaps_match_the_broker_selector(spark, store, tmp_path):
         assert (head["first"], head["end"]) == (0, 375)
         want = [sel.matches(_props(4 * k + q)) for k in range(375)]
         assert bits.tolist() == want and head["matched"] == sum(want)
+
+
+def test_tag_filter_in_the_reader(store):
+    whole = _all(store, 64 * 1024)
+    t = _all(store, 64 * 1024, tags=frozenset(["Tag1", "Tag2"]))
+    want = [r for r in whole.to_pylist() if r["tags"] in ("Tag1", "Tag2")]
+    assert t.to_pylist() == want and len(want) > 0
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_store_source_pushdown_equals_spark_filtering(spark, store):
+    df = spark.read.format("sluice_store").option("splitBytes", str(64 * 1024)).load(str(store))
+    pushed = sorted(r.commitlog_offset for r in df.where("tags IN ('Tag0', 'Tag2') AND topic = 'Orders'")
+                    .select("commitlog_offset").collect())
+    everything = df.select("commitlog_offset", "tags", "topic").collect()
+    assert pushed == sorted(r.commitlog_offset for r in everything
+                            if r.tags in ("Tag0", "Tag2") and r.topic == "Orders") and pushed

@@ -3,7 +3,8 @@
 Options: ``path`` (the store directory; ``.load(path)`` works), ``topic`` (one topic or a comma list;
 default every topic), ``splitBytes`` (target bytes per task, default 64 MiB), ``checkCrc`` (default
 true: a damaged record fails the task with its file and offset), ``broker`` (value of the broker
-column). A ``where`` on ``topic`` (= or IN) is pushed into the reader; everything else stays in Spark.
+column). A ``where`` on ``topic`` or ``tags`` (= or IN) is pushed into the reader, which then skips
+other records before copying their bodies; everything else stays in Spark.
 """
 from __future__ import annotations
 
@@ -30,6 +31,15 @@ def _flag(options, name: str, default: bool) -> bool:
     return str(raw).lower() == "true"
 
 
+def _string_set(f: Filter) -> frozenset[str] | None:
+    """The values of ``col = 's'`` or ``col IN ('s', ...)``; None for any other filter."""
+    if isinstance(f, EqualTo) and isinstance(f.value, str):
+        return frozenset([f.value])
+    if isinstance(f, In) and f.value and all(isinstance(v, str) for v in f.value):
+        return frozenset(f.value)
+    return None
+
+
 class SluiceStoreReader(DataSourceReader):
     def __init__(self, options) -> None:
         self.path = options.get("path")
@@ -43,25 +53,25 @@ class SluiceStoreReader(DataSourceReader):
             raise InvalidParameterError(f"splitBytes must be an integer, not {options.get('splitBytes')!r}") from None
         self.check_crc = _flag(options, "checkCrc", True)
         self.broker = options.get("broker")
+        self.tags: frozenset[str] | None = None
 
     def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
         for f in filters:
-            if f.attribute == ("topic",) and isinstance(f, EqualTo) and isinstance(f.value, str):
-                wanted = frozenset([f.value])
-            elif f.attribute == ("topic",) and isinstance(f, In) and all(isinstance(v, str) for v in f.value):
-                wanted = frozenset(f.value)
+            wanted = _string_set(f)
+            if wanted is not None and f.attribute == ("topic",):
+                self.topics = wanted if self.topics is None else self.topics & wanted
+            elif wanted is not None and f.attribute == ("tags",):
+                self.tags = wanted if self.tags is None else self.tags & wanted
             else:
                 yield f
-                continue
-            self.topics = wanted if self.topics is None else self.topics & wanted
 
     def partitions(self) -> Sequence[InputPartition]:
         return [StoreSplit(s) for s in plan_splits(self.path, self.split_bytes)]
 
     def read(self, partition: StoreSplit):
-        if self.topics is not None and not self.topics:
+        if (self.topics is not None and not self.topics) or (self.tags is not None and not self.tags):
             return
-        yield from SegmentReader(partition.split, topics=self.topics, broker=self.broker,
+        yield from SegmentReader(partition.split, topics=self.topics, tags=self.tags, broker=self.broker,
                                  check_crc=self.check_crc).batches()
 
 

@@ -236,10 +236,11 @@ def _keys_lists(keys: pa.Array) -> pa.Array:
 class SegmentReader:
     """Decodes the records of one split into Arrow record batches (ARROW_SCHEMA)."""
 
-    def __init__(self, split: Split, *, topics: frozenset[str] | None = None, broker: str | None = None,
-                 check_crc: bool = True, batch_rows: int = 8192) -> None:
+    def __init__(self, split: Split, *, topics: frozenset[str] | None = None, tags: frozenset[str] | None = None,
+                 broker: str | None = None, check_crc: bool = True, batch_rows: int = 8192) -> None:
         self.split = split
         self.topics = topics
+        self.tags = tags
         self.broker = broker
         self.check_crc = check_crc
         self.batch_rows = batch_rows
@@ -338,6 +339,11 @@ class SegmentReader:
         keep = visible
         if self.topics is not None:
             keep = keep & np.asarray(pc.is_in(topic, pa.array(sorted(self.topics))), dtype=bool)
+        props_text = _strings(mv, props_at.tolist(), (props_at + plen).tolist())
+        if self.tags is not None:
+            # Decided on the property text before any body is copied or checked.
+            tags = pc.map_lookup(_properties_map(props_text), "TAGS", "last")
+            keep = keep & np.asarray(pc.fill_null(pc.is_in(tags, pa.array(sorted(self.tags))), False), dtype=bool)
         if not keep.all():
             idx = np.flatnonzero(keep)
             if len(idx) == 0:
@@ -345,7 +351,8 @@ class SegmentReader:
             pos, total, sysflag, bh, store_ts_at, store_host_at, rec_at = (
                 a[idx] for a in (pos, total, sysflag, bh, store_ts_at, store_host_at, rec_at))
             body_at, body_end, props_at, plen, phys = (a[idx] for a in (body_at, body_end, props_at, plen, phys))
-            topic = topic.take(pa.array(idx))
+            take = pa.array(idx)
+            topic, props_text = topic.take(take), props_text.take(take)
         n = len(pos)
         b_starts, b_ends = body_at.tolist(), body_end.tolist()
         if self.check_crc:
@@ -360,7 +367,6 @@ class SegmentReader:
             body = pa.array(bodies, pa.binary())
         else:
             body = _strings(mv, b_starts, b_ends, binary=True)
-        props_text = _strings(mv, props_at.tolist(), (props_at + plen).tolist())
         props = _properties_map(props_text)
         tags = pc.map_lookup(props, "TAGS", "last")
         keys = _keys_lists(pc.map_lookup(props, "KEYS", "last"))
