@@ -25,7 +25,7 @@ def _selectors(texts: list[str]):  # type: ignore[no-untyped-def]
     return out
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(texts=st.lists(predicates, min_size=1, max_size=6), batch=st.lists(messages, min_size=1, max_size=8))
 def test_multi_matches_each_selector(texts: list[str], batch: list[dict[str, str]]) -> None:
     sels = _selectors(texts)
