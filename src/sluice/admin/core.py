@@ -101,6 +101,9 @@ def _set(attr: str) -> Callable[[click.Context, click.Parameter, Any], None]:
     return callback
 
 
+_COMMON = frozenset({"namesrv", "as_json", "timeout", "traceback"})
+
+
 def common_options(f: Callable[..., Any]) -> Callable[..., Any]:
     opts = [
         click.option("-n", "--namesrv", metavar="HOST:PORT[;HOST:PORT]", expose_value=False, callback=_set("namesrv"),
@@ -144,7 +147,10 @@ def admin_command(name: str, *, aliases: Sequence[str] = ()) -> Callable[[AdminC
             render(result, env.stdout, env.stderr, env.env, as_json=env.json)
             return result
 
-        cmd = click.command(name, context_settings={"help_option_names": ["-h", "--help"]})(common_options(callback))
+        cmd = click.command(name, context_settings={"help_option_names": ["-h", "--help"]},
+                            epilog=f"Also: {', '.join(aliases)}." if aliases else None)(common_options(callback))
+        # The command's own options first in its help, the common ones after.
+        cmd.params = [p for p in cmd.params if p.name not in _COMMON] + [p for p in cmd.params if p.name in _COMMON]
         admin_group.add_command(cmd)
         for alias in aliases:
             admin_group.add_alias(alias, name)
