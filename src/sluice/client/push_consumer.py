@@ -117,6 +117,10 @@ class AsyncPushConsumer:
         self.listener = listener
         self.orderly = orderly
 
+    @property
+    def running(self) -> bool:
+        return self._running
+
     def topics(self) -> list[str]:
         """Every topic rebalanced: the subscriptions, and the group's retry topic in CLUSTERING."""
         out = sorted(self._subs)
@@ -178,6 +182,7 @@ class AsyncPushConsumer:
         self._running = False
         try:
             await RebalanceService.of(inst).detach(self)
+            await self.rebalancer.cancel_pending()
             tasks = [t for t in (self._lock_task, *self._pull_tasks.values()) if t is not None]
             for t in tasks:
                 t.cancel()

@@ -64,23 +64,37 @@ class Rebalancer:
         self.process_queues: dict[MessageQueue, ProcessQueue] = {}
         self.strategy = resolve_strategy(consumer.options.allocate_strategy)
         self._lock = asyncio.Lock()
+        self._failing: set[str] = set()
+        #: The latest allocation per topic, queues waiting out the hand-off pause, and those waits.
+        self._wanted: dict[str, set[MessageQueue]] = {}
+        self._pending: set[MessageQueue] = set()
+        self._later_tasks: set[asyncio.Task[None]] = set()
 
     @property
     def _inst(self) -> ClientInstance:
         return self.consumer.instance
 
     async def do_rebalance(self) -> bool:
-        """One pass over every subscribed topic; False when an orderly lock was refused (try again soon)."""
+        """One pass over every subscribed topic; False when it should run again soon (an orderly lock was
+        refused, or a topic could not be rebalanced)."""
         async with self._lock:
             ok = True
             topics = self.consumer.topics()
             for topic in topics:
                 try:
                     ok &= await self._rebalance_topic(topic)
+                    self._failing.discard(topic)
                 except SluiceError as exc:
-                    log.warning("rebalance of %s for group %s failed: %s", topic, self.consumer.group, exc)
+                    # Soon again (a retry topic's route appears a moment after the first heartbeat);
+                    # warn once per failing spell.
+                    ok = False
+                    level = logging.DEBUG if topic in self._failing else logging.WARNING
+                    log.log(level, "rebalance of %s for group %s failed: %s", topic, self.consumer.group, exc)
+                    self._failing.add(topic)
             for mq in [mq for mq in self.process_queues if mq.topic not in topics]:
                 await self._release(mq, self.process_queues[mq])
+            for topic in [t for t in self._wanted if t not in topics]:
+                del self._wanted[topic]
             return ok
 
     async def _rebalance_topic(self, topic: str) -> bool:
@@ -112,36 +126,61 @@ class Rebalancer:
 
     async def _update(self, topic: str, allocated: set[MessageQueue], *, handoff: bool = False) -> bool:
         """updateProcessQueueTableInRebalance."""
+        self._wanted[topic] = allocated
         for mq, pq in list(self.process_queues.items()):
             # A queue dropped earlier but still here (its release was busy) is released first, even
             # when it is ours again: it then starts afresh from the committed offset.
             if mq.topic == topic and (mq not in allocated or pq.dropped):
                 await self._release(mq, pq)
-        all_locked = True
         c = self.consumer
-        new = sorted(allocated - set(self.process_queues), key=queue_sort_key)
+        new = sorted(allocated - set(self.process_queues) - self._pending, key=queue_sort_key)
         if new and handoff and not c.orderly:
-            # Orderly queues hand over through broker locks; concurrent ones through this pause.
-            await asyncio.sleep(HANDOFF_DELAY_S)
+            # Orderly queues hand over through broker locks; concurrent ones through a pause, taken in the
+            # background so this member's own releases at the next notification are not held up.
+            self._pending.update(new)
+            task = asyncio.get_running_loop().create_task(self._take_later(topic, new))
+            self._later_tasks.add(task)
+            task.add_done_callback(self._later_tasks.discard)
+            return True
+        all_locked = True
         for mq in new:
-            if c.orderly and c.options.model is MessageModel.CLUSTERING and not await self._lock_one(mq):
-                log.info("group %s: queue %s is still locked by another member; retrying soon", c.group, mq)
-                all_locked = False
-                continue
-            c.offset_store.remove(mq)
-            try:
-                offset = await self.compute_pull_from_where(mq)
-            except SluiceError as exc:
-                log.warning("group %s: no start offset for %s (%s); not taking it this round", c.group, mq, exc)
-                await self._unlock_quietly(mq)
-                continue
-            pq = ProcessQueue()
-            pq.locked = True
-            pq.last_lock_time = time.monotonic()
-            self.process_queues[mq] = pq
-            log.info("group %s takes %s from offset %d", c.group, mq, offset)
-            c.start_pulling(mq, pq, offset)
+            all_locked &= await self._take(mq)
         return all_locked
+
+    async def _take_later(self, topic: str, mqs: list[MessageQueue]) -> None:
+        await asyncio.sleep(HANDOFF_DELAY_S)
+        async with self._lock:
+            self._pending.difference_update(mqs)
+            for mq in mqs:  # still ours after the pause, by the latest rebalance?
+                if mq in self._wanted.get(topic, ()) and mq not in self.process_queues and self.consumer.running:
+                    await self._take(mq)
+
+    async def _take(self, mq: MessageQueue) -> bool:
+        """Start consuming a queue newly allocated to us; False when its orderly lock was refused."""
+        c = self.consumer
+        if c.orderly and c.options.model is MessageModel.CLUSTERING and not await self._lock_one(mq):
+            log.info("group %s: queue %s is still locked by another member; retrying soon", c.group, mq)
+            return False
+        c.offset_store.remove(mq)
+        try:
+            offset = await self.compute_pull_from_where(mq)
+        except SluiceError as exc:
+            log.warning("group %s: no start offset for %s (%s); not taking it this round", c.group, mq, exc)
+            await self._unlock_quietly(mq)
+            return True
+        pq = ProcessQueue()
+        pq.locked = True
+        pq.last_lock_time = time.monotonic()
+        self.process_queues[mq] = pq
+        log.info("group %s takes %s from offset %d", c.group, mq, offset)
+        c.start_pulling(mq, pq, offset)
+        return True
+
+    async def cancel_pending(self) -> None:
+        tasks = list(self._later_tasks)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _release(self, mq: MessageQueue, pq: ProcessQueue) -> None:
         """removeUnnecessaryMessageQueue: stop pulling, let in-flight work finish briefly, commit, unlock."""
