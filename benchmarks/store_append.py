@@ -32,7 +32,7 @@ from sluice.store import MessageStore, StoreConfig, StoreMessage
 
 BODY = bytes(range(256)) * 4  # 1 KiB
 TOPIC = "Bench"
-POOL = 4096  # distinct messages per writer thread, cycled (distinct keys: no cache can shortcut the index)
+POOL = 4096  # distinct messages in all writers' pools, cycled (distinct keys: no cache can shortcut the index)
 
 
 def config(flush_mode: str) -> StoreConfig:
@@ -40,9 +40,9 @@ def config(flush_mode: str) -> StoreConfig:
                        index_max_index_num=2_000_000)
 
 
-def message_pool(writer: int, batch: int, queue_id: int) -> list[list[StoreMessage]]:
+def message_pool(writer: int, batch: int, queue_id: int, size: int = POOL) -> list[list[StoreMessage]]:
     """Batches of distinct messages: tag, own KEYS (``order-<n>``) and a 32-hex UNIQ_KEY, like a producer's."""
-    n_batches = max(1, POOL // batch)
+    n_batches = max(1, size // batch)
     out = []
     for b in range(n_batches):
         out.append([StoreMessage(TOPIC, BODY, queue_id, {
@@ -97,8 +97,10 @@ def store_rate(root: Path, seconds: float, *, flush_mode: str, batch: int, threa
         if inline_dispatch:
             s.dispatch.stop()
 
+        pools = [message_pool(i, batch, i % 8, max(batch, POOL // threads)) for i in range(threads)]
+
         def work(i: int) -> None:
-            pool = message_pool(i, batch, i % 8)
+            pool = pools[i]
             k = 0
             if profiler is not None and i == 0:
                 profiler.enable()  # per thread: cProfile sees only the thread that enables it

@@ -21,7 +21,10 @@ def rec(body: bytes = b"x" * 100, topic: str = "T", props: str = "") -> bytearra
 
 
 def append(cl: CommitLog, records: list[bytearray], topic: str = "T", qid: int = 0):
-    return cl.append(bytearray().join(records), [len(r) for r in records], topic, qid, [56] * len(records))
+    """([(commit-log offset, queue offset, size)], store timestamp, end offset)."""
+    sizes = [len(r) for r in records]
+    phys, qoffs, ts, end = cl.append(bytearray().join(records), sizes, topic, qid, [56] * len(records))
+    return list(zip(phys, qoffs, sizes)), ts, end
 
 
 @pytest.fixture

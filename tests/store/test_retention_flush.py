@@ -116,7 +116,15 @@ def test_sync_flush_timeout_reports_the_stored_messages(store_dir: Path, monkeyp
             real(fd)
 
         monkeypatch.setattr(os, "fdatasync", slow)
-        leader = threading.Thread(target=lambda: s.put_message(msg()))  # becomes the flush leader, stalls
+        first: list[BaseException] = []
+
+        def put_first() -> None:  # its fsync stalls the group-commit thread
+            try:
+                s.put_message(msg())
+            except FlushDiskTimeoutError as e:
+                first.append(e)
+
+        leader = threading.Thread(target=put_first)
         leader.start()
         time.sleep(0.05)
         with pytest.raises(FlushDiskTimeoutError) as ei:
@@ -124,5 +132,6 @@ def test_sync_flush_timeout_reports_the_stored_messages(store_dir: Path, monkeyp
         assert ei.value.code == 10 and ei.value.results[0].queue_offset == 1
         gate.set()
         leader.join()
+        assert len(first) == 1 and first[0].results[0].queue_offset == 0  # stored, not confirmed in time
         monkeypatch.setattr(os, "fdatasync", real)
         assert s.get_message_by_offset(ei.value.results[0].commitlog_offset).body == b"late"

@@ -18,7 +18,9 @@ import time
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sluice.errors import CorruptRecordError, StoreError
 from sluice.protocol.record import (
@@ -31,6 +33,10 @@ from sluice.protocol.record import (
     POS_QUEUEOFFSET,
 )
 from sluice.store.mapped import MappedFile, MappedFileQueue
+from sluice.store.warm import Warmer
+
+if TYPE_CHECKING:
+    from sluice.store.dispatch_batch import PutRun
 
 _HEAD = struct.Struct(">iIiiiqqi")  # totalsize, magic, bodycrc, queueid, flag, queueoffset, physicaloffset, sysflag
 _QP = struct.Struct(">qq")  # queueoffset, physicaloffset: contiguous at byte 20
@@ -44,6 +50,8 @@ _TOTAL_MAGIC = struct.Struct(">iI")
 MIN_RECORD_SIZE = 91
 #: how many appended batches may wait for dispatch with their metadata (beyond that, dispatch parses the log)
 MAX_PENDING_BATCHES = 8192
+#: how far ahead of the write position the warmer keeps pages in the page cache (warm.py)
+WARM_AHEAD = 16 * 1024 * 1024
 
 
 @dataclass(slots=True)
@@ -131,10 +139,22 @@ def verify_record_bytes(rec: bytes, offset: int, *, where: str | None = None, fi
         raise CorruptRecordError("body CRC mismatch", path=where, offset=file_offset)
 
 
+def _queue_offsets(queued: Sequence[bool], qoff: int) -> tuple[list[int], int]:
+    """Queue offsets when some records get none (stored as 0); and the queue's next offset."""
+    out = []
+    for q in queued:
+        if q:
+            out.append(qoff)
+            qoff += 1
+        else:
+            out.append(0)
+    return out, qoff
+
+
 class CommitLog:
     """Segments under {root}/commitlog, the write position, and the topic-queue offset table."""
 
-    def __init__(self, directory: Path, file_size: int) -> None:
+    def __init__(self, directory: Path, file_size: int, *, warm_ahead: int = WARM_AHEAD) -> None:
         self.queue = MappedFileQueue(directory, file_size)
         self.file_size = file_size
         self.write_pos = 0  # absolute offset of the next byte to write (always a record boundary)
@@ -145,15 +165,18 @@ class CommitLog:
         self.closed = False
         # Serves the dispatcher: set after every append.
         self.appended = threading.Event()
-        #: batches appended but not yet dispatched, by the commit-log offset of their first record
-        self.pending: dict[int, tuple[str, int, list[tuple[dict[str, str], int]], list[tuple[int, int, int]], int]] = {}
+        #: puts appended but not yet dispatched, by the commit-log offset of their first record
+        self.pending: dict[int, PutRun] = {}
+        self.warm = Warmer(self, min(warm_ahead, file_size // 4))
 
     # ---- lifecycle -------------------------------------------------------------------------------
     def load(self) -> None:
         self.queue.load()
         self.closed = False
+        self.warm.reopen()
 
     def close(self) -> None:
+        self.warm.stop()
         with self.put_lock:  # an append in flight finishes first; later ones are refused
             self.closed = True
             self.queue.close()
@@ -164,20 +187,23 @@ class CommitLog:
 
     # ---- append ----------------------------------------------------------------------------------
     def append(self, buf: bytearray, sizes: Sequence[int], topic: str, queue_id: int, ts_positions: Sequence[int],
-               queued: Sequence[bool] | None = None, meta: list[tuple[dict[str, str], int]] | None = None,
-               ) -> tuple[list[tuple[int, int, int]], int, int]:
+               queued: Sequence[bool] | None = None, run: PutRun | None = None,
+               ) -> tuple[list[int], Sequence[int], int, int]:
         """Append encoded records of one topic/queue (``buf`` holds them back to back, ``sizes`` says where
-        each ends); return ([(phys offset, queue offset, size)], store timestamp, end offset). Validation
+        each ends); return (commit-log offsets, queue offsets, store timestamp, end offset). Validation
         happened at encoding: nothing here can refuse a record.
 
         ``queued[i]`` false (prepared/rolled-back transactional records) stores queue offset 0 and does
         not advance the queue, as RocketMQ does.
 
-        ``meta`` ((properties, sysflag) per record) is handed to dispatch through ``pending`` so it need not
-        parse the records back; it is registered before ``write_pos`` moves, so dispatch never misses it."""
+        ``run`` (the records' columns for dispatch) gets the offsets and store time and is registered in
+        ``pending`` before ``write_pos`` moves, so dispatch never misses it and need not parse the records."""
         key = (topic, queue_id)
-        out: list[tuple[int, int, int]] = []
+        n = len(sizes)
         with self.put_lock:
+            warm = self.warm
+            if warm.busy is not None:  # first: waiting releases the lock, so nothing is read before it
+                warm.before_write(len(buf) + END_FILE_MIN_BLANK_LENGTH)
             if self.closed:
                 raise StoreError("the commit log is closed")
             now = max(int(time.time() * 1000), self.last_store_timestamp)
@@ -185,35 +211,55 @@ class CommitLog:
             qoff = self.queue_offsets.get(key, 0)
             wpos = self.write_pos
             f = self._writable_file(wpos)
-            chunk_start = 0  # start in buf of the bytes not yet copied into f
-            chunk_phys = wpos
-            rel = 0
-            for i, n in enumerate(sizes):
-                if wpos + n + END_FILE_MIN_BLANK_LENGTH > f.end:
-                    if rel > chunk_start:
-                        f.write(chunk_phys - f.start, memoryview(buf)[chunk_start:rel])
-                    f.write(wpos - f.start, _BLANK.pack(f.end - wpos, BLANK_MAGIC))
-                    wpos = f.end
-                    f = self._writable_file(wpos)
-                    chunk_start, chunk_phys = rel, wpos
-                if queued is None or queued[i]:
-                    _QP.pack_into(buf, rel + POS_QUEUEOFFSET, qoff, wpos)
-                    out.append((wpos, qoff, n))
-                    qoff += 1
-                else:
-                    _QP.pack_into(buf, rel + POS_QUEUEOFFSET, 0, wpos)
-                    out.append((wpos, 0, n))
-                _I64.pack_into(buf, rel + ts_positions[i], now)
-                wpos += n
-                rel += n
-            f.write(chunk_phys - f.start, memoryview(buf)[chunk_start:rel] if chunk_start else buf)
-            self.queue_offsets[key] = qoff
-            if meta is not None and len(self.pending) < MAX_PENDING_BATCHES:
-                self.pending[out[0][0]] = (topic, queue_id, meta, out, now)
-            self.write_pos = wpos
+            phys = list(accumulate(sizes, initial=wpos))
+            end = phys.pop()
+            if queued is None:
+                qoffs: Sequence[int] = range(qoff, qoff + n)
+                next_qoff = qoff + n
+            else:
+                qoffs, next_qoff = _queue_offsets(queued, qoff)
+            if end + END_FILE_MIN_BLANK_LENGTH <= f.end:
+                # The usual case: the batch fits the current segment; patch in place, one copy.
+                pack_qp, pack_ts = _QP.pack_into, _I64.pack_into
+                for p, q, t in zip(phys, qoffs, ts_positions):
+                    rel = p - wpos
+                    pack_qp(buf, rel + POS_QUEUEOFFSET, q, p)
+                    pack_ts(buf, rel + t, now)
+                f.write(wpos - f.start, buf)
+            else:
+                phys, end = self._append_rolling(f, buf, sizes, qoffs, ts_positions, now, wpos)
+            self.queue_offsets[key] = next_qoff
+            if run is not None and len(self.pending) < MAX_PENDING_BATCHES:
+                run.phys, run.qoffs, run.store_timestamp = phys, qoffs, now
+                self.pending[phys[0]] = run
+            self.write_pos = end
+            warm.after_write(end)
         if not self.appended.is_set():  # set() takes a condition lock: skip it while dispatch has not woken yet
             self.appended.set()
-        return out, now, wpos
+        return phys, qoffs, now, end
+
+    def _append_rolling(self, f: MappedFile, buf: bytearray, sizes: Sequence[int], qoffs: Sequence[int],
+                        ts_positions: Sequence[int], now: int, wpos: int) -> tuple[list[int], int]:
+        """The batch crosses a segment end: records that do not fit go to the next segment after a blank."""
+        phys: list[int] = []
+        chunk_start = 0  # start in buf of the bytes not yet copied into f
+        chunk_phys = wpos
+        rel = 0
+        for n, q, t in zip(sizes, qoffs, ts_positions):
+            if wpos + n + END_FILE_MIN_BLANK_LENGTH > f.end:
+                if rel > chunk_start:
+                    f.write(chunk_phys - f.start, memoryview(buf)[chunk_start:rel])
+                f.write(wpos - f.start, _BLANK.pack(f.end - wpos, BLANK_MAGIC))
+                wpos = f.end
+                f = self._writable_file(wpos)
+                chunk_start, chunk_phys = rel, wpos
+            _QP.pack_into(buf, rel + POS_QUEUEOFFSET, q, wpos)
+            _I64.pack_into(buf, rel + t, now)
+            phys.append(wpos)
+            wpos += n
+            rel += n
+        f.write(chunk_phys - f.start, memoryview(buf)[chunk_start:rel] if chunk_start else buf)
+        return phys, wpos
 
     def _writable_file(self, wpos: int) -> MappedFile:
         f = self.queue.last()
@@ -335,6 +381,7 @@ class CommitLog:
             self.queue.truncate(offset, dirty_end=None)
             self.write_pos = offset
             self.pending.clear()
+            self.warm.reset()
 
     def segments(self) -> list[MappedFile]:
         return list(self.queue.files)

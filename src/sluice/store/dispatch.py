@@ -23,6 +23,7 @@ from sluice.protocol import properties as P
 from sluice.protocol.record import BLANK_MAGIC
 from sluice.store.commitlog import CommitLog, parse_record
 from sluice.store.consumequeue import CQ_DTYPE, ConsumeQueueTable
+from sluice.store.dispatch_batch import DispatchBatch, PutRun, index_requests, index_runs, write_units
 from sluice.store.ext_table import ExtTable
 from sluice.store.index import IndexService
 from sluice.store.types import Dispatcher, DispatchRequest
@@ -81,7 +82,7 @@ class DispatchService:
                     self._cond.notify_all()
         return done
 
-    def _read_batch(self, start: int) -> tuple[list[DispatchRequest], int]:
+    def _read_batch(self, start: int) -> tuple[list[DispatchRequest] | DispatchBatch, int]:
         cl = self.commitlog
         if start >= cl.write_pos:
             return [], start
@@ -94,20 +95,20 @@ class DispatchService:
                 cl.pending.pop(k, None)
         return out, end
 
-    def _from_pending(self, start: int) -> tuple[list[DispatchRequest], int]:
-        """Requests straight from what the appenders registered: no parsing of the records."""
+    def _from_pending(self, start: int) -> tuple[DispatchBatch, int]:
+        """The runs the appenders registered, as one columnar batch: no parsing of the records."""
         pending = self.commitlog.pending
-        out: list[DispatchRequest] = []
+        runs: list[PutRun] = []
         off = start
-        tags_name, keys_name, uniq_name = P.TAGS, P.KEYS, P.UNIQ_KEY
-        split = P.split_keys
-        while off in pending and len(out) < 8192:
-            topic, qid, meta, placed, ts = pending.pop(off)
-            for (props, sysflag), (phys, qoff, size) in zip(meta, placed):
-                out.append(DispatchRequest(topic, qid, qoff, phys, size, tag_code(props.get(tags_name)), props, ts,
-                                           split(props.get(keys_name)), props.get(uniq_name), sysflag))
-            off = placed[-1][0] + placed[-1][2]
-        return out, off
+        n = 0
+        while n < 8192:
+            run = pending.pop(off, None)
+            if run is None:
+                break
+            runs.append(run)
+            n += len(run)
+            off = run.end
+        return DispatchBatch(runs), off
 
     def _parse_batch(self, start: int) -> tuple[list[DispatchRequest], int]:
         cl = self.commitlog
@@ -145,22 +146,45 @@ class DispatchService:
                                      f"{cl.write_pos}", path="commitlog", offset=start)
         return out, start + rel
 
-    def _dispatch(self, batch: list[DispatchRequest]) -> None:
+    def _dispatch(self, batch: list[DispatchRequest] | DispatchBatch) -> None:
+        if isinstance(batch, DispatchBatch):
+            self._dispatch_columns(batch)
+            return
         for d in self.dispatchers:
             try:
                 d.dispatch(batch)
             except Exception:  # a plug-in's failure must not stop the store (RocketMQ logs and goes on)
                 log.exception("dispatcher %r failed", d)
+        self._write_requests(batch)
+        if self.index is not None:
+            index_requests(self.index, batch)
+
+    def _write_requests(self, batch: list[DispatchRequest]) -> None:
         groups: dict[tuple[str, int], list[DispatchRequest]] = defaultdict(list)
         for r in batch:
             if is_queued(r.sysflag):
                 groups[(r.topic, r.queue_id)].append(r)
         for (topic, qid), reqs in groups.items():
             self.write_queue(topic, qid, reqs)
+
+    def _dispatch_columns(self, batch: DispatchBatch) -> None:
+        """A batch from the appenders: dispatchers with ``dispatch_batch`` take it as is, the others get
+        requests built once. Without requests, units and index come straight from the columns."""
+        for d in self.dispatchers:
+            try:
+                fn = getattr(d, "dispatch_batch", None)
+                if fn is not None:
+                    fn(batch)
+                else:
+                    d.dispatch(batch.requests())
+            except Exception:  # a plug-in's failure must not stop the store (RocketMQ logs and goes on)
+                log.exception("dispatcher %r failed", d)
+        if batch.materialised:  # dispatchers may have changed tag codes or set bitmaps: write those
+            self._write_requests(batch.requests())
+        else:
+            write_units(self.queues, batch.runs)
         if self.index is not None:
-            for r in batch:
-                if (r.uniq_key or r.keys) and (r.sysflag & _TRAN_MASK) != _TRAN_ROLLBACK:
-                    self.index.build_index(r.topic, r.uniq_key, r.keys, r.commitlog_offset, r.store_timestamp)
+            index_runs(self.index, batch.runs)
 
     def write_queue(self, topic: str, qid: int, reqs: list[DispatchRequest]) -> None:
         """Write the consume-queue units of one queue's requests (in queue-offset order).

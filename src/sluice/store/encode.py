@@ -9,17 +9,18 @@ message costs one struct pack plus a join.
 from __future__ import annotations
 
 import struct
+import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import lru_cache
 
-from sluice.errors import MessageIllegalError
+from sluice.errors import InvalidParameterError, MessageIllegalError
 from sluice.protocol import properties as P
 from sluice.protocol.record import (
     FLAG_BORNHOST_V6,
     FLAG_STOREHOST_V6,
     MAGIC_V1,
     _host_bytes,
-    body_crc,
     check_topic,
 )
 from sluice.store.types import StoreMessage
@@ -43,70 +44,143 @@ class EncodedBatch:
     ts_positions: list[int]  # where STORETIMESTAMP sits in each record
     sysflags: list[int]  # as stored (with the IPv6 host bits)
     queued: list[bool] | None  # None when every record gets a queue offset, else per record
+    props: list[str]  # each record's encoded properties, as stored
+    tags: list[str | None]  # TAGS, KEYS and UNIQ_KEY of each record, for dispatch
+    keys: list[str | None]
+    uniq: list[str | None]
+
+
+def _encode_props_checked(props: dict[str, str], transient: str) -> str:
+    """The exact (slow) path: every name and value checked, transient names left out."""
+    stored = 0
+    for name, value in props.items():
+        if type(name) is not str or type(value) is not str:
+            raise MessageIllegalError(f"property {name!r} must map a str to a str")
+        if not name:
+            P.check_property(name, value)  # raises: the name is empty
+        if not name.startswith(transient):
+            stored += 1
+    props_s = P.encode_properties(props)
+    # Each stored pair adds exactly one \x01 and one \x02: more means a name or value holds one.
+    if props_s.count("\x01") != stored or props_s.count("\x02") != stored:
+        for name, value in props.items():
+            P.check_property(name, value)
+    return props_s
+
+
+@lru_cache(maxsize=4096)
+def _topic_part(topic: str) -> bytes:
+    """The topic as a record stores it (length byte, then UTF-8), once it passed check_topic."""
+    check_topic(topic)
+    topic_b = topic.encode()
+    return bytes([len(topic_b)]) + topic_b
 
 
 def encode_batch(msgs: Sequence[StoreMessage], *, store_host: tuple[str, int], max_body: int) -> EncodedBatch:
-    """Validate and encode ``msgs`` (all one topic and queue); raise MessageIllegalError before producing
-    anything when any message is bad."""
-    topic = msgs[0].topic
-    check_topic(topic)
-    topic_b = topic.encode()
-    topic_part = bytes([len(topic_b)]) + topic_b
+    """Validate and encode ``msgs`` (all one topic and queue); raise MessageIllegalError (InvalidParameterError
+    for a batch that mixes queues) before producing anything when any message is bad."""
+    first = msgs[0]
+    topic, queue_id = first.topic, first.queue_id
+    topic_part = _topic_part(topic)
+    if queue_id < 0:
+        raise MessageIllegalError(f"queue id {queue_id} is negative")
     store_b, store_v6 = _host_bytes(tuple(store_host))
     parts: list[bytes] = []
     sizes: list[int] = []
-    ts_pos: list[int] = []
     sysflags: list[int] = []
-    queued: list[bool] | None = None
-    transient = P.TRANSIENT_PREFIX
-    for i, m in enumerate(msgs):
+    props_l: list[str] = []
+    tags: list[str | None] = []
+    keys: list[str | None] = []
+    uniq: list[str | None] = []
+    add, crc32 = parts.append, zlib.crc32
+    pack_v4, pack_u16, join_pair = _HEAD_V4.pack, _U16.pack, "\x01".join
+    fixed = 48 + 8 + len(store_b) + 16 + len(topic_part) + 2  # all but born host, body and properties
+    store_flag = FLAG_STOREHOST_V6 if store_v6 else 0
+    keep_flags = ~(FLAG_BORNHOST_V6 | FLAG_STOREHOST_V6)
+    host_bits = store_flag
+    size0 = fixed
+    pairs = 0  # name/value pairs encoded, to check the separators of the whole batch at once
+    odd = False  # a message with IPv6 hosts or a transactional sysflag: per-record columns needed
+    last_host: tuple[str, int] | None = None
+    born_b = b""
+    born_v6 = False
+    for m in msgs:
+        if m.topic is not topic and m.topic != topic or m.queue_id != queue_id:
+            check_topic(m.topic)  # a bad topic or queue id is the more precise complaint
+            if m.queue_id < 0:
+                raise MessageIllegalError(f"queue id {m.queue_id} is negative")
+            raise InvalidParameterError(
+                f"a batch goes to one queue: {topic}/{queue_id} and {m.topic}/{m.queue_id} are mixed")
         body = m.body
-        if not isinstance(body, (bytes, bytearray, memoryview)):
+        if type(body) is not bytes and not isinstance(body, (bytes, bytearray, memoryview)):
             raise MessageIllegalError(f"message body must be bytes, not {type(body).__name__}")
-        if len(body) > max_body:
-            raise MessageIllegalError(f"message body is {len(body)} bytes; the limit is {max_body}")
-        if m.queue_id < 0:
-            raise MessageIllegalError(f"queue id {m.queue_id} is negative")
+        blen = len(body)
+        if blen > max_body:
+            raise MessageIllegalError(f"message body is {blen} bytes; the limit is {max_body}")
         props = m.properties
-        stored = 0
-        for name, value in props.items():
-            if type(name) is not str or type(value) is not str:
-                raise MessageIllegalError(f"property {name!r} must map a str to a str")
-            if not name:
-                P.check_property(name, value)  # raises: the name is empty
-            if not name.startswith(transient):
-                stored += 1
-        props_s = P.encode_properties(props)
-        # Each stored pair adds exactly one \x01 and one \x02: more means a name or value holds one.
-        if props_s.count("\x01") != stored or props_s.count("\x02") != stored:
-            for name, value in props.items():
-                P.check_property(name, value)
+        if props:
+            try:
+                # str.join type-checks every name and value (the exact path below says which one failed).
+                props_s = "\x02".join(map(join_pair, props.items())) + "\x02"
+            except TypeError:
+                props_s = _encode_props_checked(props, P.TRANSIENT_PREFIX)
+            pairs += len(props)
+            get = props.get
+            tags.append(get("TAGS"))
+            keys.append(get("KEYS"))
+            uniq.append(get("UNIQ_KEY"))
+        else:
+            props_s = ""
+            tags.append(None)
+            keys.append(None)
+            uniq.append(None)
         props_b = props_s.encode("utf-8")
         if len(props_b) > _MAX_PROPS:
             raise MessageIllegalError(f"properties are {len(props_b)} bytes encoded; the limit is {_MAX_PROPS}")
-        born_b, born_v6 = _host_bytes(tuple(m.born_host))
-        sysflag = (m.sysflag & ~(FLAG_BORNHOST_V6 | FLAG_STOREHOST_V6)) | (FLAG_BORNHOST_V6 if born_v6 else 0) | (
-            FLAG_STOREHOST_V6 if store_v6 else 0)
-        blen = len(body)
-        total = 48 + len(born_b) + 8 + len(store_b) + 16 + blen + len(topic_part) + 2 + len(props_b)
-        if len(born_b) == 8 and len(store_b) == 8:
-            parts.append(_HEAD_V4.pack(total, MAGIC_V1, body_crc(body), m.queue_id, m.flag, 0, 0, sysflag,
-                                       m.born_timestamp, born_b, 0, store_b, m.reconsume_times,
-                                       m.prepared_tx_offset, blen))
+        host = m.born_host
+        if host is not last_host:
+            born_b, born_v6 = _host_bytes(tuple(host))
+            last_host = host
+            host_bits = store_flag | (FLAG_BORNHOST_V6 if born_v6 else 0)
+            size0 = fixed + len(born_b)
+        sysflag = m.sysflag & keep_flags | host_bits
+        total = size0 + blen + len(props_b)
+        if not born_v6 and not store_v6:
+            add(pack_v4(total, MAGIC_V1, crc32(body) & 0x7FFFFFFF, queue_id, m.flag, 0, 0, sysflag,
+                        m.born_timestamp, born_b, 0, store_b, m.reconsume_times, m.prepared_tx_offset, blen))
         else:
-            parts.append(_HEAD.pack(total, MAGIC_V1, body_crc(body), m.queue_id, m.flag, 0, 0, sysflag,
-                                    m.born_timestamp) + born_b + _TS.pack(0) + store_b
-                         + _TAIL.pack(m.reconsume_times, m.prepared_tx_offset, blen))
-        parts.append(body)
-        parts.append(topic_part + _U16.pack(len(props_b)) + props_b)
+            odd = True
+            add(_HEAD.pack(total, MAGIC_V1, crc32(body) & 0x7FFFFFFF, queue_id, m.flag, 0, 0, sysflag,
+                           m.born_timestamp) + born_b + _TS.pack(0) + store_b
+                + _TAIL.pack(m.reconsume_times, m.prepared_tx_offset, blen))
+        add(body)
+        add(topic_part + pack_u16(len(props_b)) + props_b)
         sizes.append(total)
-        ts_pos.append(48 + len(born_b))
         sysflags.append(sysflag)
-        t = sysflag & _TRAN_MASK
-        if t == 0x4 or t == 0xC:  # prepared / rolled back: no consume-queue unit
-            if queued is None:
-                queued = [True] * i
-            queued.append(False)
-        elif queued is not None:
-            queued.append(True)
-    return EncodedBatch(bytearray().join(parts), sizes, ts_pos, sysflags, queued)
+        props_l.append(props_s)
+        if sysflag & _TRAN_MASK:
+            odd = True
+    # Each stored pair adds exactly one \x01 and one \x02: any more means a name or value holds one. An
+    # empty name or a transient one (left out when stored) also takes the exact path, message by message.
+    every = "".join(props_l)
+    if (every.count("\x01") != pairs or every.count("\x02") != pairs or "\x02\x01" in every
+            or every.startswith("\x01") or P.TRANSIENT_PREFIX in every):
+        for i, m in enumerate(msgs):
+            if m.properties:
+                exact = _encode_props_checked(m.properties, P.TRANSIENT_PREFIX)
+                if exact != props_l[i]:
+                    return encode_batch([_with_stored_props(x) for x in msgs], store_host=store_host,
+                                        max_body=max_body)
+    ts_pos = [48 + 8] * len(sizes)
+    queued: list[bool] | None = None
+    if odd:
+        ts_pos = [48 + (20 if f & FLAG_BORNHOST_V6 else 8) for f in sysflags]
+        if any(f & _TRAN_MASK in (0x4, 0xC) for f in sysflags):  # prepared / rolled back: no unit
+            queued = [f & _TRAN_MASK not in (0x4, 0xC) for f in sysflags]
+    return EncodedBatch(bytearray().join(parts), sizes, ts_pos, sysflags, queued, props_l, tags, keys, uniq)
+
+
+def _with_stored_props(m: StoreMessage) -> StoreMessage:
+    """The message with only the properties that are stored (transient names dropped)."""
+    props = {k: v for k, v in m.properties.items() if not k.startswith(P.TRANSIENT_PREFIX)}
+    return replace(m, properties=props)

@@ -51,10 +51,10 @@ INT_MAX = 0x7FFFFFFF
 ENTRY_DTYPE = np.dtype([("hash", ">i4"), ("phy", ">i8"), ("diff", ">i4"), ("prev", ">i4")])
 assert ENTRY_DTYPE.itemsize == ENTRY.size
 #: entries written per header update: a crash leaves at most this many past indexCount (repair zeroes them)
-MAX_CHUNK = 4096
+MAX_CHUNK = 16_384
 #: how far past indexCount repair looks for written entries: a chunk, or one message with the most keys
 #: properties can hold (32767 bytes: at most 16384 one-character keys)
-_REPAIR_LOOKAHEAD = 20_000
+_REPAIR_LOOKAHEAD = 32_768
 
 
 def index_keys(uniq_key: str | None, keys: Iterable[str]) -> list[str]:
@@ -437,9 +437,13 @@ class IndexService:
         A message's keys are adjacent and messages come in commit-log order. As build_index, messages at or
         below the highest indexed offset are skipped, and a message's keys never straddle two files.
         """
-        if not names:
+        if names:
+            self.build_index_hashes(key_hashes(prefixes, names), phys, ts)
+
+    def build_index_hashes(self, hashes: np.ndarray, phys: np.ndarray, ts: np.ndarray) -> None:
+        """build_index_batch with the keys already hashed (keyhash.key_hashes), e.g. by dispatch."""
+        if len(hashes) == 0:
             return
-        hashes = key_hashes(prefixes, names)  # outside the lock: queries need not wait for it
         with self._lock:
             files = self.files
             f = files[-1] if files else None
@@ -449,8 +453,11 @@ class IndexService:
             n = len(hashes)
             if n == 0:
                 return
+            if f is not None and n <= min(f.room, MAX_CHUNK):  # the usual case: it all fits
+                f.put_many(hashes, phys, ts)
+                return
             # Message boundaries (and n): a batch is only ever cut at one of them.
-            bounds = np.append(np.flatnonzero(np.r_[True, phys[1:] != phys[:-1]]), n)
+            bounds = np.concatenate(([0], np.flatnonzero(phys[1:] != phys[:-1]) + 1, [n]))
             i = 0
             while i < n:
                 if f is None or f.room == 0:

@@ -81,6 +81,37 @@ def _powers(n: int) -> np.ndarray:
     return table
 
 
+def _finish_array(prefixes: np.ndarray, lens: np.ndarray | int, h: np.ndarray) -> np.ndarray:
+    table = _powers(int(np.max(lens)) + 1)
+    full = np.asarray(prefixes, dtype=np.uint32) * table[lens] + h
+    signed = full.view(np.int32).astype(np.int64)
+    return np.where(signed == -(1 << 31), 0, np.abs(signed))
+
+
+def _rows(codes: np.ndarray, length: int) -> np.ndarray:
+    """Java hashes of equally long keys, one key per row of ``codes`` (code units): a matrix product.
+
+    ASCII units (< 2**7) times weights (< 2**32) summed over at most 2**14 of them stay below 2**53, so
+    float64 (BLAS) is exact; the sum then wraps to 32 bits like Java's int. Longer keys use uint32."""
+    weights = _powers(length)[length - 1::-1]  # 31**(length-1) .. 31**0
+    if length <= 1 << 14 and codes.dtype == np.uint8:
+        return (codes.astype(np.float64) @ weights.astype(np.float64)).astype(np.uint64).astype(np.uint32)
+    return codes.astype(np.uint32) @ weights
+
+
+def _ragged(codes: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """Java hashes of keys of any lengths (code units back to back): each unit times 31**(its distance
+    from its key's end), summed per key."""
+    ends = np.cumsum(lens)
+    table = _powers(int(lens.max()) + 1)
+    exps = np.repeat(ends - 1, lens) - np.arange(len(codes), dtype=np.int64)
+    return np.add.reduceat(codes.astype(np.uint32) * table[exps], ends - lens, dtype=np.uint32)
+
+
+#: keys of at most this many distinct lengths are hashed one matrix product per length
+_MAX_LENGTH_GROUPS = 16
+
+
 def key_hashes(prefixes: np.ndarray, keys: Sequence[str]) -> np.ndarray:
     """key_hash for many keys at once: ``prefixes[i]`` is prefix_hash(topic of key i) (uint32), keys non-empty.
 
@@ -92,20 +123,23 @@ def key_hashes(prefixes: np.ndarray, keys: Sequence[str]) -> np.ndarray:
     joined = "".join(keys)
     if joined.isascii():
         codes = np.frombuffer(joined.encode("ascii"), dtype=np.uint8)
-        lens = np.fromiter(map(len, keys), dtype=np.int64, count=n)
+        lens_l = list(map(len, keys))
+        first = lens_l[0]
+        if first and lens_l.count(first) == n:  # all one length (e.g. UNIQ_KEYs): no per-key work at all
+            return _finish_array(prefixes, first, _rows(codes.reshape(n, first), first))
+        lens = np.array(lens_l, dtype=np.int64)
     else:
         enc = [k.encode("utf-16-be", "surrogatepass") for k in keys]
         codes = np.frombuffer(b"".join(enc), dtype=">u2")
         lens = np.fromiter(map(len, enc), dtype=np.int64, count=n) // 2
     if (lens == 0).any():
         raise ValueError("key_hashes takes non-empty keys only")
-    ends = np.cumsum(lens)
-    starts = ends - lens
-    table = _powers(int(lens.max()) + 1)
-    # Code unit at position p of a key ending at e is multiplied by 31**(e - 1 - p).
-    exps = np.repeat(ends - 1, lens) - np.arange(len(codes), dtype=np.int64)
-    terms = codes.astype(np.uint32) * table[exps]
-    h = np.add.reduceat(terms, starts, dtype=np.uint32)
-    full = np.asarray(prefixes, dtype=np.uint32) * table[lens] + h
-    signed = full.view(np.int32).astype(np.int64)
-    return np.where(signed == -(1 << 31), 0, np.abs(signed))
+    groups = np.unique(lens)
+    if len(groups) > _MAX_LENGTH_GROUPS:
+        return _finish_array(prefixes, lens, _ragged(codes, lens))
+    starts = np.cumsum(lens) - lens
+    h = np.empty(n, dtype=np.uint32)
+    for length in groups.tolist():
+        at = np.flatnonzero(lens == length)
+        h[at] = _rows(codes[starts[at, None] + np.arange(length)], length)
+    return _finish_array(prefixes, lens, h)

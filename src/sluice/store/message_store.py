@@ -21,7 +21,6 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-import struct
 import threading
 import time
 from collections.abc import Sequence
@@ -30,18 +29,19 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from sluice.errors import CorruptRecordError, FlushDiskTimeoutError, InvalidParameterError, StoreError
+from sluice.errors import CorruptRecordError, FlushDiskTimeoutError, StoreError
 from sluice.filter.tagcode import tag_code
 from sluice.message import MessageExt
 from sluice.protocol import properties as P
 from sluice.protocol.msgid import decode_offset_msg_id, offset_msg_id_prefix
-from sluice.protocol.record import check_topic, decode_record
+from sluice.protocol.record import decode_record
 from sluice.store import recovery, retention
 from sluice.store.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from sluice.store.commitlog import CommitLog, parse_record, verify_record_bytes
 from sluice.store.config import StoreConfig
 from sluice.store.consumequeue import CQ_UNIT_SIZE, PAD_SIZE, ConsumeQueueTable
 from sluice.store.dispatch import DispatchService, is_queued
+from sluice.store.dispatch_batch import PutRun
 from sluice.store.encode import encode_batch
 from sluice.store.flush import FlushService
 from sluice.store.index import IndexService
@@ -58,7 +58,6 @@ from sluice.store.types import (
 
 log = logging.getLogger(__name__)
 
-_Q = struct.Struct(">q")
 _S = GetMessageStatus
 _MAX_TS = (1 << 63) - 1
 
@@ -80,6 +79,7 @@ class MessageStore:
         self.flusher = FlushService(self.commitlog, interval_ms=c.flush_interval_ms, timeout_s=c.sync_flush_timeout_s)
         self.recovery_report: recovery.RecoveryReport | None = None
         self._msgid_prefix = offset_msg_id_prefix(*c.store_host)
+        self._msgid_prefix_hex = self._msgid_prefix.hex().upper()
         self._sync = c.flush_mode == "sync"
         self._open = False
         self._was_closed = False
@@ -337,23 +337,17 @@ class MessageStore:
             return []
         enc = encode_batch(batch, store_host=self.config.store_host, max_body=self.config.max_message_size)
         topic, qid = batch[0].topic, batch[0].queue_id
-        for m in batch:
-            if m.topic != topic or m.queue_id != qid:
-                check_topic(m.topic)  # a bad topic is the more precise complaint
-                raise InvalidParameterError(
-                    f"a batch goes to one queue: {topic}/{qid} and {m.topic}/{m.queue_id} are mixed")
         self._check_open()
-        # What dispatch would decode from the record (empty values and transient names are not stored),
-        # copied: dispatchers see it after put returns, and the caller may reuse its dicts.
-        transient = P.TRANSIENT_PREFIX
-        meta = [({k: v for k, v in m.properties.items() if v and not k.startswith(transient)}, sysflag)
-                for m, sysflag in zip(batch, enc.sysflags)]
-        placed, ts, end = self.commitlog.append(enc.buf, enc.sizes, topic, qid, enc.ts_positions, enc.queued, meta)
-        prefix = self._msgid_prefix
-        results = [PutResult(phys, qoff, (prefix + _Q.pack(phys)).hex().upper(), ts, size)
-                   for phys, qoff, size in placed]
-        self.put_count += len(placed)
-        self.put_bytes += end - placed[0][0]
+        # Dispatch gets the records' columns (no per-message objects; properties as stored, decoded only
+        # if a dispatcher asks), so it need not parse the records back.
+        run = PutRun(topic, qid, enc.sizes, enc.sysflags, enc.props, enc.tags, enc.keys, enc.uniq,
+                     all_queued=enc.queued is None)
+        phys, qoffs, ts, end = self.commitlog.append(enc.buf, enc.sizes, topic, qid, enc.ts_positions, enc.queued,
+                                                     run)
+        prefix = self._msgid_prefix_hex
+        results = [PutResult(p, q, f"{prefix}{p:016X}", ts, size) for p, q, size in zip(phys, qoffs, enc.sizes)]
+        self.put_count += len(phys)
+        self.put_bytes += end - phys[0]
         if self._sync:
             try:
                 self.flusher.wait_flushed(end)

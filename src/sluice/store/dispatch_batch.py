@@ -1,0 +1,227 @@
+"""Columnar dispatch: what one put hands to dispatch, and the batch one dispatch step works on.
+
+A put registers a :class:`PutRun` (one topic and queue, one store time, the
+records' offsets, sizes, sysflags, encoded properties and their TAGS, KEYS and
+UNIQ_KEY) so dispatch need not parse the records back. A dispatch step takes
+the runs that follow each other in the log as a :class:`DispatchBatch` and
+writes consume-queue units one numpy array per queue and the key index one
+vectorised batch: no Python object per message.
+
+Per-message :class:`DispatchRequest` objects (with decoded properties) are built
+only when a registered dispatcher asks for them: one without
+``dispatch_batch(batch)`` gets ``batch.requests()``. Once built, they are what
+the consume queues are written from, since a dispatcher may change their
+``tag_code`` or set a ``bitmap``.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from itertools import chain
+
+import numpy as np
+
+from sluice.filter.tagcode import tag_code
+from sluice.protocol import properties as P
+from sluice.store.consumequeue import CQ_DTYPE, ConsumeQueueTable
+from sluice.store.index import IndexService
+from sluice.store.keyhash import key_hashes, prefix_hash
+from sluice.store.types import DispatchRequest
+
+__all__ = ["PutRun", "DispatchBatch", "write_units", "index_runs", "index_requests"]
+
+_TRAN_MASK = 0xC
+_TRAN_PREPARED = 0x4
+_TRAN_ROLLBACK = 0xC
+
+
+@dataclass(slots=True)
+class PutRun:
+    """One put as dispatch sees it. The encoder fills the per-record columns; CommitLog.append fills
+    ``phys``, ``qoffs`` and ``store_timestamp`` under its lock, before the write position moves."""
+
+    topic: str
+    queue_id: int
+    sizes: list[int]
+    sysflags: list[int]  # as stored (with the IPv6 host bits)
+    props: list[str]  # encoded properties, exactly as stored
+    tags: list[str | None]
+    keys: list[str | None]  # the KEYS value, not split
+    uniq: list[str | None]
+    #: every record gets a consume-queue unit (no prepared or rolled-back transactional ones)
+    all_queued: bool = True
+    phys: list[int] = field(default_factory=list)
+    qoffs: Sequence[int] = ()
+    store_timestamp: int = 0
+
+    @property
+    def end(self) -> int:
+        """Commit-log offset just after the run's last record."""
+        return self.phys[-1] + self.sizes[-1]
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+
+class DispatchBatch:
+    """The runs one dispatch step covers, in commit-log order."""
+
+    __slots__ = ("runs", "count", "_requests")
+
+    def __init__(self, runs: list[PutRun]) -> None:
+        self.runs = runs
+        self.count = sum(len(r) for r in runs)
+        self._requests: list[DispatchRequest] | None = None
+
+    def __len__(self) -> int:
+        return self.count
+
+    @property
+    def materialised(self) -> bool:
+        """True once ``requests()`` was called: the requests (maybe changed by dispatchers) are the truth."""
+        return self._requests is not None
+
+    def requests(self) -> list[DispatchRequest]:
+        """One DispatchRequest per record, equal to what parsing the records back gives (built once)."""
+        if self._requests is None:
+            out: list[DispatchRequest] = []
+            decode, split, tc = P.decode_properties, P.split_keys, tag_code
+            for run in self.runs:
+                topic, qid, ts = run.topic, run.queue_id, run.store_timestamp
+                for props_s, phys, qoff, size, sysflag in zip(run.props, run.phys, run.qoffs, run.sizes,
+                                                               run.sysflags):
+                    props = decode(props_s)
+                    out.append(DispatchRequest(topic, qid, qoff, phys, size, tc(props.get(P.TAGS)), props, ts,
+                                               split(props.get(P.KEYS)), props.get(P.UNIQ_KEY), sysflag))
+            self._requests = out
+        return self._requests
+
+
+def _queued(sysflag: int) -> bool:
+    t = sysflag & _TRAN_MASK
+    return t != _TRAN_PREPARED and t != _TRAN_ROLLBACK
+
+
+def write_units(queues: ConsumeQueueTable, runs: list[PutRun]) -> None:
+    """Consume-queue units straight from the runs' columns: one numpy array and one put per queue."""
+    groups: dict[tuple[str, int], list[PutRun]] = {}
+    for run in runs:
+        key = (run.topic, run.queue_id)
+        g = groups.get(key)
+        if g is None:
+            groups[key] = [run]
+        else:
+            g.append(run)
+    for (topic, qid), rs in groups.items():
+        if all(r.all_queued for r in rs):
+            phys = list(chain.from_iterable(r.phys for r in rs))
+            sizes = list(chain.from_iterable(r.sizes for r in rs))
+            tags = list(map(tag_code, chain.from_iterable(r.tags for r in rs)))
+            qoffs = list(chain.from_iterable(r.qoffs for r in rs))
+        else:
+            rows = [(p, s, tag_code(t), q) for r in rs
+                    for p, s, t, q, f in zip(r.phys, r.sizes, r.tags, r.qoffs, r.sysflags) if _queued(f)]
+            if not rows:
+                continue
+            phys, sizes, tags, qoffs = (list(c) for c in zip(*rows))
+        units = np.empty(len(phys), dtype=CQ_DTYPE)
+        units["offset"] = phys
+        units["size"] = sizes
+        units["tag"] = tags
+        cq = queues.get_or_create(topic, qid)
+        first = qoffs[0]
+        if qoffs[-1] - first == len(qoffs) - 1:
+            cq.put(first, units)
+        else:  # not contiguous (should not happen): put them one by one
+            for i, q in enumerate(qoffs):
+                cq.put(q, units[i:i + 1])
+
+
+def _index_keys_of(uniq: str | None, keys: str | None, out: list[str]) -> int:
+    """Append a message's index keys (UNIQ_KEY, then each non-empty KEYS token); return how many."""
+    n = len(out)
+    if uniq:
+        out.append(uniq)
+    if keys:
+        out.extend(k for k in keys.split(P.KEY_SEPARATOR) if k)
+    return len(out) - n
+
+
+def _simple(run: PutRun) -> bool:
+    """Every record has a UNIQ_KEY and one key (the usual shape: a producer's id and a business key)."""
+    uniq, keys = run.uniq, run.keys
+    return (run.all_queued and None not in uniq and "" not in uniq and None not in keys and "" not in keys
+            and P.KEY_SEPARATOR not in "".join(keys))
+
+
+def index_runs(index: IndexService, runs: list[PutRun]) -> None:
+    """Index every record of the runs in one batch."""
+    if all(_simple(r) for r in runs):
+        # Two keys per record: hash the UNIQ_KEYs and the KEYS as two columns (each mostly of one length,
+        # which key_hashes turns into one matrix product), then interleave them in index order.
+        uniq: list[str] = []
+        keys: list[str] = []
+        phys: list[int] = []
+        ts: list[int] = []
+        prefixes: list[int] = []
+        for run in runs:
+            n = len(run)
+            uniq += run.uniq  # type: ignore[arg-type]
+            keys += run.keys  # type: ignore[arg-type]
+            phys += run.phys
+            ts += [run.store_timestamp] * n
+            prefixes += [prefix_hash(run.topic)] * n
+        pre = np.array(prefixes, dtype=np.uint32)
+        hashes = np.empty(2 * len(phys), dtype=np.int64)
+        hashes[0::2] = key_hashes(pre, uniq)
+        hashes[1::2] = key_hashes(pre, keys)
+        index.build_index_hashes(hashes, np.repeat(np.array(phys, dtype=np.int64), 2),
+                                 np.repeat(np.array(ts, dtype=np.int64), 2))
+        return
+    names: list[str] = []
+    counts: list[int] = []  # keys per message, parallel to the message columns below
+    phys = []
+    ts = []
+    prefixes = []
+    for run in runs:
+        for u, k, p, f in zip(run.uniq, run.keys, run.phys, run.sysflags):
+            if f & _TRAN_MASK == _TRAN_ROLLBACK:
+                continue
+            c = _index_keys_of(u, k, names)
+            if c:
+                counts.append(c)
+                phys.append(p)
+        n = len(phys) - len(ts)
+        ts += [run.store_timestamp] * n
+        prefixes += [prefix_hash(run.topic)] * n
+    _build(index, names, counts, phys, ts, prefixes)
+
+
+def index_requests(index: IndexService, requests: list[DispatchRequest]) -> None:
+    """Index per-message requests (dispatch parsed from the log, or built for dispatchers) in one batch."""
+    names: list[str] = []
+    counts: list[int] = []
+    phys: list[int] = []
+    ts: list[int] = []
+    prefixes: list[int] = []
+    for r in requests:
+        if (r.uniq_key or r.keys) and (r.sysflag & _TRAN_MASK) != _TRAN_ROLLBACK:
+            c = len(names)
+            if r.uniq_key:
+                names.append(r.uniq_key)
+            names.extend(k for k in r.keys if k)
+            if len(names) > c:
+                counts.append(len(names) - c)
+                phys.append(r.commitlog_offset)
+                ts.append(r.store_timestamp)
+                prefixes.append(prefix_hash(r.topic))
+    _build(index, names, counts, phys, ts, prefixes)
+
+
+def _build(index: IndexService, names: list[str], counts: list[int], phys: list[int], ts: list[int],
+           prefixes: list[int]) -> None:
+    if not names:
+        return
+    c = np.array(counts, dtype=np.int64)
+    index.build_index_batch(np.repeat(np.array(prefixes, dtype=np.uint32), c), names,
+                            np.repeat(np.array(phys, dtype=np.int64), c), np.repeat(np.array(ts, dtype=np.int64), c))

@@ -1,0 +1,124 @@
+"""Warming: keep the commit log's next pages in the page cache before the appender gets there.
+
+Segments are sparse, so the first write into each 4 KiB page of the mapping
+takes a page fault that allocates and zeroes a page: about 1.5 µs per 1 KiB
+record, paid while the writer holds the GIL (a quarter of the whole append
+path). RocketMQ warms a new mapped file by writing zeros into it
+(MappedFile.warmMappedFile); Sluice does the same continuously, a little ahead
+of the write position, with ``os.pwrite`` from a thread of its own. pwrite
+releases the GIL, so the page allocation runs on another core, and the
+appender's later write into the mapping only installs the page.
+
+Zeros go only where nothing is written yet: at or after the page that follows
+the write position, and an appender whose bytes would land in a range being
+zeroed waits for it (it never happens in practice: the warmer is far faster
+than the appender and works ``ahead`` bytes in front of it).
+"""
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import threading
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sluice.store.commitlog import CommitLog
+
+log = logging.getLogger(__name__)
+
+PAGE = mmap.PAGESIZE
+CHUNK = 1 << 20
+_ZEROS = memoryview(bytes(CHUNK))
+
+
+class Warmer:
+    """Runs beside one CommitLog; every method but ``stop`` is called with the commit log's put lock held."""
+
+    def __init__(self, commitlog: CommitLog, ahead: int) -> None:
+        self.cl = commitlog
+        self.ahead = ahead
+        self.low = ahead // 2  # wake the thread when less than this much is warm ahead of the writer
+        self.cond = threading.Condition(commitlog.put_lock)
+        self.end = 0  # absolute offset up to which the segment being written is warm (or written)
+        self.busy: tuple[int, int] | None = None  # the range being zeroed right now
+        self.warmed_bytes = 0
+        self._wake = threading.Event()
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+
+    # ---- called by the appender (put lock held) --------------------------------------------------------
+    def before_write(self, nbytes: int) -> None:
+        """Wait while the next ``nbytes`` from the write position overlap the range being zeroed."""
+        b = self.busy
+        while b is not None and self.cl.write_pos + nbytes > b[0] and self.cl.write_pos < b[1]:
+            self.cond.wait(1.0)
+            b = self.busy
+
+    def after_write(self, end: int) -> None:
+        if self.ahead <= 0 or end + self.low <= self.end or self._wake.is_set() or self._stopped:
+            return
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="sluice-commitlog-warm", daemon=True)
+            self._thread.start()
+        self._wake.set()
+
+    def reset(self) -> None:
+        """The log was cut: forget what was warm."""
+        self.end = 0
+
+    # ---- lifecycle -----------------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Stop the thread (called without the put lock: the thread takes it)."""
+        self._stopped = True
+        self._wake.set()
+        t = self._thread
+        if t is not None:
+            t.join()
+            self._thread = None
+
+    def reopen(self) -> None:
+        self._stopped = False
+        self._wake.clear()
+        self.end = 0
+
+    # ---- the thread ----------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stopped:
+            self._wake.wait(1.0)
+            self._wake.clear()
+            try:
+                while not self._stopped and self._step():
+                    pass
+            except Exception:  # warming is an optimisation: log and go on, appends never depend on it
+                log.exception("commit-log warming failed")
+
+    def _step(self) -> bool:
+        """Zero the next chunk ahead of the write position; False when there is nothing to do."""
+        cl = self.cl
+        with self.cond:
+            if self._stopped or cl.closed:
+                return False
+            f = cl.queue.last()
+            wpos = cl.write_pos
+            if f is None or f.closed or not f.start <= wpos < f.end:
+                return False
+            start = max(self.end, -(-wpos // PAGE) * PAGE)  # never the page that holds written bytes
+            stop = min(wpos + self.ahead, f.end, start + CHUNK)
+            if start >= stop:
+                return False
+            self.busy = (start, stop)
+            fd = os.dup(f._fd)  # the file may be closed meanwhile: the duplicate keeps it valid
+            base = f.start
+        done = 0
+        try:
+            done = os.pwrite(fd, _ZEROS[:stop - start], start - base)
+        finally:
+            os.close(fd)
+            with self.cond:
+                self.busy = None
+                if done > 0:
+                    self.end = start + done
+                    self.warmed_bytes += done
+                self.cond.notify_all()
+        return done > 0
