@@ -5,7 +5,7 @@ import time
 
 import orjson
 
-from conftest import Rpc, records, sub_data
+from broker_support import Rpc, records, sub_data
 from sluice.protocol.bodies import LockBatchRequestBody, MessageQueue, encode_body
 from sluice.protocol.codes import RequestCode, ResponseCode
 from sluice.protocol.command import RemotingCommand

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Rpc, records
+from broker_support import Rpc, records
 from servers import SluiceProcess
 from sluice.errors import SluiceError
 from sluice.protocol.codes import RequestCode, ResponseCode

@@ -4,7 +4,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from conftest import bodies, sub_data
+from broker_support import bodies, sub_data
 from sluice.filter import java_string_hash
 from sluice.protocol.codes import RequestCode, ResponseCode
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Rpc, bodies
+from broker_support import Rpc, bodies
 from servers import SluiceProcess
 from sluice.errors import TopicNotExistError
 from sluice.namesrv.client import SyncNamesrvClient

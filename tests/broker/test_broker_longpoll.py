@@ -4,7 +4,7 @@ from __future__ import annotations
 import threading
 import time
 
-from conftest import bodies
+from broker_support import bodies
 from sluice.protocol.codes import ResponseCode
 
 R = ResponseCode

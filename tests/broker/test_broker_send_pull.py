@@ -5,7 +5,7 @@ import zlib
 
 import pytest
 
-from conftest import bodies, records
+from broker_support import bodies, records
 from sluice.protocol import properties as P
 from sluice.protocol.batch import encode_batch
 from sluice.protocol.codes import RequestCode, ResponseCode
@@ -104,10 +104,13 @@ def test_retry_over_max_goes_to_dlq(rpc, broker):
     assert bodies(rpc.pull("%RETRY%grp")) == [b"retry"]
 
 
-def test_delay_property_is_kept(rpc):
-    rpc.send("Later", b"d", props={"DELAY": "3"})
-    [rec] = records(rpc.pull("Later"))
-    assert P.decode_properties(rec.properties)["DELAY"] == "3"
+def test_delayed_message_waits_in_the_schedule_topic(rpc):
+    # Level 3 is 10 s: the message is parked, not delivered at once (tests/push covers delivery).
+    assert rpc.send("Later", b"d", props={"DELAY": "3"}).code == R.SUCCESS
+    assert records(rpc.pull("Later")) == []
+    [rec] = records(rpc.pull("SCHEDULE_TOPIC_XXXX", queue_id=2))
+    props = P.decode_properties(rec.properties)
+    assert props["REAL_TOPIC"] == "Later" and props["DELAY"] == "3"
 
 
 def test_auto_create_off(make_broker):
