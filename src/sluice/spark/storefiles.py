@@ -159,12 +159,26 @@ def _be(buf: np.ndarray, pos: np.ndarray, width: int, dtype: str) -> np.ndarray:
 
 
 def _strings(mv: memoryview, starts: list[int], ends: list[int], binary: bool = False) -> pa.Array:
+    """Bodies: one slice per record joined in C (large values, memcpy-bound)."""
     data = b"".join([mv[s:e] for s, e in zip(starts, ends)])
     lens = np.asarray(ends, dtype=np.int64) - np.asarray(starts, dtype=np.int64)
     offsets = np.zeros(len(starts) + 1, dtype=np.int64)
     np.cumsum(lens, out=offsets[1:])
+    return _as_array(offsets, data, len(starts), binary)
+
+
+def _short_strings(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> pa.Array:
+    """Topics and property texts (tens of bytes): one numpy gather for the whole batch, no per-record slice."""
+    lens = ends - starts
+    offsets = np.zeros(len(starts) + 1, dtype=np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    idx = np.arange(offsets[-1], dtype=np.int64) + np.repeat(starts - offsets[:-1], lens)
+    return _as_array(offsets, buf[idx].tobytes(), len(starts), False)
+
+
+def _as_array(offsets: np.ndarray, data: bytes, n: int, binary: bool) -> pa.Array:
     typ = pa.large_binary() if binary else pa.large_string()
-    arr = pa.Array.from_buffers(typ, len(starts), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+    arr = pa.Array.from_buffers(typ, n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
     if not binary:
         arr.validate(full=True)  # bad UTF-8 raises here, not in Spark
     return arr.cast(pa.binary() if binary else pa.string())
@@ -335,11 +349,11 @@ class SegmentReader:
         if (phys != seg_pos).any():
             bad = int(np.flatnonzero(phys != seg_pos)[0])
             raise CorruptRecordError(f"record says it is at {int(phys[bad])}", path=sp.path, offset=int(pos[bad]))
-        topic = _strings(mv, topic_at.tolist(), plen_at.tolist())
+        topic = _short_strings(buf, topic_at, plen_at)
         keep = visible
         if self.topics is not None:
             keep = keep & np.asarray(pc.is_in(topic, pa.array(sorted(self.topics))), dtype=bool)
-        props_text = _strings(mv, props_at.tolist(), (props_at + plen).tolist())
+        props_text = _short_strings(buf, props_at, props_at + plen)
         if self.tags is not None:
             # Decided on the property text before any body is copied or checked.
             tags = pc.map_lookup(_properties_map(props_text), "TAGS", "last")
