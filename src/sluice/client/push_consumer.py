@@ -32,7 +32,7 @@ from typing import Any
 
 from sluice.client.consume_service import ConcurrentConsumeService, Listener, OrderlyConsumeService
 from sluice.client.consume_types import MessageModel, PushConsumerOptions, parse_consume_timestamp
-from sluice.client.facade import _SLACK, _Facade
+from sluice.client.facade import _SLACK, _Facade, _release_loop
 from sluice.client.instance import ClientInstance
 from sluice.client.offset_store import LocalFileOffsetStore, OffsetStore, RemoteBrokerOffsetStore
 from sluice.client.options import split_options
@@ -285,6 +285,10 @@ class AsyncPushConsumer:
                 log.warning("pull of %s at offset %d failed: %s", mq, offset, exc)
                 await asyncio.sleep(o.pull_time_delay_when_exception)
                 continue
+            except Exception:  # a queue must never stop being pulled: log, wait, try again
+                log.exception("pull of %s at offset %d failed", mq, offset)
+                await asyncio.sleep(o.pull_time_delay_when_exception)
+                continue
             if pq.dropped:
                 break
             pq.last_pull_time = time.monotonic()
@@ -387,7 +391,6 @@ class PushConsumer(_Facade):
         try:
             self._run(self._impl.shutdown(), o.await_termination + 4 * o.request_timeout + _SLACK)
         finally:
-            from sluice.client.facade import _release_loop
             self._loop = None
             _release_loop()
 
