@@ -318,3 +318,38 @@ def test_broadcasting_offsets_live_in_a_local_file(cluster: Cluster, tmp_path: P
             assert again.bodies() == ["later"]
         finally:
             c.shutdown()
+
+
+def test_flow_control_stops_pulling_a_full_queue(cluster: Cluster) -> None:
+    topic, group = unique("FlowT"), unique("cg")
+    gate = threading.Event()
+    seen: list[int] = []
+
+    def slow(msgs: list[MessageExt]) -> ConsumeResult:
+        gate.wait(20)
+        seen.extend(m.queue_offset for m in msgs)
+        return ConsumeResult.SUCCESS
+
+    with _producer(cluster) as p:
+        _create_topic(p, topic)
+        q0 = MessageQueue(topic=topic, broker_name=p.fetch_publish_queues(topic)[0].broker_name, queue_id=0)
+        cons = PushConsumer(group, namesrv=cluster.ns, pull_threshold_for_queue=20, pull_batch_size=8,
+                            consume_thread_max=2)
+        cons.subscribe(topic)
+        cons.register_listener(slow)
+        cons.start()
+        try:
+            wait_for(lambda: len([q for q in cons.owned_queues() if q.topic == topic]) == 8, 10, "8 queues owned")
+            for i in range(200):
+                p.send(Message(topic, f"f{i}".encode()), queue=q0)
+            impl = cons.async_consumer
+            wait_for(lambda: impl.flow_control_times > 0, 10, "flow control to kick in")
+            cached = impl.rebalancer.process_queues[q0].msg_count
+            assert 20 < cached <= 20 + 8  # the pull that crossed the threshold, then no more
+            gate.set()
+            wait_for(lambda: len(seen) == 200, 30, "the backlog once the listener is free")
+            first = min(seen)
+            assert sorted(seen) == list(range(first, first + 200))  # each once, none skipped
+        finally:
+            gate.set()
+            cons.shutdown()

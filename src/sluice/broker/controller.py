@@ -325,6 +325,7 @@ class BrokerController:
             "topics": len(self.topics.all()),
             "connections": len(self.server.connections),
             **self.filter_data.totals(),
+            **self.schedule.stats(),  # delayed messages waiting (due or not) and moved
             **{k: v for k, v in s.items()},
         }
 
