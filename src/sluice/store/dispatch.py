@@ -198,14 +198,18 @@ class DispatchService:
         units["offset"] = [r.commitlog_offset for r in reqs]
         units["size"] = [r.size for r in reqs]
         tags = [r.tag_code for r in reqs]
-        if self.ext is not None and any(r.bitmap is not None for r in reqs):
-            ext = self.ext.get_or_create(topic, qid)
-            for i, r in enumerate(reqs):
-                if r.bitmap is not None:
-                    try:
-                        tags[i] = ext.put(r.tag_code, r.store_timestamp, r.bitmap)
-                    except SluiceError as e:
-                        log.warning("no ext unit for %s/%d offset %d: %s", topic, qid, r.queue_offset, e)
+        if self.ext is not None:
+            with_bits = [i for i, r in enumerate(reqs) if r.bitmap is not None]
+            if with_bits:
+                ext = self.ext.get_or_create(topic, qid)
+                try:
+                    addrs = ext.put_many([tags[i] for i in with_bits], [reqs[i].store_timestamp for i in with_bits],
+                                         [reqs[i].bitmap for i in with_bits])  # type: ignore[misc]
+                except SluiceError as e:
+                    log.warning("no ext units for %s/%d offsets %d..: %s", topic, qid, reqs[0].queue_offset, e)
+                else:
+                    for i, a in zip(with_bits, addrs):
+                        tags[i] = a
         units["tag"] = tags
         first = reqs[0].queue_offset
         if reqs[-1].queue_offset - first == len(reqs) - 1:
