@@ -117,7 +117,7 @@ def store_rate(root: Path, seconds: float, *, flush_mode: str, batch: int, threa
             if profiler is not None and i == 0:
                 profiler.disable()
 
-        ts = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
+        ts = [threading.Thread(target=work, args=(i,), name=f"writer-{i}") for i in range(threads)]
         start = time.perf_counter()
         for t in ts:
             t.start()

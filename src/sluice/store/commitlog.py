@@ -15,10 +15,11 @@ from __future__ import annotations
 import struct
 import threading
 import time
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import accumulate
+from collections import deque
+from itertools import accumulate, repeat
+from operator import add, sub
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,6 +33,7 @@ from sluice.protocol.record import (
     MAGIC_V2,
     POS_QUEUEOFFSET,
 )
+from sluice.store.crc import crc32
 from sluice.store.mapped import MappedFile, MappedFileQueue
 from sluice.store.warm import Warmer
 
@@ -115,7 +117,7 @@ def parse_record(buf: bytes | bytearray, pos: int, *, check_crc: bool, where: st
     if p != rec_end:
         raise CorruptRecordError(f"record fields take {p - pos} bytes, its size says {total}",
                                  path=where, offset=base + pos)
-    if check_crc and zlib.crc32(buf[body_at:body_at + body_len]) & 0x7FFFFFFF != crc:
+    if check_crc and crc32(buf[body_at:body_at + body_len]) & 0x7FFFFFFF != crc:
         raise CorruptRecordError("body CRC mismatch", path=where, offset=base + pos)
     return ParsedRecord(total, qid, qoff, phys, sysflag, store_ts, topic, props)
 
@@ -135,7 +137,7 @@ def verify_record_bytes(rec: bytes, offset: int, *, where: str | None = None, fi
     body_len = _I32.unpack_from(rec, p)[0]
     if body_len < 0 or p + 4 + body_len > total:
         raise CorruptRecordError(f"body length {body_len} runs past the record", path=where, offset=file_offset)
-    if zlib.crc32(rec[p + 4:p + 4 + body_len]) & 0x7FFFFFFF != crc & 0x7FFFFFFF:
+    if crc32(rec[p + 4:p + 4 + body_len]) & 0x7FFFFFFF != crc & 0x7FFFFFFF:
         raise CorruptRecordError("body CRC mismatch", path=where, offset=file_offset)
 
 
@@ -220,11 +222,10 @@ class CommitLog:
                 qoffs, next_qoff = _queue_offsets(queued, qoff)
             if end + END_FILE_MIN_BLANK_LENGTH <= f.end:
                 # The usual case: the batch fits the current segment; patch in place, one copy.
-                pack_qp, pack_ts = _QP.pack_into, _I64.pack_into
-                for p, q, t in zip(phys, qoffs, ts_positions):
-                    rel = p - wpos
-                    pack_qp(buf, rel + POS_QUEUEOFFSET, q, p)
-                    pack_ts(buf, rel + t, now)
+                # Two packs per record, driven by C-level maps (no bytecode per record).
+                rels = list(map(sub, phys, repeat(wpos)))
+                deque(map(_QP.pack_into, repeat(buf), map(add, rels, repeat(POS_QUEUEOFFSET)), qoffs, phys), 0)
+                deque(map(_I64.pack_into, repeat(buf), map(add, rels, ts_positions), repeat(now)), 0)
                 f.write(wpos - f.start, buf)
             else:
                 phys, end = self._append_rolling(f, buf, sizes, qoffs, ts_positions, now, wpos)

@@ -9,10 +9,11 @@ message costs one struct pack plus a join.
 from __future__ import annotations
 
 import struct
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from itertools import repeat
+from operator import add, and_, attrgetter
 
 from sluice.errors import InvalidParameterError, MessageIllegalError
 from sluice.protocol import properties as P
@@ -23,6 +24,7 @@ from sluice.protocol.record import (
     _host_bytes,
     check_topic,
 )
+from sluice.store.crc import crc32
 from sluice.store.types import StoreMessage
 
 # totalsize magic bodycrc queueid flag queueoffset physicaloffset sysflag borntimestamp
@@ -85,6 +87,10 @@ def encode_batch(msgs: Sequence[StoreMessage], *, store_host: tuple[str, int], m
     if queue_id < 0:
         raise MessageIllegalError(f"queue id {queue_id} is negative")
     store_b, store_v6 = _host_bytes(tuple(store_host))
+    if not store_v6 and len(msgs) > 1:
+        fast = _encode_columns(msgs, topic, queue_id, topic_part, store_b, max_body)
+        if fast is not None:
+            return fast
     parts: list[bytes] = []
     sizes: list[int] = []
     sysflags: list[int] = []
@@ -92,7 +98,7 @@ def encode_batch(msgs: Sequence[StoreMessage], *, store_host: tuple[str, int], m
     tags: list[str | None] = []
     keys: list[str | None] = []
     uniq: list[str | None] = []
-    add, crc32 = parts.append, zlib.crc32
+    add = parts.append
     pack_v4, pack_u16, join_pair = _HEAD_V4.pack, _U16.pack, "\x01".join
     fixed = 48 + 8 + len(store_b) + 16 + len(topic_part) + 2  # all but born host, body and properties
     store_flag = FLAG_STOREHOST_V6 if store_v6 else 0
@@ -178,6 +184,69 @@ def encode_batch(msgs: Sequence[StoreMessage], *, store_host: tuple[str, int], m
         if any(f & _TRAN_MASK in (0x4, 0xC) for f in sysflags):  # prepared / rolled back: no unit
             queued = [f & _TRAN_MASK not in (0x4, 0xC) for f in sysflags]
     return EncodedBatch(bytearray().join(parts), sizes, ts_pos, sysflags, queued, props_l, tags, keys, uniq)
+
+
+_topic_of, _qid_of, _body_of, _host_of = (attrgetter(a) for a in ("topic", "queue_id", "body", "born_host"))
+_sysflag_of, _props_of, _flag_of = (attrgetter(a) for a in ("sysflag", "properties", "flag"))
+_born_ts_of, _recon_of, _prep_of = (attrgetter(a) for a in ("born_timestamp", "reconsume_times", "prepared_tx_offset"))
+_JOIN_PAIR, _JOIN_PAIRS = "\x01".join, "\x02".join
+
+
+def _encode_columns(msgs: Sequence[StoreMessage], topic: str, queue_id: int, topic_part: bytes, store_b: bytes,
+                    max_body: int) -> EncodedBatch | None:
+    """encode_batch for the usual batch, column by column: every per-message step is a C-level map (no
+    bytecode per message), about half the cost of the loop. Usual means: one topic, queue and IPv4 born
+    host, bytes bodies, non-empty valid properties, no transactional flag. Anything else (including
+    anything invalid) answers None and the loop does it, with its precise errors."""
+    n = len(msgs)
+    if list(map(_topic_of, msgs)).count(topic) != n or list(map(_qid_of, msgs)).count(queue_id) != n:
+        return None
+    bodies = list(map(_body_of, msgs))
+    hosts = list(map(_host_of, msgs))
+    sysflags_in = list(map(_sysflag_of, msgs))
+    dicts = list(map(_props_of, msgs))
+    if (list(map(type, bodies)).count(bytes) != n or hosts.count(hosts[0]) != n or not all(dicts)
+            or any(map(_TRAN_MASK.__and__, sysflags_in))):
+        return None
+    born_b, born_v6 = _host_bytes(tuple(hosts[0]))
+    if born_v6:
+        return None
+    try:
+        pairs_l = list(map(_JOIN_PAIRS, map(map, repeat(_JOIN_PAIR), map(dict.items, dicts))))
+    except TypeError:  # a name or value that is not a str, or properties that are not a dict
+        return None
+    every = "\x02".join(pairs_l)
+    npairs = sum(map(len, dicts))
+    # Each pair holds one \x01 and adds one \x02: more means a separator inside a name or value. An empty
+    # name shows as \x01 right after a separator; transient names must be left out (the loop does that).
+    if (every.count("\x01") != npairs or every.count("\x02") != npairs - 1 or "\x02\x01" in every
+            or every.startswith("\x01") or P.TRANSIENT_PREFIX in every):
+        return None
+    props_s = list(map(str.__add__, pairs_l, repeat("\x02")))
+    props_b = list(map(str.encode, props_s))
+    plens = list(map(len, props_b))
+    blens = list(map(len, bodies))
+    if max(plens) > _MAX_PROPS or max(blens) > max_body:
+        return None
+    size0 = 48 + len(born_b) + 8 + len(store_b) + 16 + len(topic_part) + 2
+    totals = list(map(add, map(add, blens, plens), repeat(size0)))
+    sysflags = list(map(and_, sysflags_in, repeat(~(FLAG_BORNHOST_V6 | FLAG_STOREHOST_V6))))
+    crcs = map(and_, map(crc32, bodies), repeat(0x7FFFFFFF))
+    try:
+        heads = list(map(_HEAD_V4.pack, totals, repeat(MAGIC_V1), crcs, repeat(queue_id), map(_flag_of, msgs),
+                         repeat(0), repeat(0), sysflags, map(_born_ts_of, msgs), repeat(born_b), repeat(0),
+                         repeat(store_b), map(_recon_of, msgs), map(_prep_of, msgs), blens))
+    except struct.error:
+        return None
+    parts: list[bytes] = [topic_part] * (5 * n)  # head, body, topic, properties length, properties
+    parts[0::5] = heads
+    parts[1::5] = bodies
+    parts[3::5] = list(map(_U16.pack, plens))
+    parts[4::5] = props_b
+    get = dict.get
+    return EncodedBatch(bytearray().join(parts), totals, [48 + len(born_b)] * n, sysflags, None, props_s,
+                        list(map(get, dicts, repeat("TAGS"))), list(map(get, dicts, repeat("KEYS"))),
+                        list(map(get, dicts, repeat("UNIQ_KEY"))))
 
 
 def _with_stored_props(m: StoreMessage) -> StoreMessage:

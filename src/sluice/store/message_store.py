@@ -24,6 +24,7 @@ import os
 import threading
 import time
 from collections.abc import Sequence
+from itertools import repeat
 from pathlib import Path
 
 import numpy as np
@@ -79,7 +80,7 @@ class MessageStore:
         self.flusher = FlushService(self.commitlog, interval_ms=c.flush_interval_ms, timeout_s=c.sync_flush_timeout_s)
         self.recovery_report: recovery.RecoveryReport | None = None
         self._msgid_prefix = offset_msg_id_prefix(*c.store_host)
-        self._msgid_prefix_hex = self._msgid_prefix.hex().upper()
+        self._msgid_format = self._msgid_prefix.hex().upper() + "%016X"  # + the commit-log offset
         self._sync = c.flush_mode == "sync"
         self._open = False
         self._was_closed = False
@@ -344,8 +345,9 @@ class MessageStore:
                      all_queued=enc.queued is None)
         phys, qoffs, ts, end = self.commitlog.append(enc.buf, enc.sizes, topic, qid, enc.ts_positions, enc.queued,
                                                      run)
-        prefix = self._msgid_prefix_hex
-        results = [PutResult(p, q, f"{prefix}{p:016X}", ts, size) for p, q, size in zip(phys, qoffs, enc.sizes)]
+        # tuple.__new__ over zip: PutResults built in C (a NamedTuple's own __new__ is Python code).
+        ids = map(self._msgid_format.__mod__, phys)
+        results = list(map(tuple.__new__, repeat(PutResult), zip(phys, qoffs, ids, repeat(ts), enc.sizes)))
         self.put_count += len(phys)
         self.put_bytes += end - phys[0]
         if self._sync:
