@@ -121,7 +121,17 @@ _expr = st.recursive(
     ),
     max_leaves=5,
 )
-_message = st.dictionaries(st.sampled_from(NAMES + ["TAGS"]), st.sampled_from(VALUES + ["TagA", "eu"]), max_size=4)
+# Generated numeric-looking text: integers past every range, Python float and hex-float forms, and
+# strings from the characters Java's parsers care about (signs, exponents, suffixes, blanks, NUL,
+# Unicode digits), besides the fixed VALUES.
+_numeric_text = st.one_of(
+    st.integers(-(2**64), 2**64).map(str),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.floats(allow_nan=False, allow_infinity=False).map(float.hex),
+    st.text(alphabet="0123456789+-.eEdDfFxXpP \t\n\x00\x0b\u0660\u0966\uff10NaInfty", max_size=8),
+)
+_value = st.one_of(st.sampled_from(VALUES + ["TagA", "eu"]), _numeric_text)
+_message = st.dictionaries(st.sampled_from(NAMES + ["TAGS"]), _value, max_size=4)
 
 
 def _compiles(expression: str) -> bool:
