@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import struct
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -143,3 +145,53 @@ def test_parse_record_rejects_any_damage_or_cut(data) -> None:
         parse_record(bytes(bad), 0, check_crc=True)
     with pytest.raises(CorruptRecordError):
         verify_record_bytes(bytes(bad), 0)
+
+
+# -- warming (warm.py): pages ahead of the write position are zeroed by a thread, never written data ------
+
+def test_warming_runs_ahead_and_never_touches_written_records(tmp_path: Path) -> None:
+    seg = 4 * 1024 * 1024
+    c = CommitLog(tmp_path / "commitlog", seg, warm_ahead=256 * 1024)
+    c.load()
+    try:
+        bodies = [bytes([i % 251]) * (100 + i % 900) for i in range(2000)]
+
+        def work(k: int) -> None:
+            for i in range(k, len(bodies), 4):
+                append(c, [rec(bodies[i])])
+
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        deadline = time.monotonic() + 5
+        while c.warm.warmed_bytes == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert c.warm.warmed_bytes > 0
+        seen = []
+        end, err = c.scan(0, check_crc=True, on_record=lambda r: seen.append(r.physical_offset))
+        assert err is None and end == c.write_pos and len(seen) == len(bodies)
+        f = c.queue.last()
+        assert f.mm[c.write_pos - f.start:c.warm.end - f.start] == bytes(c.warm.end - c.write_pos)
+    finally:
+        c.close()
+    assert c.warm._thread is None
+
+
+def test_an_append_waits_while_its_range_is_being_zeroed(cl: CommitLog) -> None:
+    append(cl, [rec()])
+    w = cl.warm
+    w.stop()  # the real thread would clear ``busy`` when its own step ends
+    with cl.put_lock:
+        w.busy = (cl.write_pos, cl.write_pos + 4096)  # as if the warmer were zeroing right there
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (append(cl, [rec(b"late")]), done.set()))
+    t.start()
+    assert not done.wait(0.2)  # blocked: it cannot write where zeros are going
+    with w.cond:
+        w.busy = None
+        w.cond.notify_all()
+    assert done.wait(5)
+    t.join()
+    assert cl.scan(0, check_crc=True)[1] is None

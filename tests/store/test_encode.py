@@ -47,3 +47,52 @@ def test_batch_equals_reference(batch, store_host) -> None:
 def test_refusals(m: StoreMessage, why: str) -> None:
     with pytest.raises(MessageIllegalError, match=why):
         encode_batch([m], store_host=("127.0.0.1", 1), max_body=10 if "limit" in why else 100_000)
+
+
+# -- the column-wise path (one topic, queue and IPv4 born host, non-empty properties, no transaction flag) --
+
+usual = st.builds(
+    StoreMessage, topic=st.just("Topic_1"), body=st.binary(max_size=300), queue_id=st.just(3),
+    properties=st.dictionaries(text, text, min_size=1, max_size=4), flag=st.integers(-2**31, 2**31 - 1),
+    sysflag=st.sampled_from([0, 0x1, 0x2, 0x10, 0x30]), born_timestamp=st.integers(0, 2**62),
+    born_host=st.just(("10.1.2.3", 10911)), reconsume_times=st.integers(0, 16),
+    prepared_tx_offset=st.integers(0, 2**40))
+
+
+@settings(max_examples=150, deadline=None)
+@given(batch=st.lists(usual, min_size=2, max_size=8))
+def test_column_path_equals_reference_and_is_taken(batch) -> None:
+    from sluice.protocol.record import _host_bytes
+    from sluice.store.encode import _encode_columns, _topic_part
+
+    store_host = ("127.0.0.1", 10911)
+    enc = _encode_columns(batch, "Topic_1", 3, _topic_part("Topic_1"), _host_bytes(store_host)[0], 1000)
+    assert enc is not None
+    ref = [encode_record(topic=m.topic, body=m.body, properties=encode_properties(m.properties), queue_id=3,
+                         flag=m.flag, sysflag=m.sysflag, born_timestamp=m.born_timestamp, born_host=m.born_host,
+                         store_host=store_host, reconsume_times=m.reconsume_times,
+                         prepared_tx_offset=m.prepared_tx_offset) for m in batch]
+    assert bytes(enc.buf) == b"".join(ref) and enc.sizes == [len(r) for r in ref]
+    assert enc.ts_positions == [56] * len(batch) and enc.queued is None
+    assert enc.props == [encode_properties(m.properties) for m in batch]
+    assert enc.tags == [m.properties.get("TAGS") for m in batch]
+    loop = encode_batch(batch[:1], store_host=store_host, max_body=1000)  # one message: the loop
+    assert bytes(loop.buf) == ref[0]
+
+
+@pytest.mark.parametrize("bad, why", [
+    ({"": "v"}, "name is empty"),
+    ({"a": "x\x01y"}, "contains"),
+    ({"a\x02": "y"}, "contains"),
+    ({"a": 1}, "str to a str"),
+])
+def test_a_bad_message_in_a_batch_is_refused_precisely(bad, why) -> None:
+    good = StoreMessage("T", b"x", 0, {"TAGS": "a", "KEYS": "k"})
+    with pytest.raises(MessageIllegalError, match=why):
+        encode_batch([good, StoreMessage("T", b"y", 0, bad), good], store_host=("127.0.0.1", 1), max_body=100)
+
+
+def test_transient_properties_are_not_stored_by_either_path() -> None:
+    batch = [StoreMessage("T", b"x", 0, {"TAGS": "a", "__RMQ.TRANSIENT.x": "t"}) for _ in range(3)]
+    enc = encode_batch(batch, store_host=("127.0.0.1", 1), max_body=100)
+    assert enc.props == ["TAGS\x01a\x02"] * 3 and b"TRANSIENT" not in enc.buf

@@ -306,3 +306,34 @@ def test_dispatch_reports_a_hole_instead_of_spinning(store: MessageStore) -> Non
     assert "no record at commit-log offset" in store.stats()["dispatch_error"]
     store.commitlog.write_pos -= 200  # let the store close cleanly
     store.dispatch.error = None
+
+
+def test_columnar_dispatch_without_and_with_requests(store: MessageStore) -> None:
+    """A dispatcher with dispatch_batch sees columns and nothing per message is built; one that asks for
+    requests (and changes tag codes) gets them, and the units are written from those."""
+    from sluice.store.dispatch_batch import DispatchBatch
+
+    batches: list[DispatchBatch] = []
+
+    class Columns:
+        def dispatch_batch(self, batch: DispatchBatch) -> None:
+            batches.append(batch)
+
+    store.add_dispatcher(Columns())
+    res = store.put_messages([msg(TAGS="a", KEYS=f"k{i}", UNIQ_KEY=f"U{i:031d}") for i in range(5)])
+    assert store.wait_dispatched()
+    assert sum(len(b) for b in batches) == 5 and not any(b.materialised for b in batches)
+    assert [int(store.queues.get("T", 0).unit(i)[2]) for i in range(5)] == [tag_code("a")] * 5
+    assert [m.queue_offset for m in store.query_messages_by_key("T", "k3")] == [3]
+    assert [m.queue_offset for m in store.query_messages_by_key("T", f"U{4:031d}")] == [4]
+
+    class Retag:
+        def dispatch_batch(self, batch: DispatchBatch) -> None:
+            for r in batch.requests():
+                r.tag_code = 1000 + r.queue_offset
+
+    store.add_dispatcher(Retag())
+    store.put_messages([msg(TAGS="b", KEYS="x y") for _ in range(3)])
+    assert store.wait_dispatched()
+    assert [int(store.queues.get("T", 0).unit(i)[2]) for i in range(5, 8)] == [1005, 1006, 1007]
+    assert sorted(m.queue_offset for m in store.query_messages_by_key("T", "y")) == [5, 6, 7]
