@@ -154,8 +154,21 @@ def _simple(run: PutRun) -> bool:
             and P.KEY_SEPARATOR not in "".join(keys))
 
 
+#: below this many records a batch is indexed message by message (struct, no numpy): numpy's fixed cost per
+#: call, and under thread contention the GIL it gives up and must take back, outweigh its per-key gain
+SMALL_BATCH = 32
+
+
 def index_runs(index: IndexService, runs: list[PutRun]) -> None:
     """Index every record of the runs in one batch."""
+    if sum(map(len, runs)) < SMALL_BATCH:
+        build, split = index.build_index, P.split_keys
+        for run in runs:
+            topic, ts = run.topic, run.store_timestamp
+            for u, k, p, f in zip(run.uniq, run.keys, run.phys, run.sysflags):
+                if (u or k) and f & _TRAN_MASK != _TRAN_ROLLBACK:
+                    build(topic, u, split(k), p, ts)
+        return
     if all(_simple(r) for r in runs):
         # Two keys per record: hash the UNIQ_KEYs and the KEYS as two columns (each mostly of one length,
         # which key_hashes turns into one matrix product), then interleave them in index order.
@@ -199,6 +212,11 @@ def index_runs(index: IndexService, runs: list[PutRun]) -> None:
 
 def index_requests(index: IndexService, requests: list[DispatchRequest]) -> None:
     """Index per-message requests (dispatch parsed from the log, or built for dispatchers) in one batch."""
+    if len(requests) < SMALL_BATCH:
+        for r in requests:
+            if (r.uniq_key or r.keys) and (r.sysflag & _TRAN_MASK) != _TRAN_ROLLBACK:
+                index.build_index(r.topic, r.uniq_key, r.keys, r.commitlog_offset, r.store_timestamp)
+        return
     names: list[str] = []
     counts: list[int] = []
     phys: list[int] = []

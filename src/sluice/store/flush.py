@@ -1,14 +1,20 @@
 """Commit-log durability: group commit for synchronous flush, a timer thread for asynchronous flush.
 
-Synchronous mode is RocketMQ's GroupCommitService: a writer that needs its
-bytes durable registers (offset, its own lock) and blocks on the lock; one
-flush thread takes the write position, fsyncs everything below it, and
-releases exactly the writers it covered. Whoever appended during that fsync is
-covered by the next one, so N waiting writers cost about two fsyncs, not N.
-Each waiter is woken through its own lock, and the woken writers wake each
-other one by one: a shared condition would wake all of them at once (the ones
-not yet covered too) and make them fight for its lock and the GIL, which with
-64 writers cost more CPU than the fsyncs.
+Synchronous mode uses leader/follower group commit without a thread of its
+own: a writer that needs its bytes durable and finds nobody flushing becomes
+the leader, takes the write position and fsyncs everything below it; the
+others register (offset, their own lock) and block. The leader releases the
+writers its fsync covered and, while others still wait, fsyncs again (they
+appended during its fsync, so N waiting writers cost about two fsyncs, not N),
+then hands the lead to the oldest waiter. One writer alone just fsyncs: no
+thread switch on its path.
+
+Covered writers are woken one by one, each woken writer waking the next: a
+shared condition would wake all of them at once (the ones not yet covered too)
+and make them fight for its lock and the GIL, which with 64 writers cost more
+CPU than the fsyncs. Before fsyncing again after releasing several writers,
+the leader lets them append first (while the write position keeps moving, at
+most GATHER_MAX_S), so one fsync covers most of them.
 """
 from __future__ import annotations
 
@@ -27,6 +33,8 @@ log = logging.getLogger(__name__)
 #: group commit: how long to wait at most for released writers to append again, and how often to look
 GATHER_MAX_S = 0.002
 GATHER_STEP_S = 0.0001
+#: fsyncs a leader does for others before handing the lead to a waiting writer
+LEAD_ROUNDS = 8
 
 
 class FlushService:
@@ -40,11 +48,10 @@ class FlushService:
         self._cond = threading.Condition()  # one fsync at a time (group thread, async thread, flush())
         self._flushing = False
         self._mutex = threading.Lock()  # guards _waiters
-        self._waiters: list[tuple[int, _LockType]] = []  # (offset to be durable, lock the writer blocks on)
-        self._wake = threading.Event()
+        self._waiters: list[list] = []  # [offset to be durable, lock the writer blocks on, handed the lead]
+        self._leading = False  # a writer is leading group commit
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._group: threading.Thread | None = None
         self._released = 0  # writers the last group commit released
         self._baton: deque[_LockType] = deque()  # covered writers not woken yet (each wakes the next)
 
@@ -57,52 +64,67 @@ class FlushService:
         """Return once commit-log bytes below ``offset`` are durable."""
         if self.flushed_offset >= offset:
             return
-        w = _allocate_lock()
-        w.acquire()
         with self._mutex:
             if self.flushed_offset >= offset:
                 return
-            self._waiters.append((offset, w))
-            if self._group is None and not self._stop.is_set():
-                self._group = threading.Thread(target=self._run_group, name="sluice-store-group-commit", daemon=True)
-                self._group.start()
-        if not self._wake.is_set():
-            self._wake.set()
-        if w.acquire(timeout=self.timeout_s):
-            self._pass_baton()
+            if not self._leading:
+                self._leading = True
+                entry = None
+            else:
+                entry = [offset, _allocate_lock(), False]  # offset, the lock it blocks on, "you lead now"
+                entry[1].acquire()
+                self._waiters.append(entry)
+        if entry is None:
+            self._lead()
+            return
+        if entry[1].acquire(timeout=self.timeout_s):
+            if entry[2]:
+                self._lead()
+            else:
+                self._pass_baton()
             return
         with self._mutex:
-            if (offset, w) in self._waiters:
-                self._waiters.remove((offset, w))
+            if entry in self._waiters:
+                self._waiters.remove(entry)
+            handed = entry[2]
+        if handed:  # the lead came just as we gave up: take it, or nobody flushes for the others
+            self._lead()
         # Our lock may still be in the baton queue: nobody would pass it on from us, so release them all.
         while self._baton:
             self._pass_baton()
         if self.flushed_offset < offset:
             raise FlushDiskTimeoutError(f"commit log not flushed to {offset} within {self.timeout_s} s")
 
-    def _run_group(self) -> None:
-        while True:
-            self._wake.wait(0.5)
-            self._wake.clear()  # before looking at the waiters: a writer registers, then sets
-            while self._waiters and not self._stop.is_set():
+    def _lead(self) -> None:
+        """Flush until nobody waits (at most LEAD_ROUNDS times), then hand the lead on or give it up."""
+        try:
+            for _ in range(LEAD_ROUNDS):
                 if self._released > 1:
                     self._gather()
-                try:
-                    self.flush()
-                except Exception:  # waiters time out (FLUSH_DISK_TIMEOUT); the next request retries
-                    log.exception("commit-log group commit failed")
-                    self._stop.wait(0.05)
-            if self._stop.is_set():
+                self.flush()
+                if not self._waiters:
+                    break
+        finally:  # whatever happened, the writers still waiting must get a leader
+            self._hand_on()
+
+    def _hand_on(self) -> None:
+        with self._mutex:
+            if not self._waiters:
+                self._leading = False
                 return
+            nxt = self._waiters.pop(0)
+            nxt[2] = True
+        nxt[1].release()
 
     def _release_covered(self) -> None:
         flushed = self.flushed_offset
         with self._mutex:
             if not self._waiters:
+                self._released = 0
                 return
-            covered = [w for off, w in self._waiters if off <= flushed]
+            covered = [e[1] for e in self._waiters if e[0] <= flushed]
             if covered:
-                self._waiters = [(off, w) for off, w in self._waiters if off > flushed]
+                self._waiters = [e for e in self._waiters if e[0] > flushed]
         self._released = len(covered)
         # Wake them one after the other, each woken writer waking the next: released all at once, dozens
         # of threads would fight for the GIL (with 64 writers that cost more CPU than the fsyncs).
@@ -176,8 +198,6 @@ class FlushService:
 
     def stop(self) -> None:
         self._stop.set()
-        self._wake.set()
-        for t in (self._thread, self._group):
-            if t is not None:
-                t.join()
-        self._thread = self._group = None
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None

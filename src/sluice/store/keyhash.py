@@ -13,12 +13,13 @@ loop over characters cost 5-8 µs per message; this is well under 1 µs.
 """
 from __future__ import annotations
 
+import sys
+from array import array
 from collections.abc import Sequence
 from functools import lru_cache
 
 import numpy as np
 
-from sluice.filter.tagcode import java_string_hash
 
 __all__ = ["key_hash", "key_hashes", "prefix_hash"]
 
@@ -27,15 +28,20 @@ _pow_table = np.ones(1, dtype=np.uint32)  # 31**k mod 2**32, grown on demand
 
 
 def _java_hash(s: str) -> int:
-    try:
-        return java_string_hash(s)
-    except UnicodeEncodeError:
-        # A lone surrogate: Java strings hold those as plain UTF-16 code units.
-        h = 0
-        data = s.encode("utf-16-be", "surrogatepass")
-        for i in range(0, len(data), 2):
-            h = (31 * h + ((data[i] << 8) | data[i + 1])) & _MASK
-        return h
+    """Java's String.hashCode as an unsigned 32-bit int (UTF-16 code units, lone surrogates included).
+
+    Summed as a Python int and cut to 32 bits once at the end: mod 2**32 commutes with + and *."""
+    h = 0
+    if s.isascii():
+        for c in s.encode("ascii"):
+            h = h * 31 + c
+        return h & _MASK
+    units = array("H", s.encode("utf-16-be", "surrogatepass"))
+    if sys.byteorder == "little":
+        units.byteswap()
+    for c in units:
+        h = h * 31 + c
+    return h & _MASK
 
 
 @lru_cache(maxsize=4096)
