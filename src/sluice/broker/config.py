@@ -86,6 +86,17 @@ class BrokerConfig:
     message_delay_level: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
     #: Queue locks for orderly consumers expire after this (REBALANCE_LOCK_MAX_LIVE_TIME).
     rebalance_lock_max_live_ms: int = 60_000
+    #: Sends whose producer group starts with one of these are checked for replays (broker/dedup.py); the
+    #: Spark writer's groups are ``spark-sluice-writer-*``. Empty: no send is ever checked.
+    dedup_producer_group_prefixes: tuple[str, ...] = ("spark-sluice-writer-",)
+    #: A replay later than this (by store time) is stored again: covers a failed micro-batch retried after
+    #: a driver or broker restart of a few minutes; longer windows mean a longer tail walk at broker start.
+    dedup_window_seconds: float = 600.0
+    #: At most this many keys in the window (oldest evicted first): ~0.5 KB each, so ~100 MB at the
+    #: default, enough for a replayed micro-batch of 200,000 rows.
+    dedup_window_keys: int = 200_000
+    #: Backfill bitmaps (broker/backfill.py) held at most (bytes over every group and queue; 1 bit per message).
+    backfill_max_bytes: int = 256 * 1024 * 1024
 
     @property
     def host_port(self) -> tuple[str, int]:
@@ -99,6 +110,12 @@ class BrokerConfig:
             raise InvalidParameterError(f"flush must be 'sync' or 'async', got {self.flush!r}")
         if self.broker_id != 0:
             raise InvalidParameterError("only master brokers (broker_id = 0) are supported")
+        if self.dedup_window_seconds <= 0 or self.dedup_window_keys < 1:
+            raise InvalidParameterError("dedup_window_seconds and dedup_window_keys must be positive")
+        if isinstance(self.dedup_producer_group_prefixes, (str, list)):  # TOML gives lists, flags strings
+            prefixes = self.dedup_producer_group_prefixes
+            object.__setattr__(self, "dedup_producer_group_prefixes",
+                               tuple(prefixes.split(",") if isinstance(prefixes, str) else prefixes))
         if not 1 <= self.max_error_rate_of_bloom_filter < 100:
             raise InvalidParameterError("max_error_rate_of_bloom_filter must be 1..99 (percent)")
         return self

@@ -32,6 +32,7 @@ from sluice.broker.appender import Appender
 from sluice.broker.client_manage import CLIENT_ID, ClientManageProcessor
 from sluice.broker.config import BrokerConfig
 from sluice.broker.consumers import ConsumerManager
+from sluice.broker.dedup import DedupWindow
 from sluice.broker.filter_admin import FilterAdminProcessor, install_filtering, persist_filter_data_loop
 from sluice.broker.locks import RebalanceLockManager
 from sluice.broker.longpoll import HoldService
@@ -108,6 +109,8 @@ class BrokerController:
         self.store.add_dispatcher(self.hold)
         self.executor = ThreadPoolExecutor(max_workers=STORE_THREADS, thread_name_prefix="sluice-broker-store")
         self.appender = Appender(self.store, self.executor)
+        self.dedup = DedupWindow(max_keys=config.dedup_window_keys, window_ms=int(config.dedup_window_seconds * 1000),
+                                 prefixes=config.dedup_producer_group_prefixes)
         self.server = RemotingServer(host, port)
         self.remoting = RemotingClient()
         self.namesrv = NamesrvClient(config.namesrv, remoting=self.remoting) if config.namesrv else None
@@ -165,9 +168,11 @@ class BrokerController:
         rep = self.store.recovery_report
         log.info("store %s open in %.2f s (%s)", self.config.store, time.monotonic() - t0, rep)
         self.hold.start()
+        # Opted-in sends wait for the replay window's rebuild from the commit log's tail; others do not.
+        self._tasks.append(self._loop.create_task(self._rebuild_dedup(), name="dedup-rebuild"))
         await self.server.start()
         self.started_at = time.time()
-        self._tasks = [
+        self._tasks += [
             self._loop.create_task(self._every(self.config.persist_offsets_interval_ms / 1000.0, self._persist_offsets),
                                    name="persist-offsets"),
             self._loop.create_task(self._every(EXPIRY_SCAN_S, self._expire_clients), name="client-expiry"),
@@ -234,6 +239,17 @@ class BrokerController:
                 raise
             except Exception:
                 log.exception("periodic task %s failed", getattr(fn, "__name__", fn))
+
+    async def _rebuild_dedup(self) -> None:
+        t0 = time.monotonic()
+        try:
+            await self.run_blocking(self.dedup.rebuild, self.store, self.store.config.store_host)
+            log.info("dedup window: %d keys from the commit log's tail in %.2f s", self.dedup.rebuilt,
+                     time.monotonic() - t0)
+        except Exception:
+            log.exception("rebuilding the dedup window failed; replays older than this start are not caught")
+        finally:
+            self.dedup.open()
 
     async def _persist_offsets(self) -> None:
         await self.run_blocking(self.offsets.persist)
@@ -325,7 +341,8 @@ class BrokerController:
             "topics": len(self.topics.all()),
             "connections": len(self.server.connections),
             **self.filter_data.totals(),
-            **self.schedule.stats(),  # delayed messages waiting (due or not) and moved
+            **self.schedule.stats(),
+            **self.dedup.stats(),  # delayed messages waiting (due or not) and moved
             **{k: v for k, v in s.items()},
         }
 

@@ -67,10 +67,21 @@ class SendProcessor:
         batch = request.code == RequestCode.SEND_BATCH_MESSAGE or header.batch or _batch_flag(request)
         msgs = self._build(conn, request, header, batch)
         queue_id = msgs[0].queue_id  # the reply names the queue asked for, also for a delayed message
+        dedup = self.broker.dedup
+        if dedup.applies(header.producer_group):  # opted in: replays answered from the window (dedup.py)
+            originals = await dedup.put(msgs[0].topic, msgs, self._store)
+            if all(o.queue_id == originals[0].queue_id for o in originals):
+                queue_id = originals[0].queue_id  # a pure replay names the queue its originals are in
+            return request.make_response(ext_fields=self._reply_fields(
+                [o.result for o in originals], queue_id, batch))
+        results = await self._store(msgs)
+        return request.make_response(ext_fields=self._reply_fields(results, queue_id, batch))
+
+    async def _store(self, msgs: list[StoreMessage]) -> list[PutResult]:
         self.broker.schedule.divert(msgs)
         results = await self.broker.appender.put(msgs)
         self.sent_messages += len(results)
-        return request.make_response(ext_fields=self._reply_fields(results, queue_id, batch))
+        return results
 
     # ---- building the store messages (event loop, no I/O) -----------------------------------------
     def _build(self, conn: RemotingConnection, request: RemotingCommand, h: SendMessageRequestHeader,
