@@ -132,3 +132,8 @@ class NotFoundError(SluiceError):
     Never an empty answer in disguise: the admin tool exits with its own status for it."""
 
     code = ResponseCode.QUERY_NOT_FOUND
+
+
+class BackfillRefusedError(InvalidParameterError):
+    """A backfill hand-over the broker will not use: another selector than the group's live subscription,
+    offsets or sizes that do not fit the consume queue, or over the broker's memory bound."""

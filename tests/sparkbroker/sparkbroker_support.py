@@ -73,3 +73,27 @@ class Broker:
         if self.loop.running:
             self.loop.run(self.broker.stop(), 30)
             self.loop.stop()
+
+
+def write_backfill(out: Path, topic: str, group: str, expression: str, queues: dict[int, tuple[int, list[bool]]],
+                   *, expression_type: str = "SQL92", digest_of: str | None = None) -> dict:
+    """Files in the layout and format ``sluice spark backfill`` writes (sluice.spark.backfill), from explicit
+    bits: ``queues`` maps a queue id to (first offset, bit per offset). ``digest_of`` hashes another
+    expression (a bitmap computed for another selector)."""
+    import numpy as np
+    import orjson
+
+    from sluice.spark.backfill import HEADER, MAGIC, VERSION, selector_hash
+
+    digest = selector_hash(expression_type, digest_of if digest_of is not None else expression)
+    manifest: dict = {"topic": topic, "group": group, "expression_type": expression_type, "expression": expression,
+                      "selector_sha256": digest.hex(), "queues": {}}
+    for qid, (first, bits) in queues.items():
+        path = out / topic / str(qid) / f"{group}.bitmap"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(HEADER.pack(MAGIC, VERSION, 0, digest, first, first + len(bits), sum(bits))
+                         + np.packbits(np.array(bits, dtype=bool)).tobytes())
+        manifest["queues"][str(qid)] = {"first": first, "end": first + len(bits), "matched": sum(bits),
+                                        "file": str(path)}
+    (out / "manifest.json").write_bytes(orjson.dumps(manifest))
+    return manifest

@@ -36,7 +36,7 @@ from sluice.protocol.codes import ResponseCode
 __all__ = ["FAMILIES", "AdminEnv", "admin_command", "admin_group", "cli_command", "current_env", "main"]
 
 #: Modules of sluice.admin that define commands; a new family is one module and one name here.
-FAMILIES = ("topics", "cluster", "consumers", "messages", "deadletters", "explain")
+FAMILIES = ("topics", "cluster", "consumers", "messages", "deadletters", "explain", "backfill")
 #: Where the namesrv address comes from when -n is not given, in this order.
 NAMESRV_ENV = ("SLUICE_NAMESRV", "NAMESRV_ADDR")
 #: Per-request timeout in seconds (RocketMQ's admin default is 3 s as well).

@@ -29,6 +29,7 @@ from sluice import __version__
 from sluice.broker.admin import AdminProcessor
 from sluice.broker.admin_ext import AdminExtProcessor
 from sluice.broker.appender import Appender
+from sluice.broker.backfill import BackfillManager, BackfillProcessor
 from sluice.broker.client_manage import CLIENT_ID, ClientManageProcessor
 from sluice.broker.config import BrokerConfig
 from sluice.broker.consumers import ConsumerManager
@@ -120,6 +121,8 @@ class BrokerController:
                      AdminProcessor(self), AdminExtProcessor(self)):
             proc.register()
         FilterAdminProcessor(self).register()
+        self.backfills = BackfillManager(self)  # bitmaps from `sluice spark backfill` (backfill.py)
+        BackfillProcessor(self).register()
         self.schedule = ScheduleService(self, root / "config")  # delay levels and deliver-at (schedule.py)
         self.retry_processor = RetryProcessor(self)
         self.retry_processor.register()
@@ -167,6 +170,7 @@ class BrokerController:
         await self._loop.run_in_executor(self.executor, self.store.start)
         rep = self.store.recovery_report
         log.info("store %s open in %.2f s (%s)", self.config.store, time.monotonic() - t0, rep)
+        await self._loop.run_in_executor(self.executor, self.backfills.load)
         self.hold.start()
         # Opted-in sends wait for the replay window's rebuild from the commit log's tail; others do not.
         self._tasks.append(self._loop.create_task(self._rebuild_dedup(), name="dedup-rebuild"))
@@ -341,8 +345,8 @@ class BrokerController:
             "topics": len(self.topics.all()),
             "connections": len(self.server.connections),
             **self.filter_data.totals(),
-            **self.schedule.stats(),
-            **self.dedup.stats(),  # delayed messages waiting (due or not) and moved
+            **self.schedule.stats(),  # delayed messages waiting (due or not) and moved
+            **self.dedup.stats(),
             **{k: v for k, v in s.items()},
         }
 

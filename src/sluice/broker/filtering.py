@@ -47,7 +47,7 @@ class SelectorFilter:
     """
 
     __slots__ = ("selector", "needs_record", "_tag", "metrics", "bloom", "bloom_data", "live_after",
-                 "_hits", "_skip")
+                 "_hits", "_skip", "_backfill", "_cursor", "_ruled_out")
 
     def __init__(self, selector: Selector) -> None:
         self.selector = selector
@@ -59,6 +59,15 @@ class SelectorFilter:
         self.live_after = 0
         self._hits: np.ndarray | None = None
         self._skip: np.ndarray | None = None
+        self._backfill = None  # broker.backfill.QueueBackfill of this pull's group and queue
+        self._cursor = 0
+        self._ruled_out: np.ndarray | None = None
+
+    def use_backfill(self, backfill, offset: int) -> None:
+        """Consult ``backfill`` (broker/backfill.py) for this pull starting at queue ``offset``: units it rules
+        out are skipped unread. The store calls select_units once per window of units from the pull's
+        offset and then consumed(n), so the cursor follows the window."""
+        self._backfill, self._cursor = backfill, offset
 
     def for_pull(self, metrics=None, bloom: BloomFilter | None = None, bloom_data: BloomFilterData | None = None,
                  live_after: int = 0) -> SelectorFilter:
@@ -89,6 +98,17 @@ class SelectorFilter:
             if unresolved is not None:  # an unreadable ext unit: decide on the record's TAGS
                 return mask | unresolved, unresolved
             return mask, None
+        keep, check = self._select_sql(codes, batch)
+        bf = self._backfill
+        if bf is not None:
+            may = bf.may_match(self._cursor, len(codes))
+            self._ruled_out = None if may is None else ~may
+            if may is not None:  # a 0 bit: not read; a 1 bit is still evaluated on the record
+                keep = may if keep is None else keep & may
+                check = check & may
+        return keep, check
+
+    def _select_sql(self, codes: np.ndarray, batch: ExtBatch | None) -> tuple[np.ndarray | None, np.ndarray]:
         check_all = np.ones(len(codes), dtype=bool)
         bloom = self.bloom
         if bloom is None or batch is None:
@@ -107,6 +127,11 @@ class SelectorFilter:
 
     def consumed(self, n: int) -> None:
         """The store looked at the first ``n`` units of the last select_units batch (bitmap counters)."""
+        if self._backfill is not None:
+            if self._ruled_out is not None:
+                self._backfill.skipped += int(np.count_nonzero(self._ruled_out[:n]))
+                self._ruled_out = None
+            self._cursor += n
         m = self.metrics
         if m is not None and self._skip is not None:
             m.bitmap_skipped += int(np.count_nonzero(self._skip[:n]))

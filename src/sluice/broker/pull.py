@@ -126,6 +126,8 @@ class PullProcessor:
     async def _get(self, h: PullMessageRequestHeader, max_msgs: int, mf: SelectorFilter | None,
                    max_bytes: int | None) -> GetMessageResult:
         store = self.broker.store
+        # A group's backfill bitmap for this queue (broker/backfill.py), set afresh for each read.
+        mf = self.broker.backfills.attach(mf, h.consumer_group, h.topic, h.queue_id, h.queue_offset)
         args = (h.topic, h.queue_id, h.queue_offset, max_msgs, mf, max_bytes)
         if self.broker.config.pull_on_event_loop:
             return store.get_messages(*args)

@@ -54,6 +54,8 @@ class RequestCode(IntEnum):
     QUERY_DATA_VERSION = 322
     #: Sluice's own (no RocketMQ counterpart): a group's filter data, conflicts and filter metrics.
     GET_CONSUMER_FILTER_DATA = 20001
+    #: Sluice's own: hand a group's backfill bitmap of one queue to the broker (broker/backfill.py).
+    PUT_FILTER_BACKFILL = 20021
 
 
 class ResponseCode(IntEnum):

@@ -1,0 +1,257 @@
+"""Backfill hand-over: the result of ``sluice spark backfill`` lets pulls over a backlog skip non-matching
+messages without reading the commit log.
+
+A backfill is, per (consumer group, topic, queue), one bit per queue offset in ``[first, end)`` saying
+whether the message may match the group's SQL92 selector (file format: sluice.spark.backfill). It arrives
+by PUT_FILTER_BACKFILL (Sluice's request code 20021, one request per queue so a frame stays small):
+
+    request fields: consumerGroup, topic, queueId, expressionType, expression
+    request body:   the bitmap file's bytes (64-byte SLBF header + bits); empty = remove that queue's backfill
+    response body:  {"first", "end", "matched", "bytes"}
+
+Taken safely while running:
+
+* validated before use: magic/version, the header's selector hash equals the request's expression, the
+  bit count covers ``end - first``, ``matched`` equals the set bits, ``end`` is not past the consume queue's
+  max offset (the bitmap was computed over this queue's stored history, not a longer one), and when the
+  group has a live subscription on the topic (heartbeat or filter data) it is the same expression;
+* written to ``{store}/filterbackfill/{topic}/{queue}/{group}.bitmap`` by temp file + fsync + rename, then
+  mapped read-only (numpy memmap: resident only as pulls touch it) and swapped into the table by one dict
+  assignment on the event loop; a pull that holds the old one keeps its own mapping;
+* bounded: the files held stay under ``backfill_max_bytes``;
+* used by a pull only when the pull's own selector hashes to the bitmap's (a changed subscription drops the
+  bitmap, files included), only for offsets in ``[first, end)``, and a 1 bit still evaluates the real
+  selector on the record: a bit promises only "maybe".
+
+Restored at broker start from the files (those wholly below the queue's min offset are deleted).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import orjson
+
+from sluice.errors import BackfillRefusedError, InvalidParameterError
+from sluice.filter import compile_selector
+from sluice.protocol.codes import RequestCode
+from sluice.protocol.command import RemotingCommand
+from sluice.protocol.connection import RemotingConnection
+from sluice.spark.backfill import HEADER, MAGIC, VERSION, selector_hash
+
+if TYPE_CHECKING:
+    from sluice.broker.controller import BrokerController
+    from sluice.broker.filtering import SelectorFilter
+
+__all__ = ["BackfillManager", "QueueBackfill", "BackfillProcessor", "DIR_NAME"]
+
+log = logging.getLogger(__name__)
+
+DIR_NAME = "filterbackfill"
+Key = tuple[str, str, int]  # (group, topic, queue id)
+
+
+@dataclass(eq=False)
+class QueueBackfill:
+    """One queue's bitmap, mapped read-only."""
+
+    group: str
+    topic: str
+    queue_id: int
+    digest: bytes
+    first: int
+    end: int
+    matched: int
+    bits: np.ndarray  # packed, most significant bit first (np.packbits order)
+    path: Path
+    skipped: int = field(default=0)
+
+    @property
+    def nbytes(self) -> int:
+        return HEADER.size + len(self.bits)
+
+    def may_match(self, offset: int, n: int) -> np.ndarray | None:
+        """For queue offsets ``[offset, offset + n)``: False where the bitmap rules a message out;
+        None when the window does not meet ``[first, end)``."""
+        lo, hi = max(offset, self.first), min(offset + n, self.end)
+        if lo >= hi:
+            return None
+        out = np.ones(n, dtype=bool)
+        b0, b1 = (lo - self.first) // 8, (hi - self.first - 1) // 8 + 1
+        unpacked = np.unpackbits(np.asarray(self.bits[b0:b1]))
+        skip = (lo - self.first) - b0 * 8
+        out[lo - offset:hi - offset] = unpacked[skip:skip + (hi - lo)].astype(bool)
+        return out
+
+
+def _parse(raw: bytes | np.ndarray, where: str) -> tuple[bytes, int, int, int]:
+    if len(raw) < HEADER.size:
+        raise BackfillRefusedError(f"{where}: {len(raw)} bytes is shorter than the 64-byte backfill header")
+    magic, version, _r, digest, first, end, matched = HEADER.unpack_from(bytes(raw[:HEADER.size]), 0)
+    if magic != MAGIC or version != VERSION:
+        raise BackfillRefusedError(f"{where}: not a version-{VERSION} backfill bitmap (magic {magic!r})")
+    if not 0 <= first < end:
+        raise BackfillRefusedError(f"{where}: bad offset range [{first}, {end})")
+    need = -(-(end - first) // 8)
+    if len(raw) - HEADER.size != need:
+        raise BackfillRefusedError(f"{where}: [{first}, {end}) needs {need} bitmap bytes, "
+                                   f"the file has {len(raw) - HEADER.size}")
+    return digest, first, end, matched
+
+
+class BackfillManager:
+    def __init__(self, broker: BrokerController) -> None:
+        self.broker = broker
+        self.root = Path(broker.config.store) / DIR_NAME
+        self.max_bytes = broker.config.backfill_max_bytes
+        self.table: dict[Key, QueueBackfill] = {}
+
+    @property
+    def held_bytes(self) -> int:
+        return sum(b.nbytes for b in self.table.values())
+
+    def _path(self, group: str, topic: str, queue_id: int) -> Path:
+        if not group or "/" in group or group.startswith("."):
+            raise InvalidParameterError(f"bad consumer group name {group!r}")
+        return self.root / topic / str(queue_id) / f"{group}.bitmap"
+
+    def _open(self, path: Path, group: str, topic: str, queue_id: int) -> QueueBackfill:
+        mm = np.memmap(path, dtype=np.uint8, mode="r")
+        digest, first, end, matched = _parse(mm, str(path))
+        return QueueBackfill(group, topic, queue_id, digest, first, end, matched, mm[HEADER.size:], path)
+
+    def load(self) -> None:
+        """Restore the stored bitmaps (broker start, after the store opened)."""
+        if not self.root.is_dir():
+            return
+        for path in sorted(self.root.glob("*/*/*.bitmap")):
+            topic, qdir, group = path.parent.parent.name, path.parent.name, path.stem
+            try:
+                bf = self._open(path, group, topic, int(qdir))
+            except (BackfillRefusedError, ValueError, OSError) as exc:
+                log.warning("ignoring backfill file %s: %s", path, exc)
+                continue
+            cq = self.broker.store.queues.get(topic, bf.queue_id)
+            if cq is None or bf.end <= cq.min_offset:
+                del bf
+                path.unlink(missing_ok=True)  # retention removed everything it covers
+                continue
+            self.table[(group, topic, bf.queue_id)] = bf
+        if self.table:
+            log.info("backfill bitmaps restored: %d queues, %d bytes", len(self.table), self.held_bytes)
+
+    def _live_expression(self, group: str, topic: str) -> tuple[str, str] | None:
+        b = self.broker
+        info = b.consumers.get(group)
+        sub = info.subscriptions.get(topic) if info is not None else None
+        if sub is not None:
+            return sub.expression_type, sub.expression
+        fd = b.filter_data.get(topic, group)
+        if fd is not None and not fd.is_dead:
+            return fd.expression_type, fd.expression
+        return None
+
+    def put(self, group: str, topic: str, queue_id: int, expression_type: str, expression: str,
+            data: bytes) -> QueueBackfill:
+        """Validate and store one queue's bitmap, mapped (blocking file I/O: run on the thread pool; then install)."""
+        etype = (expression_type or "").upper()
+        if etype != "SQL92":
+            raise BackfillRefusedError(f"backfill is for SQL92 subscriptions (a {etype or 'TAG'} filter reads "
+                                       "consume-queue tag codes only, never the commit log)")
+        compile_selector(etype, expression)
+        where = f"backfill of {group}/{topic}/{queue_id}"
+        digest, first, end, matched = _parse(data, where)
+        if digest != selector_hash(etype, expression):
+            raise BackfillRefusedError(f"{where}: the bitmap was computed for another selector than "
+                                       f"{etype} {expression!r}")
+        live = self._live_expression(group, topic)
+        if live is not None and live != (etype, expression):
+            raise BackfillRefusedError(f"{where}: group {group!r} now subscribes {live[0]} {live[1]!r} on "
+                                       f"{topic!r}; the bitmap answers for {etype} {expression!r}")
+        cq = self.broker.store.queues.get(topic, queue_id)
+        if cq is None:
+            raise BackfillRefusedError(f"{where}: this broker has no queue {queue_id} of topic {topic!r}")
+        if end > cq.max_offset:
+            raise BackfillRefusedError(f"{where}: covers offsets up to {end}, the queue ends at {cq.max_offset} "
+                                       "(computed over another store?)")
+        bits = np.frombuffer(data, dtype=np.uint8, offset=HEADER.size)
+        ones = int(np.unpackbits(bits)[: end - first].sum())
+        if ones != matched:
+            raise BackfillRefusedError(f"{where}: header says {matched} matches, the bits hold {ones}")
+        old = self.table.get((group, topic, queue_id))
+        if self.held_bytes - (old.nbytes if old else 0) + len(data) > self.max_bytes:
+            raise BackfillRefusedError(f"{where}: {len(data)} more bytes would exceed backfill_max_bytes "
+                                       f"({self.max_bytes})")
+        path = self._path(group, topic, queue_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        log.info("%s stored: offsets [%d, %d), %d matching", where, first, end, matched)
+        return self._open(path, group, topic, queue_id)
+
+    def install(self, bf: QueueBackfill) -> None:
+        """The swap (event loop): pulls from now on use ``bf``; one that holds the old one keeps its mapping."""
+        self.table[(bf.group, bf.topic, bf.queue_id)] = bf
+
+    def remove(self, group: str, topic: str, queue_id: int | None = None) -> int:
+        """Drop a group's bitmaps on a topic (one queue or all); returns how many."""
+        keys = [k for k in self.table if k[0] == group and k[1] == topic and (queue_id is None or k[2] == queue_id)]
+        for k in keys:
+            bf = self.table.pop(k)
+            bf.path.unlink(missing_ok=True)
+        return len(keys)
+
+    def attach(self, mf: SelectorFilter | None, group: str, topic: str, queue_id: int, offset: int
+               ) -> SelectorFilter | None:
+        """Give a pull's SQL92 filter the group's bitmap for this queue, if it answers for the same selector."""
+        if not self.table or mf is None or not getattr(mf, "needs_record", False):
+            return mf
+        bf = self.table.get((group, topic, queue_id))
+        if bf is None or not hasattr(mf, "use_backfill"):
+            return mf
+        sel = mf.selector
+        if selector_hash(sel.expression_type, sel.expression) != bf.digest:
+            n = self.remove(group, topic)  # the subscription changed: these bitmaps answer for another filter
+            log.warning("group %s changed its selector on %s: %d backfill bitmaps dropped", group, topic, n)
+            return mf
+        mf.use_backfill(bf, offset)
+        return mf
+
+    def describe(self) -> list[dict[str, object]]:
+        return [{"group": b.group, "topic": b.topic, "queueId": b.queue_id, "first": b.first, "end": b.end,
+                 "matched": b.matched, "skipped": b.skipped, "bytes": b.nbytes} for b in self.table.values()]
+
+
+class BackfillProcessor:
+    def __init__(self, broker: BrokerController) -> None:
+        self.broker = broker
+
+    def register(self) -> None:
+        self.broker.register(RequestCode.PUT_FILTER_BACKFILL, self.handle)
+
+    async def handle(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
+        ext = request.ext_fields
+        group, topic = ext.get("consumerGroup", ""), ext.get("topic", "")
+        try:
+            queue_id = int(ext.get("queueId", ""))
+        except ValueError:
+            raise InvalidParameterError(f"queueId {ext.get('queueId')!r} is not a number") from None
+        if not group or not topic:
+            raise InvalidParameterError("PUT_FILTER_BACKFILL needs consumerGroup and topic")
+        mgr: BackfillManager = self.broker.backfills
+        if not request.body:
+            n = mgr.remove(group, topic, queue_id)
+            return request.make_response(body=orjson.dumps({"removed": n}))
+        bf = await self.broker.run_blocking(mgr.put, group, topic, queue_id, ext.get("expressionType", "SQL92"),
+                                            ext.get("expression", ""), request.body)
+        mgr.install(bf)
+        return request.make_response(body=orjson.dumps(
+            {"first": bf.first, "end": bf.end, "matched": bf.matched, "bytes": bf.nbytes}))
