@@ -226,7 +226,7 @@ class OrderlyConsumeService(_Service):
                         pq.make_back_to_consume(batch)
                 if not suspend:
                     offset = pq.commit()
-                    if offset >= 0:
+                    if offset >= 0 and self._owned(mq, pq):  # not after an offset reset replaced the queue
                         c.offset_store.update(mq, offset)
             if suspend:
                 await asyncio.sleep(c.options.suspend_current_queue_time)

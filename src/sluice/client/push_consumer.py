@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -234,6 +234,13 @@ class AsyncPushConsumer:
         if not self._running:
             return True
         return await self.rebalancer.do_rebalance()
+
+    async def reset_offsets(self, topic: str, offsets: Mapping[MessageQueue, int]) -> list[MessageQueue]:
+        """Consume ``topic`` from these offsets now, dropping what is cached (what a broker's
+        RESET_CONSUMER_CLIENT_OFFSET does); the offsets are persisted. Returns the owned queues restarted."""
+        if not self._running:
+            return []
+        return await self.rebalancer.reset_offsets(topic, offsets)
 
     async def _renew_locks(self) -> None:
         while True:

@@ -12,6 +12,11 @@ offset, or where consume_from_where says when the group has none (that start
 is committed at once, so a member dying before its first commit cannot make
 the group skip messages). Orderly consumers take a queue only with its broker
 lock, and re-run the rebalance after a second when a lock was refused.
+
+An online offset reset (RESET_CONSUMER_CLIENT_OFFSET, sent by a broker after
+``sluice admin resetOffsetByTime``) drops the affected queues' process queues
+(cached messages gone, in-flight batches commit nothing), writes and persists
+the new offsets, and starts the queues again from them (MQClientInstance.resetOffset).
 """
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ import asyncio
 import logging
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from sluice.client.allocate import STRATEGIES
@@ -29,9 +34,11 @@ from sluice.client.push_api import consumer_id_list, lock_batch, unlock_batch
 from sluice.client.results import MessageQueue, queue_sort_key
 from sluice.client.routing import subscribe_queues
 from sluice.errors import SluiceError
+from sluice.protocol import headers as H
 from sluice.protocol.codes import RequestCode
 from sluice.protocol.command import RemotingCommand
 from sluice.protocol.connection import RemotingConnection
+from sluice.protocol.offset_table import decode_offset_table
 
 if TYPE_CHECKING:
     from sluice.client.instance import ClientInstance
@@ -215,6 +222,58 @@ class Rebalancer:
     def _inst_later(self) -> None:
         RebalanceService.of(self._inst).wakeup_later(REBALANCE_LATER_S)
 
+    async def reset_offsets(self, topic: str, offsets: Mapping[MessageQueue, int]) -> list[MessageQueue]:
+        """Apply an online offset reset of ``topic``; returns the queues restarted from their new offset.
+
+        CLUSTERING applies it to the queues this member owns (the broker committed every queue already);
+        BROADCASTING to every queue in ``offsets`` (the offsets live only in this member's file)."""
+        c = self.consumer
+        offsets = {mq: off for mq, off in offsets.items() if mq.topic == topic and off >= 0}
+        async with self._lock:  # no rebalance takes or releases a queue meanwhile
+            owned = {mq: pq for mq, pq in self.process_queues.items() if mq in offsets}
+            targets = sorted(offsets if c.options.model is MessageModel.BROADCASTING else owned, key=queue_sort_key)
+            # A queue dropped by a release that was busy is not restarted: the next rebalance releases it,
+            # committing the reset offset set below.
+            restart = {mq: pq for mq, pq in owned.items() if not pq.dropped}
+            for pq in restart.values():
+                pq.dropped = True  # pulls stop, queued listener batches are skipped
+                pq.arrived.set()
+            held = await self._hold_orderly_batches(list(restart.values())) if c.orderly else []
+            try:
+                for mq, pq in restart.items():
+                    # Out of the table first: an old batch finishing later is not owned and commits nothing.
+                    self.process_queues.pop(mq, None)
+                    pq.clear()
+                for mq in targets:
+                    c.offset_store.update(mq, offsets[mq])  # not increase-only: a reset may move back
+                # Persist even an unchanged value: a pull carrying the old commit offset may have reached the
+                # broker after its reset and moved it back.
+                await asyncio.gather(*(c.offset_store.persist(mq) for mq in targets))
+                for mq in sorted(restart, key=queue_sort_key):
+                    old = restart[mq]
+                    pq = ProcessQueue()
+                    pq.locked, pq.last_lock_time = old.locked, old.last_lock_time  # orderly: the lock is kept
+                    self.process_queues[mq] = pq
+                    c.start_pulling(mq, pq, offsets[mq])
+            finally:
+                for pq in held:
+                    pq.consume_lock.release()
+        log.info("group %s reset %d queue(s) of %s: %s", c.group, len(targets), topic,
+                 ", ".join(f"{mq.broker_name}/{mq.queue_id} -> {offsets[mq]}" for mq in targets))
+        return sorted(restart, key=queue_sort_key)
+
+    async def _hold_orderly_batches(self, pqs: list[ProcessQueue]) -> list[ProcessQueue]:
+        """Wait briefly for the orderly batches with the listener (their commit lands before the reset);
+        returns the process queues whose consume lock is now held."""
+        async def grab(pq: ProcessQueue) -> bool:
+            try:
+                await asyncio.wait_for(pq.consume_lock.acquire(), RELEASE_GRACE_S)
+                return True
+            except TimeoutError:
+                return False  # still busy: its commit is skipped, the queue is no longer owned by then
+        got = await asyncio.gather(*(grab(pq) for pq in pqs))  # one grace for all, not one per queue
+        return [pq for pq, ok in zip(pqs, got) if ok]
+
     async def compute_pull_from_where(self, mq: MessageQueue) -> int:
         """The committed offset, else consume_from_where, exactly (RebalancePushImpl.computePullFromWhere
         without its fall-backs to 0). Retry topics start at 0: every retry of the group is wanted."""
@@ -312,6 +371,7 @@ class RebalanceService:
         self._task: asyncio.Task[None] | None = None
         self._later: asyncio.TimerHandle | None = None
         inst.remoting.register(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, self._on_notify)
+        inst.remoting.register(RequestCode.RESET_CONSUMER_CLIENT_OFFSET, self._on_reset_offset)
 
     @classmethod
     def of(cls, inst: ClientInstance) -> RebalanceService:
@@ -349,6 +409,24 @@ class RebalanceService:
         if group in self.consumers or not group:
             self.wakeup()
         return None
+
+    async def _on_reset_offset(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand | None:
+        """RESET_CONSUMER_CLIENT_OFFSET (ClientRemotingProcessor.resetOffset): the broker committed new offsets
+        for a group of ours; apply them before our next commit overwrites them."""
+        try:
+            h = H.ResetOffsetRequestHeader.from_command(request)
+            offsets = decode_offset_table(request.body or b"")
+        except SluiceError as exc:  # a oneway request gets no error reply: say it here
+            log.warning("ignoring a malformed RESET_CONSUMER_CLIENT_OFFSET from %s: %s", conn.peer, exc)
+            raise
+        consumer = self.consumers.get(h.group)
+        if consumer is None:
+            log.info("broker %s reset offsets of group %s, which has no push consumer here", conn.peer, h.group)
+        else:
+            log.info("broker %s reset offsets of group %s on %s (timestamp %d)", conn.peer, h.group, h.topic,
+                     h.timestamp)
+            await consumer.reset_offsets(h.topic, offsets)
+        return request.make_response()
 
     async def _run(self) -> None:
         while self.consumers:
