@@ -57,8 +57,9 @@ def scan(spark: SparkSession, store: str, out: str | None = None, *, topic: str 
 
 def live_subscriptions(store: str) -> list[Subscription]:
     """Subscriptions the broker persisted in {store}/config/consumerFilter.json (RocketMQ's
-    ConsumerFilterManager format: filterDataByTopic → topic → groupFilterData → group → data);
-    [] when the file is absent. Dead ones (deadTime set) are left out."""
+    ConsumerFilterManager format, as broker/filter_data.py writes it: filterDataByTopic → topic →
+    groupFilterData → group → {expression, expressionType, bornTime, deadTime, ...}); [] when the file is
+    absent. Dead ones (deadTime >= bornTime, RocketMQ's isDead) are left out; a missing type is TAG."""
     path = Path(store) / "config" / "consumerFilter.json"
     if not path.exists():
         return []
@@ -66,9 +67,9 @@ def live_subscriptions(store: str) -> list[Subscription]:
     out = []
     for topic, per_topic in (data.get("filterDataByTopic") or {}).items():
         for group, fd in ((per_topic or {}).get("groupFilterData") or {}).items():
-            if fd.get("deadTime", 0):
+            if not fd or not fd.get("expression") or int(fd.get("deadTime") or 0) >= int(fd.get("bornTime") or 0):
                 continue
-            out.append(Subscription(group, topic, fd.get("expressionType") or "SQL92", fd.get("expression") or ""))
+            out.append(Subscription(group, topic, str(fd.get("expressionType") or "TAG").upper(), fd["expression"]))
     return out
 
 
