@@ -59,7 +59,7 @@ def live_subscriptions(store: str) -> list[Subscription]:
     """Subscriptions the broker persisted in {store}/config/consumerFilter.json (RocketMQ's
     ConsumerFilterManager format, as broker/filter_data.py writes it: filterDataByTopic → topic →
     groupFilterData → group → {expression, expressionType, bornTime, deadTime, ...}); [] when the file is
-    absent. Dead ones (deadTime >= bornTime, RocketMQ's isDead) are left out; a missing type is TAG."""
+    absent. Dead ones (deadTime set and >= bornTime, RocketMQ's isDead) are left out; a missing type is TAG."""
     path = Path(store) / "config" / "consumerFilter.json"
     if not path.exists():
         return []
@@ -67,7 +67,8 @@ def live_subscriptions(store: str) -> list[Subscription]:
     out = []
     for topic, per_topic in (data.get("filterDataByTopic") or {}).items():
         for group, fd in ((per_topic or {}).get("groupFilterData") or {}).items():
-            if not fd or not fd.get("expression") or int(fd.get("deadTime") or 0) >= int(fd.get("bornTime") or 0):
+            dead = int((fd or {}).get("deadTime") or 0)
+            if not fd or not fd.get("expression") or (dead and dead >= int(fd.get("bornTime") or 0)):
                 continue
             out.append(Subscription(group, topic, str(fd.get("expressionType") or "TAG").upper(), fd["expression"]))
     return out
