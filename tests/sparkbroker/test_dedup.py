@@ -177,3 +177,21 @@ def test_failed_first_send_lets_the_duplicate_store() -> None:
         assert (await t2)[0].result.msg_id == "ID" and calls == 2
 
     asyncio.run(run())
+
+
+def test_rebuild_walks_several_segments(make_broker, tmp_path: Path) -> None:
+    store = tmp_path / "segments"
+    small = {"commitlog_file_size": 80 * 1024, "max_message_size": 8 * 1024}
+    b = make_broker(store, **small)
+    early, late = _rows(40, "early"), _rows(40, "late")
+    ids_early = _ids(b.send_batch("R", early))
+    for i in range(300):  # ~300 KiB of unmarked records: the log spans several 80 KiB segments
+        b.send("R", b"p" * 1000, {P.UNIQ_KEY: f"plain{i}"}, group="PG")
+    ids_late = _ids(b.send_batch("R", late))
+    assert len(b.broker.store.commitlog.segments()) > 3
+    port = b.broker.port
+    b.stop()
+    b2 = make_broker(store, listen=f"127.0.0.1:{port}", **small)
+    assert _ids(b2.send_batch("R", late)) == ids_late
+    assert _ids(b2.send_batch("R", early)) == ids_early
+    assert b2.broker.dedup.rebuilt == 80

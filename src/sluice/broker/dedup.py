@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -29,7 +30,9 @@ from typing import NamedTuple
 
 from sluice.protocol import properties as P
 from sluice.protocol.msgid import create_offset_msg_id
-from sluice.store.commitlog import ParsedRecord
+from sluice.errors import CorruptRecordError
+from sluice.protocol.record import BLANK_MAGIC
+from sluice.store.commitlog import CommitLog, ParsedRecord, parse_record
 from sluice.store import MessageStore, PutResult, StoreMessage
 
 __all__ = ["DedupWindow", "Original", "DEDUP_PROPERTY"]
@@ -38,6 +41,7 @@ log = logging.getLogger(__name__)
 
 #: Marks a stored message whose UNIQ_KEY went through the check (found again by the restart rebuild).
 DEDUP_PROPERTY = "SLUICE_DEDUP"
+_TOTAL_MAGIC = struct.Struct(">iI")
 _REAL_TOPIC = "REAL_TOPIC"  # a delayed message's own topic (it is stored in the schedule topic first)
 
 
@@ -185,7 +189,7 @@ class DedupWindow:
                           create_offset_msg_id(host, port, rec.physical_offset), rec.store_timestamp, rec.total_size)
             found.append((props.get(_REAL_TOPIC) or rec.topic, key, Original(rec.queue_id, r)))
 
-        cl.scan(start, check_crc=False, on_record=on_record)
+        _walk(cl, start, on_record)
         for topic, key, o in found:
             self._record(topic, key, o)
         self.rebuilt = len(found)
@@ -197,3 +201,24 @@ class DedupWindow:
     def stats(self) -> dict[str, int]:
         return {"dedupWindowKeys": len(self._fifo), "dedupDuplicates": self.duplicates,
                 "dedupEvicted": self.evicted, "dedupRebuilt": self.rebuilt}
+
+
+def _walk(cl: CommitLog, start: int, on_record: Callable[[ParsedRecord], None]) -> None:
+    """Records from ``start`` (a segment start) to the write position, read in place from the mapped
+    segments (CommitLog.scan copies each segment, which at 1 GiB is too much for a start-up side job)."""
+    end = cl.write_pos
+    for f in cl.segments():
+        if f.end <= start or f.start >= end:
+            continue
+        mm, rel, limit = f.mm, max(0, start - f.start), min(f.end, end) - f.start
+        while rel + 8 <= limit:
+            total, magic = _TOTAL_MAGIC.unpack_from(mm, rel)
+            if total <= 0 or magic == BLANK_MAGIC:
+                break
+            try:
+                rec = parse_record(mm, rel, check_crc=False)
+            except CorruptRecordError as exc:
+                log.warning("dedup rebuild stopped at commit-log offset %d: %s", f.start + rel, exc)
+                return
+            on_record(rec)
+            rel += rec.total_size
