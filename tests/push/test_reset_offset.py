@@ -4,10 +4,12 @@
 and sends RESET_CONSUMER_CLIENT_OFFSET to the group's online members. The running consumer must drop what
 it caches, consume from the new offsets and commit them, never its old position. A gated listener holds
 the consumer still after the reset, so the committed offsets observed then are what the consumer itself
-persists (within ``persist_offset_interval``), not only the broker's own commit.
+persists (within ``persist_offset_interval``), not only the broker's own commit. Last, a remoting server
+plays a broker relaying GET_CONSUMER_RUNNING_INFO and malformed resets over the consumer's own connection.
 """
 from __future__ import annotations
 
+import asyncio
 import io
 import threading
 import time
@@ -19,8 +21,14 @@ import orjson
 import pytest
 from push_support import Cluster, unique, wait_for
 
-from sluice import ConsumeOrderlyResult, ConsumeResult, Message, MessageExt, Producer, PushConsumer
+from sluice import AsyncPushConsumer, ConsumeOrderlyResult, ConsumeResult, Message, MessageExt, Producer, PushConsumer
 from sluice.admin import ExitStatus, main
+from sluice.protocol import headers as H
+from sluice.protocol.codes import RequestCode, ResponseCode
+from sluice.protocol.command import RemotingCommand
+from sluice.protocol.connection import RemotingConnection
+from sluice.protocol.offset_table import decode_queue_table
+from sluice.protocol.server import RemotingServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -252,3 +260,76 @@ def test_broadcasting_consumer_applies_a_reset_to_its_local_offsets(cluster: Clu
     finally:
         sink.gate.set()
         cons.shutdown()
+
+
+async def until(pred: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not met within {timeout:g} s")
+        await asyncio.sleep(0.05)
+
+
+def test_running_info_and_bad_resets_over_a_real_connection(cluster: Cluster) -> None:
+    """A remoting server in the test plays a broker relaying admin requests over the consumer's own connection:
+    GET_CONSUMER_RUNNING_INFO is answered in Java's shape; a malformed reset is refused and changes nothing."""
+    topic, group = unique("RunInfoT"), unique("rcg")
+    first = [f"m-{i}" for i in range(9)]
+    with make_topic(cluster, topic) as p:
+        send_all(p, topic, first[1:])  # with "create": 9 messages
+
+    async def scenario() -> None:
+        sink = GatedSink()
+        sink.gate.clear()  # the first messages stay with the listener: cached, not committed
+        cons = AsyncPushConsumer(group, cluster.ns, consume_from_where="CONSUME_FROM_FIRST_OFFSET")
+        cons.subscribe(topic, "*")
+        cons.register_listener(sink)
+        probe = RemotingServer()
+        opened: asyncio.Queue[RemotingConnection] = asyncio.Queue()
+        probe.on_connection_open(opened.put_nowait)
+        await probe.start()
+        await cons.start()
+        try:
+            inst = cons.instance
+            await inst.remoting.connection(probe.address)
+            conn = await asyncio.wait_for(opened.get(), 5)
+
+            async def running_info(g: str = group) -> RemotingCommand:
+                h = H.GetConsumerRunningInfoRequestHeader(consumer_group=g, client_id=inst.client_id)
+                return await conn.request(RemotingCommand.request(RequestCode.GET_CONSUMER_RUNNING_INFO, h.to_ext()), 5)
+
+            await until(lambda: len(sink.entered) == 9, 15, "9 messages with the listener")
+            resp = await running_info()
+            assert resp.code == ResponseCode.SUCCESS, resp.remark
+            assert b'"mqTable":{{"brokerName":' in resp.body  # fastjson's object keys, as Java tools decode
+            doc, queues = decode_queue_table(resp.body, "mqTable")
+            assert {s["topic"] for s in doc["subscriptionSet"]} == {topic, f"%RETRY%{group}"}
+            assert doc["properties"]["PROP_CONSUME_TYPE"] == "CONSUME_PASSIVELY"
+            assert doc["properties"]["PROP_CONSUMEORDERLY"] == "false"
+            mine = [q for q in queues if q["topic"] == topic]
+            assert len(mine) == 8 and sum(q["cachedMsgCount"] for q in mine) == 9
+            assert all(q["commitOffset"] == 0 for q in mine)
+
+            unknown = await running_info("no-such-group")
+            assert unknown.code == ResponseCode.SYSTEM_ERROR and "not exist" in (unknown.remark or "")
+
+            # Malformed or foreign resets: refused or ignored, the consumer keeps its queues and cache.
+            for body, group_, code in ((b"{nonsense", group, ResponseCode.INVALID_PARAMETER),
+                                       (b'{"offsetTable":[]}', "other-group", ResponseCode.SUCCESS)):
+                h = H.ResetOffsetRequestHeader(topic=topic, group=group_, timestamp=0)
+                req = RemotingCommand.request(RequestCode.RESET_CONSUMER_CLIENT_OFFSET, h.to_ext(), body)
+                assert (await conn.request(req, 5)).code == code
+            assert len(cons.owned_queues()) >= 8 and sum(pq.msg_count for pq in
+                                                        cons.rebalancer.process_queues.values()) == 9
+
+            sink.gate.set()
+            await until(lambda: len(sink.done) == 9, 15, "the messages consumed")
+            after = decode_queue_table((await running_info()).body, "mqTable")[1]
+            mine = [q for q in after if q["topic"] == topic]
+            assert sum(q["cachedMsgCount"] for q in mine) == 0 and sum(q["commitOffset"] for q in mine) == 9
+        finally:
+            sink.gate.set()
+            await cons.shutdown()
+            await probe.close()
+
+    asyncio.run(scenario())

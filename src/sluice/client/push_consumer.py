@@ -86,6 +86,8 @@ class AsyncPushConsumer:
         self._running = False
         #: Times a queue waited because its cache was over a threshold (flow control).
         self.flow_control_times = 0
+        #: When start() ran, epoch ms (GET_CONSUMER_RUNNING_INFO reports it).
+        self.start_timestamp_ms = 0
 
     # ------------------------------------------------------------------------------ configuration
 
@@ -163,6 +165,7 @@ class AsyncPushConsumer:
         await self.offset_store.load()
         self.service = (OrderlyConsumeService if self.orderly else ConcurrentConsumeService)(self, self.listener)
         self._running = True
+        self.start_timestamp_ms = int(time.time() * 1000)
         for topic in self._subs:
             try:
                 await inst.topic_route(topic, refresh=True)

@@ -33,7 +33,8 @@ from sluice.client.process_queue import ProcessQueue
 from sluice.client.push_api import consumer_id_list, lock_batch, unlock_batch
 from sluice.client.results import MessageQueue, queue_sort_key
 from sluice.client.routing import subscribe_queues
-from sluice.errors import SluiceError
+from sluice.client.running_info import consumer_running_info, encode_running_info
+from sluice.errors import ClientError, SluiceError
 from sluice.protocol import headers as H
 from sluice.protocol.codes import RequestCode
 from sluice.protocol.command import RemotingCommand
@@ -249,7 +250,8 @@ class Rebalancer:
                 # Persist even an unchanged value: a pull carrying the old commit offset may have reached the
                 # broker after its reset and moved it back.
                 await asyncio.gather(*(c.offset_store.persist(mq) for mq in targets))
-                for mq in sorted(restart, key=queue_sort_key):
+                started = sorted(restart, key=queue_sort_key) if c.running else []  # not while shutting down
+                for mq in started:
                     old = restart[mq]
                     pq = ProcessQueue()
                     pq.locked, pq.last_lock_time = old.locked, old.last_lock_time  # orderly: the lock is kept
@@ -260,7 +262,7 @@ class Rebalancer:
                     pq.consume_lock.release()
         log.info("group %s reset %d queue(s) of %s: %s", c.group, len(targets), topic,
                  ", ".join(f"{mq.broker_name}/{mq.queue_id} -> {offsets[mq]}" for mq in targets))
-        return sorted(restart, key=queue_sort_key)
+        return started
 
     async def _hold_orderly_batches(self, pqs: list[ProcessQueue]) -> list[ProcessQueue]:
         """Wait briefly for the orderly batches with the listener (their commit lands before the reset);
@@ -372,6 +374,7 @@ class RebalanceService:
         self._later: asyncio.TimerHandle | None = None
         inst.remoting.register(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, self._on_notify)
         inst.remoting.register(RequestCode.RESET_CONSUMER_CLIENT_OFFSET, self._on_reset_offset)
+        inst.remoting.register(RequestCode.GET_CONSUMER_RUNNING_INFO, self._on_running_info)
 
     @classmethod
     def of(cls, inst: ClientInstance) -> RebalanceService:
@@ -427,6 +430,14 @@ class RebalanceService:
                      h.timestamp)
             await consumer.reset_offsets(h.topic, offsets)
         return request.make_response()
+
+    async def _on_running_info(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
+        """GET_CONSUMER_RUNNING_INFO (ClientRemotingProcessor.getConsumerRunningInfo), for a push consumer here."""
+        h = H.GetConsumerRunningInfoRequestHeader.from_command(request)
+        consumer = self.consumers.get(h.consumer_group)
+        if consumer is None or not consumer.running:
+            raise ClientError(f"The Consumer Group <{h.consumer_group}> not exist in this consumer")
+        return request.make_response(body=encode_running_info(*consumer_running_info(consumer)))
 
     async def _run(self) -> None:
         while self.consumers:
