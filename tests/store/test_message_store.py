@@ -337,3 +337,16 @@ def test_columnar_dispatch_without_and_with_requests(store: MessageStore) -> Non
     assert store.wait_dispatched()
     assert [int(store.queues.get("T", 0).unit(i)[2]) for i in range(5, 8)] == [1005, 1006, 1007]
     assert sorted(m.queue_offset for m in store.query_messages_by_key("T", "y")) == [5, 6, 7]
+
+
+def test_warming_follows_the_flush_mode(tmp_path) -> None:
+    from sluice.errors import InvalidParameterError as Bad
+
+    for name, cfg, warms in (("a", small_config(flush_mode="async"), True),
+                             ("s", small_config(flush_mode="sync"), False),
+                             ("o", small_config(flush_mode="async", commitlog_warm_ahead=0), False)):
+        with MessageStore(tmp_path / name, cfg) as s:
+            s.put_message(msg())
+            assert (s.commitlog.warm.ahead > 0) is warms
+    with pytest.raises(Bad):
+        small_config(commitlog_warm_ahead=-1)

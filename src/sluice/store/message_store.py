@@ -38,7 +38,7 @@ from sluice.protocol.msgid import decode_offset_msg_id, offset_msg_id_prefix
 from sluice.protocol.record import decode_record
 from sluice.store import recovery, retention
 from sluice.store.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from sluice.store.commitlog import CommitLog, parse_record, verify_record_bytes
+from sluice.store.commitlog import WARM_AHEAD, CommitLog, parse_record, verify_record_bytes
 from sluice.store.config import StoreConfig
 from sluice.store.consumequeue import CQ_UNIT_SIZE, PAD_SIZE, ConsumeQueueTable
 from sluice.store.dispatch import DispatchService, is_queued
@@ -68,7 +68,10 @@ class MessageStore:
         self.root = Path(root_dir)
         self.config = config or StoreConfig()
         c = self.config
-        self.commitlog = CommitLog(self.root / "commitlog", c.commitlog_file_size)
+        warm = c.commitlog_warm_ahead
+        if warm is None:
+            warm = WARM_AHEAD if c.flush_mode == "async" else 0
+        self.commitlog = CommitLog(self.root / "commitlog", c.commitlog_file_size, warm_ahead=warm)
         self.queues = ConsumeQueueTable(self.root / "consumequeue", c.consumequeue_units_per_file)
         self.index: IndexService | None = (
             IndexService(self.root / "index", max_hash_slots=c.index_max_hash_slots,
