@@ -8,10 +8,15 @@ the expression text can reach Python. Numbers only ever come from literals
 Java type is known here and each comparison is specialised at compile time.
 
 Three-valued AND/OR are inlined with walrus temporaries: left to right, stop at
-the first FALSE (AND) / TRUE (OR), else NULL if any term was NULL.
+the first FALSE (AND) / TRUE (OR), else NULL if any term was NULL. Two "simple"
+terms (NULL exactly when their one property is missing) become nested
+conditionals instead. A property read by one such term only is fetched where the
+term tests it for NULL, so short-circuited terms never look it up; numbers are
+parsed through per-process dict caches (one subscript on a hit).
 """
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -31,6 +36,7 @@ from sluice.filter.sql_ast import (
     Or,
     Prop,
     StrMatch,
+    children,
     properties_of,
 )
 
@@ -56,6 +62,26 @@ def _ord(lv: object, rv: object, lt: str, rt_: str) -> int | None:
     return None if rv is None else rt.order_cmp(lv, rv, lt, rt_)
 
 
+class _ParseCache(dict):  # type: ignore[type-arg]
+    """str -> parsed number: a hit is one dict subscript, cheaper than the lru_cache call.
+
+    Bounded (cleared when full) so distinct values cannot grow it without limit; failures raise
+    from the parser and are not stored. Separate from sql_runtime's caches, which the interpreter uses."""
+
+    __slots__ = ("parse",)
+
+    def __init__(self, parse: Callable[[str], object]) -> None:
+        super().__init__()
+        self.parse = parse
+
+    def __missing__(self, s: str) -> object:
+        value = self.parse(s)
+        if len(self) >= 65536:
+            self.clear()
+        self[s] = value
+        return value
+
+
 HELPERS: dict[str, Any] = {
     "_NOT": {True: False, False: True, None: None},
     "_null": _null,
@@ -64,6 +90,9 @@ HELPERS: dict[str, Any] = {
     "_pi": rt.parse_int,
     "_pl": rt.parse_long,
     "_pd": rt.parse_double,
+    "_CI": _ParseCache(rt.parse_int),
+    "_CL": _ParseCache(rt.parse_long),
+    "_CD": _ParseCache(rt.parse_double),
     "_bool": rt.bool_of,
     "_dcmp": rt.double_cmp,
     "_dcs": _dcmp_str,
@@ -77,20 +106,79 @@ HELPERS: dict[str, Any] = {
 }
 
 _FLIP = {">": "<", ">=": "<=", "<": ">", "<=": ">="}
+_CACHE = {"_pi": "_CI", "_pl": "_CL", "_pd": "_CD"}
+
+
+def _range_pair(node: And | Or) -> str | None:
+    """The property of a fusable ``a BETWEEN x AND y`` (two comparisons of one property with integer
+    literals of one type), else None."""
+    terms = node.terms
+    if len(terms) != 2 or not all(isinstance(t, Compare) and isinstance(t.left, Prop)
+                                  and isinstance(t.right, Const) for t in terms):
+        return None
+    a, b = terms
+    if a.left.name != b.left.name or a.right.jtype != b.right.jtype or a.right.jtype not in ("I", "L"):
+        return None
+    return a.left.name
+
+
+def _null_first_prop(node: Node) -> str | None:
+    """The property of a leaf whose code tests that one property for NULL before anything else."""
+    if isinstance(node, (In, BoolCast)):
+        return node.operand.name
+    if isinstance(node, (IsNull, StrMatch)) and isinstance(node.operand, Prop):
+        return node.operand.name
+    if isinstance(node, (Eq, Compare)) and isinstance(node.left, Prop) and isinstance(node.right, Const):
+        if node.right.jtype in (("I", "L", "D") if isinstance(node, Compare) else ("S", "B")):
+            return node.left.name
+    if isinstance(node, Compare) and isinstance(node.right, Prop) and isinstance(node.left, Const) \
+            and node.left.jtype in ("I", "L", "D"):
+        return node.right.name
+    return None
+
+
+def lazy_props(node: Node) -> set[str]:
+    """Properties read at exactly one place, by a leaf that tests them for NULL first: those are
+    fetched there (``(v := p.get(name)) is None``) instead of up front."""
+    sites: Counter[str] = Counter()
+    eager: set[str] = set()
+    stack = [node]
+    while stack:
+        cur = stack.pop()
+        if isinstance(cur, (And, Or)) and (name := _range_pair(cur)) is not None:
+            sites[name] += 1
+        elif isinstance(cur, (And, Or, Not)):
+            stack.extend(children(cur))
+        elif (name := _null_first_prop(cur)) is not None:
+            sites[name] += 1
+        else:
+            inner = [cur]
+            while inner:  # every property elsewhere is loaded up front
+                sub = inner.pop()
+                if isinstance(sub, Prop):
+                    eager.add(sub.name)
+                inner.extend(children(sub))
+    return {name for name, n in sites.items() if n == 1 and name not in eager}
 
 
 class _Gen:
-    def __init__(self, props: list[str]) -> None:
+    def __init__(self, props: list[str], lazy: set[str] | None = None) -> None:
         self.var = {name: f"v{i}" for i, name in enumerate(props)}
+        self.lazy = lazy or set()
         self.temps = 0
+
+    def nc(self, name: str) -> str:
+        """The variable of property `name` where it is first tested for NULL (fetched there if lazy)."""
+        v = self.var[name]
+        return f"({v} := p.get({name!r}))" if name in self.lazy else v
 
     def temp(self) -> str:
         self.temps += 1
         return f"t{self.temps}"
 
     def parse(self, fn: str, var: str) -> str:
-        """Code parsing property ``var`` with ``fn`` (_pi, _pl or _pd)."""
-        return f"{fn}({var})"
+        """Code parsing property ``var`` with ``fn`` (_pi, _pl or _pd), through its dict cache."""
+        return f"{_CACHE[fn]}[{var}]"
 
     def value(self, node: Node) -> tuple[str, str]:
         """(code, kind) of a value; kind is a jtype, 'S?' (property), 'B?' (predicate) or 'N'."""
@@ -109,13 +197,16 @@ class _Gen:
         if isinstance(node, Const):
             return repr(node.value)
         if isinstance(node, BoolCast):
-            return f"(None if {self.var[node.operand.name]} is None else False)"
+            return f"(None if {self.nc(node.operand.name)} is None else False)"
         if isinstance(node, Not):
             return f"_NOT[{self.pred(node.operand)}]"
         if isinstance(node, (And, Or)):
             fused = self.range_test(node)
             if fused is not None:
                 return f"(None if {fused[0]} is None else {fused[1]})"
+            pair = self.simple_pair(node)
+            if pair is not None:
+                return pair
             stop = "False" if isinstance(node, And) else "True"
             other = "True" if isinstance(node, And) else "False"
             names = [self.temp() for _ in node.terms]
@@ -123,6 +214,8 @@ class _Gen:
             nulls = " or ".join(f"{n} is None" for n in names)
             return f"({stop} if {tests} else (None if {nulls} else {other}))"
         if isinstance(node, IsNull):
+            if isinstance(node.operand, Prop):
+                return f"({self.nc(node.operand.name)} is None)"
             code, kind = self.value(node.operand)
             return "(False)" if kind in ("I", "L", "D", "S", "B") else f"({code} is None)"
         if isinstance(node, Eq):
@@ -133,29 +226,65 @@ class _Gen:
             v = self.var[node.operand.name]
             items = ", ".join(repr(s) for s in sorted(node.values))
             op = "not in" if node.negated else "in"
-            return f"(None if {v} is None else {v} {op} {{{items}}})"
+            return f"(None if {self.nc(node.operand.name)} is None else {v} {op} {{{items}}})"
         if isinstance(node, StrMatch):
             return self.strmatch(node)
         raise TypeError(f"not a predicate node: {node!r}")
 
     def range_test(self, node: And | Or) -> tuple[str, str] | None:
-        """``a BETWEEN x AND y`` (and its NOT form) on an integer literal pair: (property variable, code
+        """``a BETWEEN x AND y`` (and its NOT form) on an integer literal pair: (property variable where it is tested for NULL, code
         of the two comparisons) parsing the property once; None for any other AND/OR.
 
         Both terms are NULL exactly when the property is missing, so the three-valued AND/OR reduces to
         Python's on the two comparisons; a value that does not parse raises at the first, as before."""
-        terms = node.terms
-        if len(terms) != 2 or not all(isinstance(t, Compare) and isinstance(t.left, Prop)
-                                      and isinstance(t.right, Const) for t in terms):
+        name = _range_pair(node)
+        if name is None:
             return None
-        a, b = terms
-        if a.left.name != b.left.name or a.right.jtype != b.right.jtype or a.right.jtype not in ("I", "L"):
-            return None
-        v = self.var[a.left.name]
+        a, b = node.terms
+        v = self.var[name]
         t = self.temp()
         parsed = self.parse("_pi" if a.right.jtype == "I" else "_pl", v)
         join = "and" if isinstance(node, And) else "or"
-        return v, f"(({t} := {parsed}) {a.op} ({a.right.value!r}) {join} {t} {b.op} ({b.right.value!r}))"
+        return self.nc(name), f"(({t} := {parsed}) {a.op} ({a.right.value!r}) {join} {t} {b.op} ({b.right.value!r}))"
+
+    def simple(self, node: Node) -> tuple[str, str] | None:
+        """(NULL test, two-valued code) of a term that is NULL exactly when its one property is
+        missing, i.e. whose three-valued code is ``(None if <NULL test> is None else <code>)``."""
+        if isinstance(node, (And, Or)):
+            name = _range_pair(node)
+        elif isinstance(node, (In, Eq, Compare)):
+            name = _null_first_prop(node)
+        else:
+            name = None
+        if name is None:
+            return None
+        saved = self.temps
+        code = self.pred(node)
+        prefix = f"(None if {self.nc(name)} is None else "
+        if not code.startswith(prefix):
+            self.temps = saved
+            return None
+        return self.nc(name), code[len(prefix):-1]
+
+    def simple_pair(self, node: And | Or) -> str | None:
+        """Three-valued AND/OR of two simple terms as nested conditionals, without temporaries: the
+        first term's NULL test decides; the second term's code appears twice, in branches only one
+        of which runs (so a lazily fetched property is still fetched once)."""
+        if len(node.terms) != 2:
+            return None
+        saved = self.temps
+        first = self.simple(node.terms[0])
+        second = None if first is None else self.simple(node.terms[1])
+        if first is None or second is None:
+            self.temps = saved
+            return None
+        (n1, c1), (n2, c2) = first, second
+        p2 = f"(None if {n2} is None else {c2})"
+        if isinstance(node, And):
+            return (f"(({p2} if {c1} else False) if {n1} is not None"
+                    f" else (False if ({n2} is not None and not {c2}) else None))")
+        return (f"((True if {c1} else {p2}) if {n1} is not None"
+                f" else (True if ({n2} is not None and {c2}) else None))")
 
     def test(self, node: Node) -> str:
         """Python code that is True exactly when ``pred(node) is True``: two-valued where that is cheaper.
@@ -175,11 +304,11 @@ class _Gen:
         if isinstance(node, In):
             v = self.var[node.operand.name]
             items = ", ".join(repr(x) for x in sorted(node.values))
-            return f"({v} is not None and {v} {'not in' if node.negated else 'in'} {{{items}}})"
+            return f"({self.nc(node.operand.name)} is not None and {v} {'not in' if node.negated else 'in'} {{{items}}})"
         if isinstance(node, (Compare, Eq)) and isinstance(node.left, Prop) and isinstance(node.right, Const) \
                 and node.right.jtype in ("I", "L", "S"):
             # NULL only when the property is missing: "is True" is "present and the comparison holds".
-            v = self.var[node.left.name]
+            v = self.nc(node.left.name)
             code = self.pred(node)
             prefix = f"(None if {v} is None else "
             if code.startswith(prefix):
@@ -190,13 +319,13 @@ class _Gen:
         lc, lk = self.value(node.left)
         rc, rk = self.value(node.right)
         if lk == "S?" and rk == "S":
-            return f"(None if {lc} is None else {lc} == {rc})"
+            return f"(None if {self.nc(node.left.name)} is None else {lc} == {rc})"
         if lk == "S" and rk == "S?":
             return f"({lc} == {rc})"
         if lk == "S?" and rk == "S?":
             return f"((True if {rc} is None else None) if {lc} is None else {lc} == {rc})"
         if lk == "S?" and rk == "B":
-            return f"(None if {lc} is None else _bool({lc}) is {rc})"
+            return f"(None if {self.nc(node.left.name)} is None else _bool({lc}) is {rc})"
         return f"_eq({lc}, {rc}, {lk[0]!r}, {rk[0]!r})"
 
     def compare(self, node: Compare) -> str:
@@ -206,17 +335,18 @@ class _Gen:
         # String against a number literal: the literal's type parses the string
         # (Integer.valueOf / Long.valueOf / Double.valueOf); doubles use Double.compare.
         if lk == "S?" and rk in ("I", "L"):
-            return f"(None if {lc} is None else {self.parse('_pi' if rk == 'I' else '_pl', lc)} {op} {rc})"
+            return f"(None if {self.nc(node.left.name)} is None else {self.parse('_pi' if rk == 'I' else '_pl', lc)} {op} {rc})"
         if rk == "S?" and lk in ("I", "L"):
-            return f"(None if {rc} is None else {lc} {op} {self.parse('_pi' if lk == 'I' else '_pl', rc)})"
+            return f"(None if {self.nc(node.right.name)} is None else {lc} {op} {self.parse('_pi' if lk == 'I' else '_pl', rc)})"
         if "S?" in (lk, rk) and "D" in (lk, rk):
             v, c, op = (lc, rc, op) if lk == "S?" else (rc, lc, _FLIP[op])
+            n = self.nc(node.left.name if lk == "S?" else node.right.name)
             if float(c.strip("()")) != 0.0:
                 # Away from zero, Double.compare is Python's order except that NaN is the largest.
                 t = self.temp()
                 nan = f" or {t} != {t}" if op in (">", ">=") else ""
-                return f"(None if {v} is None else (({t} := {self.parse('_pd', v)}) {op} {c}{nan}))"
-            return f"(None if {v} is None else _dcs({v}, {c}) {op} 0)"
+                return f"(None if {n} is None else (({t} := {self.parse('_pd', v)}) {op} {c}{nan}))"
+            return f"(None if {n} is None else _dcs({v}, {c}) {op} 0)"
         if lk == "S?" and rk == "S?":
             return f"(None if {lc} is None or {rc} is None else _ss({lc}, {rc}) {op} 0)"
         t = self.temp()
@@ -235,7 +365,7 @@ class _Gen:
         else:
             hit = ("not " if node.negated else "") + f"{{v}}.endswith({search})"
         if kind == "S?":
-            return f"(False if {code} is None else {hit.format(v=code)})"
+            return f"(False if {self.nc(node.operand.name)} is None else {hit.format(v=code)})"
         if kind == "S":
             return f"({hit.format(v=code)})"
         if kind in ("I", "L", "D", "B") or code == "None":
@@ -246,14 +376,15 @@ class _Gen:
 def generate(node: Node) -> tuple[str, list[str]]:
     """Python source of ``_evaluate(p)`` and ``_matches(p)`` for `node`, and the properties read."""
     props = properties_of(node)
-    gen = _Gen(props)
+    gen = _Gen(props, lazy_props(node))
     body = gen.pred(node)
     test = gen.test(node)
-    loads_try = "".join(f"        {gen.var[name]} = g({name!r})\n" for name in props)
+    # p.get(...) at each use, not a bound ``g = p.get``: the method call is specialised by CPython and
+    # cheaper than making the bound method when only a few lookups run.
+    loads_try = "".join(f"        {gen.var[name]} = p.get({name!r})\n" for name in props if name not in gen.lazy)
     source = (
         "def _evaluate(p):\n"
         "    try:\n"
-        "        g = p.get\n"
         f"{loads_try}"
         f"        return {body}\n"
         "    except _U as e:\n"
@@ -261,7 +392,6 @@ def generate(node: Node) -> tuple[str, list[str]]:
         "\n"
         "def _matches(p):\n"
         "    try:\n"
-        "        g = p.get\n"
         f"{loads_try}"
         f"        return {test}\n"
         "    except _E:\n"
