@@ -41,3 +41,23 @@ def test_inconsistent_sizes_are_refused() -> None:
         decode_batch(bytes(good))
     with pytest.raises(MessageIllegalError, match="exceed"):
         encode_batch([BatchEntry(b"x", {"k": "v" * 40000})])
+
+
+@settings(derandomize=True)
+@given(st.lists(entries, max_size=8))
+def test_columns_match_entries(batch: list[BatchEntry]) -> None:
+    from sluice.protocol import properties as P
+    from sluice.protocol.batch import decode_batch_columns
+    data = encode_batch(batch)
+    bodies, raw, flags = decode_batch_columns(memoryview(data))
+    assert bodies == [e.body for e in batch] and flags == [e.flag for e in batch]
+    assert [P.decode_properties(r) for r in raw] == [e.properties for e in batch]
+
+
+def test_columns_name_the_message_with_bad_utf8() -> None:
+    from sluice.protocol.batch import decode_batch_columns
+    first = encode_batch([BatchEntry(b"a", {"k": "v"})])
+    bad = bytearray(encode_batch([BatchEntry(b"b", {"k": "w"})]))
+    bad[-2] = 0xFF  # inside the property value
+    with pytest.raises(MessageIllegalError, match=f"offset {len(first)} are not UTF-8"):
+        decode_batch_columns(first + bytes(bad))

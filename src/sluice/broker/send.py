@@ -15,12 +15,14 @@ from __future__ import annotations
 import random
 import time
 import zlib
+from itertools import repeat
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from sluice.broker.topics import AUTO_CREATE_TOPIC, RETRY_PREFIX, dlq_topic
 from sluice.errors import InvalidParameterError, MessageIllegalError
 from sluice.protocol import properties as P
-from sluice.protocol.batch import decode_batch
+from sluice.protocol.batch import decode_batch_columns
 from sluice.protocol.codes import RequestCode
 from sluice.protocol.command import RemotingCommand
 from sluice.protocol.connection import RemotingConnection
@@ -36,6 +38,7 @@ __all__ = ["SendProcessor"]
 # Header properties a batch's messages do not inherit: each message has its own identity.
 _PER_MESSAGE = frozenset({P.UNIQ_KEY, P.KEYS, P.TAGS})
 _MAX_BATCH_INFLATED = 64 * 1024 * 1024
+_MSG_ID = attrgetter("msg_id")
 
 
 def _born_host(conn: RemotingConnection) -> tuple[str, int]:
@@ -125,22 +128,23 @@ class SendProcessor:
             except zlib.error as exc:
                 raise MessageIllegalError(f"compressed batch body does not inflate: {exc}") from None
             sysflag &= ~FLAG_COMPRESSED
-        entries = decode_batch(body)
-        if not entries:
+        # Column-wise: one C-level map per step, no BatchEntry per message (a few µs each at 1 KiB sends).
+        bodies, raw_props, flags = decode_batch_columns(body)
+        if not bodies:
             raise MessageIllegalError("the batch holds no message")
+        if not all(bodies):
+            raise MessageIllegalError(f"message {bodies.index(b'')} of the batch has an empty body")
+        dicts = list(map(P.decode_properties, raw_props))
         inherited = {k: v for k, v in props.items() if k not in _PER_MESSAGE}
-        out = []
-        for i, e in enumerate(entries):
-            if not e.body:
-                raise MessageIllegalError(f"message {i} of the batch has an empty body")
-            mp = {**inherited, **e.properties} if inherited else e.properties
-            out.append(StoreMessage(topic, e.body, queue_id, mp, e.flag, sysflag, born_ts, born, reconsume))
-        return out
+        if inherited:
+            dicts = [{**inherited, **d} for d in dicts]
+        return list(map(StoreMessage, repeat(topic), bodies, repeat(queue_id), dicts, flags, repeat(sysflag),
+                        repeat(born_ts), repeat(born), repeat(reconsume)))
 
     @staticmethod
     def _reply_fields(results: list[PutResult], queue_id: int, batch: bool) -> dict[str, str]:
         if not results:
             raise InvalidParameterError("nothing was stored")
-        msg_id = ",".join(r.msg_id for r in results) if batch else results[0].msg_id
+        msg_id = ",".join(map(_MSG_ID, results)) if batch else results[0].msg_id
         return {"msgId": msg_id, "queueId": str(queue_id), "queueOffset": str(results[0].queue_offset),
                 "MSG_REGION": "DefaultRegion", "TRACE_ON": "true"}

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from sluice.errors import MessageIllegalError
 from sluice.protocol import properties as P
 
-__all__ = ["BatchEntry", "decode_batch", "encode_batch"]
+__all__ = ["BatchEntry", "decode_batch", "decode_batch_columns", "encode_batch"]
 
 _HEAD = struct.Struct(">iiiii")  # totalSize, magic, bodyCRC, flag, bodyLen
 assert _HEAD.size == 20
@@ -48,30 +48,53 @@ def encode_batch(entries: Iterable[BatchEntry | tuple[bytes, Mapping[str, str], 
 
 def decode_batch(data: bytes | memoryview) -> list[BatchEntry]:
     """Split a batch body; a truncated or inconsistent entry raises MessageIllegalError with its offset."""
-    buf = memoryview(data)
-    end = len(buf)
-    out: list[BatchEntry] = []
+    bodies, raw_props, flags = decode_batch_columns(data)
+    return list(map(BatchEntry, bodies, map(P.decode_properties, raw_props), flags))
+
+
+def decode_batch_columns(data: bytes | memoryview) -> tuple[list[bytes], list[str], list[int]]:
+    """Split a batch body into columns: bodies, encoded properties (not decoded) and flags.
+
+    The broker's send path takes these as is (no object per message); errors are decode_batch's.
+    """
+    if not isinstance(data, bytes):
+        data = bytes(data)  # bytes slices are one copy each; memoryview slices would need .tobytes() too
+    end = len(data)
+    unpack_head, unpack_len = _HEAD.unpack_from, _PROPS_LEN.unpack_from
+    bodies: list[bytes] = []
+    raw: list[bytes] = []
+    flags: list[int] = []
+    starts: list[int] = []
     pos = 0
     while pos < end:
         if end - pos < _FIXED:
             raise MessageIllegalError(f"batch body: {end - pos} stray bytes at offset {pos}")
-        total, _magic, _crc, flag, body_len = _HEAD.unpack_from(buf, pos)
+        total, _magic, _crc, flag, body_len = unpack_head(data, pos)
         if total < _FIXED or pos + total > end:
             raise MessageIllegalError(f"batch body: message at offset {pos} claims {total} bytes, {end - pos} left")
         body_start = pos + _HEAD.size
         props_at = body_start + body_len
-        if body_len < 0 or props_at + _PROPS_LEN.size > pos + total:
+        nxt = pos + total
+        if body_len < 0 or props_at + _PROPS_LEN.size > nxt:
             raise MessageIllegalError(f"batch body: message at offset {pos} has a bad body length {body_len}")
-        (props_len,) = _PROPS_LEN.unpack_from(buf, props_at)
-        if props_len < 0 or props_at + _PROPS_LEN.size + props_len != pos + total:
+        (props_len,) = unpack_len(data, props_at)
+        if props_len < 0 or props_at + _PROPS_LEN.size + props_len != nxt:
             raise MessageIllegalError(
                 f"batch body: message at offset {pos}: sizes do not add up (total {total}, body {body_len}, "
                 f"properties {props_len})")
-        raw_props = buf[props_at + 2:props_at + 2 + props_len]
-        try:
-            props = P.decode_properties(str(raw_props, "utf-8"))
-        except UnicodeDecodeError:
-            raise MessageIllegalError(f"batch body: properties of the message at offset {pos} are not UTF-8") from None
-        out.append(BatchEntry(body=buf[body_start:props_at].tobytes(), properties=props, flag=flag))
-        pos += total
-    return out
+        bodies.append(data[body_start:props_at])
+        raw.append(data[props_at + 2:nxt])
+        flags.append(flag)
+        starts.append(pos)
+        pos = nxt
+    try:
+        props = list(map(bytes.decode, raw))  # UTF-8, strict
+    except UnicodeDecodeError:
+        for at, r in zip(starts, raw):
+            try:
+                r.decode()
+            except UnicodeDecodeError:
+                raise MessageIllegalError(
+                    f"batch body: properties of the message at offset {at} are not UTF-8") from None
+        raise
+    return bodies, props, flags
