@@ -111,3 +111,48 @@ def test_parse_cache_is_bounded_and_does_not_store_failures() -> None:
         cache[str(i)]
     assert 0 < len(cache) <= 65536
     assert cache["69999"] == 69999
+
+
+def test_error_after_a_null_term_is_no_match_even_if_a_later_term_is_true() -> None:
+    # The three-valued AND goes on past NULL (a missing) and fails on b: RocketMQ delivers nothing.
+    selector = SqlSelector("(a = 'q' AND b > 5) OR c = 'z'")
+    props = {"b": "abc", "c": "z"}
+    with pytest.raises(FilterEvaluationError):
+        selector.interpret(props)
+    assert selector.matches(props) is False
+    assert selector.matches({"c": "z"}) is True and selector.matches({"a": "q", "b": "6"}) is True
+
+
+LEAVES = ["{p} IN ('x')", "{p} > 5", "{p} IS NULL", "{p} BETWEEN 1 AND 9", "{p} = 5", "{p} < 1.5"]
+SHAPES = ["({0} AND {1}) OR {2}", "({0} AND {1} AND {2}) OR {0}", "NOT (({0} AND {1}) OR {2})",
+          "(({0} OR {1}) AND {2}) OR {1}", "({0} AND ({1} OR {2})) OR {0}"]
+FEW_VALUES = [None, "x", "7", "abc", "3", "NaN"]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_and_or_shapes_agree_with_interpreter(shape: str) -> None:
+    for leaves in itertools.product(LEAVES, repeat=3):
+        expression = shape.format(*(leaf.format(p=p) for leaf, p in zip(leaves, "abc")))
+        selector = SqlSelector(expression)
+        for values in itertools.product(FEW_VALUES, repeat=3):
+            props = {k: v for k, v in zip("abc", values) if v is not None}
+            expected = outcome(selector.interpret, props)
+            assert outcome(selector.evaluate, props) == expected, (expression, props, selector.source)
+            assert selector.matches(props) is (expected is True), (expression, props, selector.source)
+
+
+def test_deep_alternating_and_or_compiles_at_the_depth_limit() -> None:
+    from sluice.filter.limits import SelectorLimits
+    expression = "a > 1"
+    for i in range(40):
+        expression = f"(({expression}) AND b{i} IN ('x')) OR c{i} > 2" if i % 2 else f"({expression}) OR b{i} = 'y'"
+    try:
+        selector = SqlSelector(expression, limits=SelectorLimits(max_depth=90))
+    except Exception as exc:  # refused by the depth limit is fine; nothing else is
+        from sluice.errors import SelectorSyntaxError
+        assert isinstance(exc, SelectorSyntaxError), exc
+        return
+    assert len(selector.source) < 100_000
+    for props in ({"a": "2"}, {"a": "0", "c39": "3"}, {"a": "abc", "b0": "y"}, {}):
+        assert outcome(selector.evaluate, props) == outcome(selector.interpret, props)
+        assert selector.matches(props) is (outcome(selector.interpret, props) is True)

@@ -161,6 +161,23 @@ def lazy_props(node: Node) -> set[str]:
     return {name for name, n in sites.items() if n == 1 and name not in eager}
 
 
+def _cannot_raise(node: Node) -> bool:
+    """Whether evaluating `node` on string properties can never raise (no number is parsed)."""
+    stack = [node]
+    while stack:
+        cur = stack.pop()
+        if isinstance(cur, (And, Or, Not)):
+            stack.extend(children(cur))
+        elif isinstance(cur, Eq):
+            if not all(isinstance(x, Prop) or (isinstance(x, Const) and x.jtype in ("S", "B", "N"))
+                       for x in (cur.left, cur.right)):
+                return False
+        elif not (isinstance(cur, (In, BoolCast, Const))
+                  or (isinstance(cur, (IsNull, StrMatch)) and isinstance(cur.operand, (Prop, Const)))):
+            return False
+    return True
+
+
 class _Gen:
     def __init__(self, props: list[str], lazy: set[str] | None = None) -> None:
         self.var = {name: f"v{i}" for i, name in enumerate(props)}
@@ -286,19 +303,25 @@ class _Gen:
         return (f"((True if {c1} else {p2}) if {n1} is not None"
                 f" else (True if ({n2} is not None and {c2}) else None))")
 
-    def test(self, node: Node) -> str:
+    def test(self, node: Node, tail: bool = True) -> str:
         """Python code that is True exactly when ``pred(node) is True``: two-valued where that is cheaper.
 
-        Under "delivered only on TRUE", AND is TRUE iff every term is and OR iff any term is, and an
-        error anywhere means no delivery whichever way it is reached, so And/Or become Python's own
-        (left to right, short-circuit). Only NOT needs the three values of its operand."""
+        Under "delivered only on TRUE", AND is TRUE iff every term is and OR iff any term is, so
+        And/Or become Python's own (left to right, short-circuit), with one catch: an error makes the
+        whole expression no match, and the three-valued AND goes on past a NULL term (where Python's
+        stops) and may hit one. That matters only where a later OR term could still make the result
+        TRUE, i.e. unless `tail` (this node not TRUE means the whole is not TRUE). Elsewhere the code
+        raises exactly when ``pred(node)`` would. Only NOT needs the three values of its operand."""
         fused = self.range_test(node) if isinstance(node, (And, Or)) else None
         if fused is not None:
             return f"({fused[0]} is not None and {fused[1]})"
         if isinstance(node, And):
-            return "(" + " and ".join(self.test(t) for t in node.terms) + ")"
+            if tail or all(_cannot_raise(t) for t in node.terms[1:]):
+                return "(" + " and ".join(self.test(t, tail) for t in node.terms) + ")"
+            return self.exact_and(node)
         if isinstance(node, Or):
-            return "(" + " or ".join(self.test(t) for t in node.terms) + ")"
+            last = len(node.terms) - 1
+            return "(" + " or ".join(self.test(t, tail and i == last) for i, t in enumerate(node.terms)) + ")"
         if isinstance(node, Not):
             return f"({self.pred(node.operand)} is False)"
         if isinstance(node, In):
@@ -314,6 +337,23 @@ class _Gen:
             if code.startswith(prefix):
                 return f"({v} is not None and {code[len(prefix):-1]})"
         return f"({self.pred(node)} is True)"
+
+    def exact_and(self, node: And) -> str:
+        """Two-valued AND that still evaluates the second term, for its errors, after a NULL first term.
+
+        Only for two terms with a leaf second term (whose code then appears twice, in branches only
+        one of which runs); anything else is tested three-valued, so code size stays linear."""
+        second = node.terms[-1]
+        if len(node.terms) != 2 or (isinstance(second, (And, Or)) and _range_pair(second) is None) \
+                or isinstance(second, Not):
+            return f"({self.pred(node)} is True)"
+        first = self.simple(node.terms[0])
+        rest = self.test(second, False)
+        check = f"({self.pred(second)} is None and False)"
+        if first is not None:
+            return f"(({first[1]} and {rest}) if {first[0]} is not None else {check})"
+        t = self.temp()
+        return f"((({t} := {self.pred(node.terms[0])}) is not False) and ({rest} if {t} else {check}))"
 
     def eq(self, node: Eq) -> str:
         lc, lk = self.value(node.left)
