@@ -460,7 +460,7 @@ def generate_multi(nodes: list[Node]) -> str:
     # Each property is parsed as a number once per message, not once per expression; a value that does
     # not parse becomes _BAD, whose comparisons raise where the parse would have (so only there).
     for (fn, var), name in gen.parsed.items():
-        lines += [f"    try:", f"        {name} = None if {var} is None else {fn}({var})", "    except _E:",
+        lines += ["    try:", f"        {name} = None if {var} is None else {fn}({var})", "    except _E:",
                   f"        {name} = _BAD"]
     lines.append("    m = 0")
     lines += body
