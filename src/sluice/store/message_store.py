@@ -188,6 +188,14 @@ class MessageStore:
         # Replay from where the consume queues were last known durable (a checkpoint older than a retention
         # run points below the oldest segment: start there); without a checkpoint, rebuild everything.
         reput_from = max(cl.min_offset, min(cp.dispatch_offset, end)) if cp is not None else cl.min_offset
+        if abnormal and self.index is not None:
+            # The index may have been repaired below the checkpoint (a torn batch of entries): replay from its
+            # last whole message too. The index skips offsets it holds; consume-queue replays are idempotent.
+            top = self.index.max_indexed_offset()
+            if top < 0 and cp is not None and cp.index_offset >= 0:
+                reput_from = cl.min_offset
+            elif 0 <= top < reput_from:
+                reput_from = max(cl.min_offset, top)
         rep.reput_from = reput_from
         if abnormal or rep.cut_bytes or rep.queues_truncated:
             log.warning("store %s recovered: %s", self.root, rep)
