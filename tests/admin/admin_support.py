@@ -8,18 +8,16 @@ from __future__ import annotations
 import io
 import itertools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
-from servers import SluiceProcess
+from servers import SluiceProcess, wait_for, wait_for_route  # noqa: F401 (re-exported to the tests)
 
 from sluice.admin import ExitStatus, main
-from sluice.errors import SluiceError
-from sluice.namesrv.client import SyncNamesrvClient
 from sluice.protocol import properties as P
 from sluice.protocol.bodies import ConsumerData, HeartbeatData, SubscriptionData, encode_body
 from sluice.protocol.client import RemotingClient
@@ -51,27 +49,6 @@ def run_admin(*argv: str, env: dict[str, str] | None = None, stdin: bytes = b"")
     out, err = io.StringIO(), io.StringIO()
     status = main(list(argv), env or {}, stdout=out, stderr=err, stdin=io.BytesIO(stdin))
     return Run(status, out.getvalue(), err.getvalue())
-
-
-def wait_for(pred: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not met within {timeout:g} s")
-        time.sleep(0.05)
-
-
-def wait_for_route(namesrv: str, topic: str, brokers: int = 1, timeout: float = 15.0) -> None:
-    with SyncNamesrvClient(namesrv) as ns:
-        def ready() -> bool:
-            try:
-                return len(ns.get_route(topic).broker_datas) >= brokers
-            except SluiceError:
-                return False
-        wait_for(ready, timeout, f"route of {topic} with {brokers} broker(s)")
 
 
 @dataclass

@@ -8,16 +8,13 @@ from __future__ import annotations
 import itertools
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from servers import SluiceProcess
+from servers import SluiceProcess, wait_for, wait_for_route  # noqa: F401 (re-exported to the tests)
 
-from sluice.errors import SluiceError
-from sluice.namesrv.client import SyncNamesrvClient
 
 
 def broker_available() -> bool:
@@ -35,27 +32,6 @@ needs_broker = pytest.mark.skipif(not broker_available(),
 def start_broker(tmp: Path, namesrv: str, name: str = "broker-a", *extra: str) -> SluiceProcess:
     return SluiceProcess.start(["broker", "--namesrv", namesrv, "--store", str(tmp / f"store-{name}"),
                                 "--broker-name", name, *extra], tmp, name=name)
-
-
-def wait_for(pred: Callable[[], object], timeout: float = 15.0, what: str = "condition") -> object:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not met within {timeout:g} s")
-        time.sleep(0.05)
-
-
-def wait_for_route(namesrv: str, topic: str, brokers: int = 1, timeout: float = 15.0) -> None:
-    with SyncNamesrvClient(namesrv) as ns:
-        def ready() -> bool:
-            try:
-                return len(ns.get_route(topic).broker_datas) >= brokers
-            except SluiceError:
-                return False
-        wait_for(ready, timeout, f"route of {topic} with {brokers} broker(s)")
 
 
 @dataclass
