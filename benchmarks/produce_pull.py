@@ -214,6 +214,9 @@ async def sdk_produce(namesrv: str, n_single: int, n_batches: int) -> dict[str, 
     return out
 
 
+CASES = ("sync", "async", "batch", "latency", "pull")
+
+
 async def run(args: argparse.Namespace, addr: str, namesrv: str | None, broker_pid: int) -> dict:
     q = args.quick
     meter = Meter(broker_pid)
@@ -223,20 +226,29 @@ async def run(args: argparse.Namespace, addr: str, namesrv: str | None, broker_p
         check(await client.invoke(addr, RemotingCommand.request(RequestCode.UPDATE_AND_CREATE_TOPIC, dict(
             topic=TOPIC, readQueueNums=4, writeQueueNums=4, perm=6))))
         await produce_sync(client, addr, 200)  # warm up
+        want = set(args.only.split(",")) if args.only else set(CASES)
         n = 1000 if q else 5000
-        with meter("produce_sync_single") as m:
-            res["produce_sync_single"] = await produce_sync(client, addr, n)
-            m.done(n)
+        if "sync" in want:
+            with meter("produce_sync_single") as m:
+                res["produce_sync_single"] = await produce_sync(client, addr, n)
+                m.done(n)
         n = 8000 if q else 40000
-        with meter("produce_async_pipelined") as m:
-            res["produce_async_pipelined"] = await pipelined(client, addr, n, 128, lambda i: send_request(2), 1)
-            m.done(n)
+        if "async" in want:
+            with meter("produce_async_pipelined") as m:
+                res["produce_async_pipelined"] = await pipelined(client, addr, n, 128, lambda i: send_request(2), 1)
+                m.done(n)
+        # The pull cases drain queue 3, so the batches that fill it are sent whenever a pull case runs.
         nb = 600 if q else 3000
-        reqs = [batch_request(3, 32) for _ in range(4)]
-        with meter("produce_batch32") as m:
-            res["produce_batch32"] = await pipelined(client, addr, nb, 8, lambda i: reqs[i % 4], 32)
-            m.done(nb * 32)
-        res["send_latency_light_load"] = await latency(client, addr, 300 if q else 1000, 0.002)
+        if want & {"batch", "pull"}:
+            reqs = [batch_request(3, 32) for _ in range(4)]
+            with meter("produce_batch32") as m:
+                res["produce_batch32"] = await pipelined(client, addr, nb, 8, lambda i: reqs[i % 4], 32)
+                m.done(nb * 32)
+        if "latency" in want:
+            res["send_latency_light_load"] = await latency(client, addr, 300 if q else 1000, 0.002)
+        if "pull" not in want:
+            res["cpu"] = meter.out
+            return res
         await asyncio.sleep(1.0)  # let dispatch catch up before draining
         for size in (32, 256):
             with meter(f"pull_{size}") as m:
@@ -282,6 +294,8 @@ def main() -> None:
     ap.add_argument("--sdk", action="store_true", help="also measure the SDK producer (starts a namesrv)")
     ap.add_argument("--flush", choices=["sync", "async"], default="async")
     ap.add_argument("--profile", metavar="FILE", help="profile the broker (all threads) into FILE")
+    ap.add_argument("--only", metavar="CASES", help=f"comma-separated subset of {','.join(CASES)} (pull sends "
+                    "the batches it drains first)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="sluice-bench-"))
     ns_proc = None
