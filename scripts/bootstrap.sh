@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Creates .venv (once) and installs sluice with pinned dependencies into it.
-# Re-running is cheap: the install is skipped while pyproject/constraints are unchanged.
+# Re-running is cheap: the install is skipped while pyproject, setup.py, constraints and the C source are unchanged.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$root/.venv"
@@ -9,7 +9,9 @@ if [ ! -x "$venv/bin/python" ]; then
   "$py" -m venv "$venv"
 fi
 stamp="$venv/.sluice-installed"
-want="$(cat "$root/pyproject.toml" "$root/constraints.txt" | sha256sum | cut -d' ' -f1)"
+# The C extension (src/sluice/_speedups.c) is built by the install: its source is part of the stamp.
+want="$(cat "$root/pyproject.toml" "$root/setup.py" "$root/constraints.txt" "$root/src/sluice/_speedups.c" \
+  | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   "$venv/bin/python" -m pip install -q --disable-pip-version-check -c "$root/constraints.txt" -e "$root[test,spark]"
   echo "$want" > "$stamp"

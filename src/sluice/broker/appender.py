@@ -1,19 +1,23 @@
-"""Group commit at the broker: sends that arrive together go to the store in one thread-pool job per queue.
+"""Group commit at the broker: sends that arrive together go to the store in one append per queue.
 
-Each send would otherwise cost a thread hop (and, with ``--flush sync``, an
-fsync wait) of its own. Handlers call :meth:`Appender.put`; the messages of
-every request for the same topic/queue seen in one event-loop iteration are
-appended with one ``put_messages`` call on the broker's thread pool, and each
-request gets its own slice of the results. If the merged call is refused
-(one request holds an illegal message; the store validates everything before
-writing anything), the requests are retried one by one so only the bad one
-fails.
+Handlers call :meth:`Appender.put`; the messages of every request for the same
+topic/queue seen in one event-loop iteration are appended with one
+``put_messages`` call, and each request gets its own slice of the results. If
+the merged call is refused (one request holds an illegal message; the store
+validates everything before writing anything), the requests are appended one
+by one so only the bad one fails.
+
+The append runs on the event loop itself: it copies bytes into the mapped
+commit log and never waits for the disk, and a hop to a pool thread and back
+cost more than the append (and made the loop and the pool fight for the GIL).
+With ``--flush sync`` the replies then wait for durability: one pool job per
+loop iteration waits for the store's group commit to cover every append of
+that iteration, so all of them share its fsyncs and none blocks the loop.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from concurrent.futures import Executor
 
 from sluice.errors import SluiceError
@@ -25,6 +29,7 @@ log = logging.getLogger(__name__)
 
 Key = tuple[str, int]
 _Pending = list[tuple[list[StoreMessage], asyncio.Future[list[PutResult]]]]
+_Outcome = list[PutResult] | BaseException
 
 
 class Appender:
@@ -38,7 +43,7 @@ class Appender:
         self.requests = 0
 
     async def put(self, msgs: list[StoreMessage]) -> list[PutResult]:
-        """Append one request's messages (all for one topic/queue); results in order."""
+        """Append one request's messages (all for one topic/queue); results in order, once durable."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[list[PutResult]] = loop.create_future()
         self._pending.setdefault((msgs[0].topic, msgs[0].queue_id), []).append((msgs, fut))
@@ -50,13 +55,24 @@ class Appender:
     def _submit(self) -> None:
         self._scheduled = False
         pending, self._pending = self._pending, {}
-        loop = asyncio.get_running_loop()
+        durable_end = -1
+        to_confirm: list[tuple[_Pending, list[_Outcome]]] = []
         for group in pending.values():
             for chunk in self._chunks(group):
                 self.jobs += 1
                 self.requests += len(chunk)
-                job = loop.run_in_executor(self.executor, self._append, [m for m, _ in chunk])
-                job.add_done_callback(_deliver(chunk))
+                outcomes = self._append([m for m, _ in chunk])
+                if self.store.sync_flush:
+                    ends = [r[-1].commitlog_offset + r[-1].size for r in outcomes
+                            if r and not isinstance(r, BaseException)]
+                    if ends:
+                        durable_end = max(durable_end, *ends)
+                        to_confirm.append((chunk, outcomes))
+                        continue
+                _deliver(chunk, outcomes)
+        if to_confirm:
+            job = asyncio.get_running_loop().run_in_executor(self.executor, self.store.wait_durable, durable_end)
+            job.add_done_callback(lambda j: _confirm(j, to_confirm))
 
     def _chunks(self, group: _Pending) -> list[_Pending]:
         out: list[_Pending] = []
@@ -72,27 +88,28 @@ class Appender:
             out.append(cur)
         return out
 
-    def _append(self, requests: list[list[StoreMessage]]) -> list[list[PutResult] | BaseException]:
-        """Runs on the thread pool: one store call for all, or one per request if the merged one fails."""
+    def _append(self, requests: list[list[StoreMessage]]) -> list[_Outcome]:
+        """One store call for all, or one per request if the merged one is refused."""
+        put = self.store.put_messages
         if len(requests) == 1:
             try:
-                return [self.store.put_messages(requests[0])]
+                return [put(requests[0], wait_durable=False)]
             except Exception as exc:
                 return [exc]
         merged = [m for msgs in requests for m in msgs]
         try:
-            results = self.store.put_messages(merged)
+            results = put(merged, wait_durable=False)
         except SluiceError:
-            out: list[list[PutResult] | BaseException] = []
+            out: list[_Outcome] = []
             for msgs in requests:
                 try:
-                    out.append(self.store.put_messages(msgs))
+                    out.append(put(msgs, wait_durable=False))
                 except Exception as exc:
                     out.append(exc)
             return out
         except Exception as exc:
             return [exc] * len(requests)
-        out2: list[list[PutResult] | BaseException] = []
+        out2: list[_Outcome] = []
         pos = 0
         for msgs in requests:
             out2.append(results[pos:pos + len(msgs)])
@@ -100,20 +117,23 @@ class Appender:
         return out2
 
 
-def _deliver(chunk: _Pending) -> Callable[[asyncio.Future], None]:
-    def done(job: asyncio.Future) -> None:
+def _deliver(chunk: _Pending, outcomes: list[_Outcome]) -> None:
+    for (_, fut), outcome in zip(chunk, outcomes):
+        if fut.done():  # the request was cancelled (its connection closed) meanwhile
+            continue
+        if isinstance(outcome, BaseException):
+            fut.set_exception(outcome)
+        else:
+            fut.set_result(outcome)
+
+
+def _confirm(job: asyncio.Future[None], waiting: list[tuple[_Pending, list[_Outcome]]]) -> None:
+    """The group commit covered the appends (or timed out: each request then gets the error)."""
+    exc = None if job.cancelled() else job.exception()
+    for chunk, outcomes in waiting:
         if job.cancelled():
             for _, fut in chunk:
                 if not fut.done():
                     fut.cancel()
-            return
-        exc = job.exception()
-        outcomes = [exc] * len(chunk) if exc is not None else job.result()
-        for (_, fut), outcome in zip(chunk, outcomes):
-            if fut.done():  # the request was cancelled (its connection closed) meanwhile
-                continue
-            if isinstance(outcome, BaseException):
-                fut.set_exception(outcome)
-            else:
-                fut.set_result(outcome)
-    return done
+            continue
+        _deliver(chunk, outcomes if exc is None else [o if isinstance(o, BaseException) else exc for o in outcomes])

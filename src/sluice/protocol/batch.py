@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 
 from sluice.errors import MessageIllegalError
 from sluice.protocol import properties as P
+from sluice.speedups import C
 
-__all__ = ["BatchEntry", "decode_batch", "decode_batch_columns", "encode_batch"]
+__all__ = ["BatchEntry", "decode_batch", "decode_batch_columns", "decode_batch_messages", "encode_batch"]
 
 _HEAD = struct.Struct(">iiiii")  # totalSize, magic, bodyCRC, flag, bodyLen
 assert _HEAD.size == 20
@@ -50,6 +51,21 @@ def decode_batch(data: bytes | memoryview) -> list[BatchEntry]:
     """Split a batch body; a truncated or inconsistent entry raises MessageIllegalError with its offset."""
     bodies, raw_props, flags = decode_batch_columns(data)
     return list(map(BatchEntry, bodies, map(P.decode_properties, raw_props), flags))
+
+
+def decode_batch_messages(data: bytes | memoryview, inherited: Mapping[str, str] | None = None,
+                          ) -> tuple[list[bytes], list[dict[str, str]], list[int]]:
+    """Split a batch body into bodies, decoded properties and flags; each message's properties start from
+    ``inherited`` (the request header's, which its own override). Errors are decode_batch's."""
+    if C is not None:
+        out = C.decode_batch(data, dict(inherited) if inherited else None)
+        if out is not None:
+            return out
+    bodies, raw_props, flags = decode_batch_columns(data)  # raises the precise error, or decodes the rest
+    dicts = list(map(P.decode_properties, raw_props))
+    if inherited:
+        dicts = [{**inherited, **d} for d in dicts]
+    return bodies, dicts, flags
 
 
 def decode_batch_columns(data: bytes | memoryview) -> tuple[list[bytes], list[str], list[int]]:

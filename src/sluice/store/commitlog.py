@@ -33,6 +33,7 @@ from sluice.protocol.record import (
     MAGIC_V2,
     POS_QUEUEOFFSET,
 )
+from sluice.speedups import C
 from sluice.store.crc import crc32
 from sluice.store.mapped import MappedFile, MappedFileQueue
 from sluice.store.warm import Warmer
@@ -213,8 +214,7 @@ class CommitLog:
             qoff = self.queue_offsets.get(key, 0)
             wpos = self.write_pos
             f = self._writable_file(wpos)
-            phys = list(accumulate(sizes, initial=wpos))
-            end = phys.pop()
+            end = wpos + len(buf)
             if queued is None:
                 qoffs: Sequence[int] = range(qoff, qoff + n)
                 next_qoff = qoff + n
@@ -222,10 +222,14 @@ class CommitLog:
                 qoffs, next_qoff = _queue_offsets(queued, qoff)
             if end + END_FILE_MIN_BLANK_LENGTH <= f.end:
                 # The usual case: the batch fits the current segment; patch in place, one copy.
-                # Two packs per record, driven by C-level maps (no bytecode per record).
-                rels = list(map(sub, phys, repeat(wpos)))
-                deque(map(_QP.pack_into, repeat(buf), map(add, rels, repeat(POS_QUEUEOFFSET)), qoffs, phys), 0)
-                deque(map(_I64.pack_into, repeat(buf), map(add, rels, ts_positions), repeat(now)), 0)
+                if C is not None and queued is None and type(sizes) is list and type(ts_positions) is list:
+                    phys = C.patch_records(buf, sizes, ts_positions, qoff, wpos, now)
+                else:  # two packs per record, driven by C-level maps (no bytecode per record)
+                    phys = list(accumulate(sizes, initial=wpos))
+                    phys.pop()
+                    rels = list(map(sub, phys, repeat(wpos)))
+                    deque(map(_QP.pack_into, repeat(buf), map(add, rels, repeat(POS_QUEUEOFFSET)), qoffs, phys), 0)
+                    deque(map(_I64.pack_into, repeat(buf), map(add, rels, ts_positions), repeat(now)), 0)
                 f.write(wpos - f.start, buf)
             else:
                 phys, end = self._append_rolling(f, buf, sizes, qoffs, ts_positions, now, wpos)

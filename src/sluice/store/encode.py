@@ -24,6 +24,7 @@ from sluice.protocol.record import (
     _host_bytes,
     check_topic,
 )
+from sluice.speedups import C
 from sluice.store.crc import crc32
 from sluice.store.types import StoreMessage
 
@@ -70,6 +71,13 @@ def _encode_props_checked(props: dict[str, str], transient: str) -> str:
     return props_s
 
 
+_TS_POS_V4 = 48 + 8  # STORETIMESTAMP's position when the born host is IPv4
+
+
+def _born_host_bytes(host: tuple[str, int]) -> tuple[bytes, bool]:
+    return _host_bytes(tuple(host))
+
+
 @lru_cache(maxsize=4096)
 def _topic_part(topic: str) -> bytes:
     """The topic as a record stores it (length byte, then UTF-8), once it passed check_topic."""
@@ -87,10 +95,17 @@ def encode_batch(msgs: Sequence[StoreMessage], *, store_host: tuple[str, int], m
     if queue_id < 0:
         raise MessageIllegalError(f"queue id {queue_id} is negative")
     store_b, store_v6 = _host_bytes(tuple(store_host))
-    if not store_v6 and len(msgs) > 1:
-        fast = _encode_columns(msgs, topic, queue_id, topic_part, store_b, max_body)
-        if fast is not None:
-            return fast
+    if not store_v6:
+        if C is not None:
+            enc = C.encode_batch(msgs if type(msgs) is list else list(msgs), topic, queue_id, topic_part, store_b,
+                                 max_body, _born_host_bytes, crc32, P.TRANSIENT_PREFIX)
+            if enc is not None:
+                buf, sizes, sysflags, props_l, tags, keys, uniq = enc
+                return EncodedBatch(buf, sizes, [_TS_POS_V4] * len(sizes), sysflags, None, props_l, tags, keys, uniq)
+        elif len(msgs) > 1:
+            fast = _encode_columns(msgs, topic, queue_id, topic_part, store_b, max_body)
+            if fast is not None:
+                return fast
     parts: list[bytes] = []
     sizes: list[int] = []
     sysflags: list[int] = []

@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from sluice.errors import InvalidParameterError, StoreError
+from sluice.speedups import C
 from sluice.store.keyhash import key_hash, key_hashes
 
 __all__ = ["IndexService", "IndexFile", "key_hash", "index_keys"]
@@ -162,6 +163,15 @@ class IndexFile:
         count, slot_num = self.count, self.slot_num
         if count <= 1:
             self.begin_phy, self.begin_ts = int(phys[0]), int(ts[0])
+        if C is not None:
+            self.count, added = C.index_put(self.mm, self._entries_at, slot_num, count, self.begin_ts,
+                                            np.ascontiguousarray(hashes, dtype=np.int64),
+                                            np.ascontiguousarray(phys, dtype=np.int64),
+                                            np.ascontiguousarray(ts, dtype=np.int64))
+            self.slot_count += added
+            self.end_phy, self.end_ts = int(phys[-1]), int(ts[-1])
+            self._write_header()
+            return
         idx = np.arange(count, count + n, dtype=np.int64)
         slot = hashes % slot_num
         order = np.argsort(slot, kind="stable")

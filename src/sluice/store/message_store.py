@@ -36,9 +36,11 @@ from sluice.message import MessageExt
 from sluice.protocol import properties as P
 from sluice.protocol.msgid import decode_offset_msg_id, offset_msg_id_prefix
 from sluice.protocol.record import decode_record
-from sluice.store import recovery, retention
+from sluice.speedups import C
+from sluice.store import pull_read, recovery, retention
 from sluice.store.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from sluice.store.commitlog import WARM_AHEAD, CommitLog, parse_record, verify_record_bytes
+from sluice.store.crc import crc32
 from sluice.store.config import StoreConfig
 from sluice.store.consumequeue import CQ_UNIT_SIZE, PAD_SIZE, ConsumeQueueTable
 from sluice.store.dispatch import DispatchService, is_queued
@@ -83,7 +85,8 @@ class MessageStore:
         self.flusher = FlushService(self.commitlog, interval_ms=c.flush_interval_ms, timeout_s=c.sync_flush_timeout_s)
         self.recovery_report: recovery.RecoveryReport | None = None
         self._msgid_prefix = offset_msg_id_prefix(*c.store_host)
-        self._msgid_format = self._msgid_prefix.hex().upper() + "%016X"  # + the commit-log offset
+        self._msgid_prefix_hex = self._msgid_prefix.hex().upper()
+        self._msgid_format = self._msgid_prefix_hex + "%016X"  # + the commit-log offset
         self._sync = c.flush_mode == "sync"
         self._open = False
         self._was_closed = False
@@ -343,8 +346,17 @@ class MessageStore:
     def put_message(self, msg: StoreMessage) -> PutResult:
         return self.put_messages([msg])[0]
 
-    def put_messages(self, batch: Sequence[StoreMessage]) -> list[PutResult]:
-        """Append a batch for one topic/queue; every message is validated before anything is written."""
+    @property
+    def sync_flush(self) -> bool:
+        """True when a put is acknowledged only once its bytes are durable (flush_mode "sync")."""
+        return self._sync
+
+    def put_messages(self, batch: Sequence[StoreMessage], *, wait_durable: bool = True) -> list[PutResult]:
+        """Append a batch for one topic/queue; every message is validated before anything is written.
+
+        With synchronous flush this returns once the batch is durable, unless ``wait_durable`` is false:
+        then the caller must call :meth:`wait_durable` before acknowledging it (the broker appends on its
+        event loop and waits for the group commit on a pool thread)."""
         if not batch:
             return []
         enc = encode_batch(batch, store_host=self.config.store_host, max_body=self.config.max_message_size)
@@ -357,11 +369,12 @@ class MessageStore:
         phys, qoffs, ts, end = self.commitlog.append(enc.buf, enc.sizes, topic, qid, enc.ts_positions, enc.queued,
                                                      run)
         # tuple.__new__ over zip: PutResults built in C (a NamedTuple's own __new__ is Python code).
-        ids = map(self._msgid_format.__mod__, phys)
+        ids = C.offset_msg_ids(self._msgid_prefix_hex, phys) if C is not None and type(phys) is list \
+            else map(self._msgid_format.__mod__, phys)
         results = list(map(tuple.__new__, repeat(PutResult), zip(phys, qoffs, ids, repeat(ts), enc.sizes)))
         self.put_count += len(phys)
         self.put_bytes += end - phys[0]
-        if self._sync:
+        if self._sync and wait_durable:
             try:
                 self.flusher.wait_flushed(end)
             except FlushDiskTimeoutError as e:
@@ -369,125 +382,19 @@ class MessageStore:
                 raise
         return results
 
+    def wait_durable(self, end: int) -> None:
+        """Block until commit-log bytes below ``end`` are durable (at once with asynchronous flush);
+        FlushDiskTimeoutError after the flush timeout."""
+        if self._sync:
+            self.flusher.wait_flushed(end)
+
     # ---- reads -------------------------------------------------------------------------------------
     def get_messages(self, topic: str, queue_id: int, offset: int, max_msgs: int = 32,
                      message_filter: MessageFilter | None = None, max_bytes: int | None = None) -> GetMessageResult:
-        """A pull: up to ``max_msgs`` records from queue ``offset`` that pass ``message_filter``."""
+        """A pull: up to ``max_msgs`` records from queue ``offset`` that pass ``message_filter``
+        (pull_read.py)."""
         self._check_open()
-        max_bytes = self.config.max_transfer_bytes if max_bytes is None else max_bytes
-        cq = self.queues.get(topic, queue_id)
-        if cq is None:
-            return GetMessageResult(_S.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0)
-        lo, hi = cq.min_offset, cq.max_offset
-        if hi == 0:
-            return GetMessageResult(_S.NO_MESSAGE_IN_QUEUE, 0, lo, hi)
-        if offset < lo:
-            return GetMessageResult(_S.OFFSET_TOO_SMALL, lo, lo, hi)
-        if offset == hi:
-            return GetMessageResult(_S.OFFSET_OVERFLOW_ONE, offset, lo, hi)
-        if offset > hi:
-            return GetMessageResult(_S.OFFSET_OVERFLOW_BADLY, lo if lo == 0 else hi, lo, hi)
-        # Like RocketMQ, a filtered pull looks at a bounded number of units (maxFilterMessageSize).
-        scan = max(max_msgs, self.config.max_filter_scan_bytes // CQ_UNIT_SIZE) if message_filter else max_msgs
-        units = cq.get_units(offset, scan)
-        if units is None or len(units) == 0:
-            upf = self.config.consumequeue_units_per_file
-            return GetMessageResult(_S.OFFSET_FOUND_NULL, (offset // upf + 1) * upf, lo, hi)
-        res = self._collect(cq, offset, units, max_msgs, max_bytes, message_filter, lo, hi)
-        if message_filter is None or res.status is not _S.NO_MATCHED_MESSAGE:
-            return res
-        # Nothing matched in the first window. While units are being ruled out on their tag codes or
-        # bitmaps alone (few records read), look further: a 0.1 % filter then needs a round trip per
-        # tens of thousands of units instead of per 800. Bounded in units and time.
-        c = self.config
-        deadline = time.monotonic() + c.max_filter_scan_ms / 1000.0
-        scanned, reads = res.next_begin_offset - offset, res.records_read
-        while (res.status is _S.NO_MATCHED_MESSAGE and res.next_begin_offset < cq.max_offset
-               and scanned < c.max_filter_scan_units and reads * 8 < scanned and time.monotonic() < deadline):
-            at = res.next_begin_offset
-            units = cq.get_units(at, min(scan * 8, c.max_filter_scan_units - scanned))
-            if units is None or len(units) == 0:
-                break
-            more = self._collect(cq, at, units, max_msgs, max_bytes, message_filter, lo, hi)
-            scanned += more.next_begin_offset - at
-            reads += more.records_read
-            if more.status is _S.MESSAGE_WAS_REMOVING:
-                more.status = _S.NO_MATCHED_MESSAGE
-            res = more
-        res.records_read = reads
-        return res
-
-    def _collect(self, cq, offset: int, units: np.ndarray, max_msgs: int, max_bytes: int,
-                 mf: MessageFilter | None, lo: int, hi: int) -> GetMessageResult:
-        phys = units["offset"].astype(np.int64)
-        sizes = units["size"].astype(np.int64)
-        real = (sizes > 0) & (sizes != PAD_SIZE)
-        wanted = real
-        check = None  # units whose record the filter must see
-        if mf is not None:
-            ext = self.ext.get(cq.topic, cq.queue_id)
-            codes, batch, unresolved = resolve_units(ext, units["tag"])
-            mask, check = plan_units(mf, codes, batch, unresolved)
-            if mask is not None:
-                wanted = real & np.asarray(mask, dtype=bool)
-        filtered = bool((real & ~wanted).any())
-        match_at = getattr(mf, "match_record_at", None)  # filters that count per unit (bitmap false positives)
-        verify = self.config.verify_crc_on_read
-        cl = self.commitlog
-        clog_min = cl.min_offset
-        parts: list[bytes] = []
-        res = GetMessageResult(_S.FOUND, offset, lo, hi)
-        removed = False
-        total = 0
-        stop_at = len(units)
-        for i in np.flatnonzero(wanted).tolist():
-            p, s = int(phys[i]), int(sizes[i])
-            if parts and total + s > max_bytes:
-                stop_at = i
-                break
-            data = cl.read(p, s) if p >= clog_min else None
-            if data is None:
-                removed = True
-                continue
-            res.records_read += 1
-            self.pull_records_read += 1
-            self.pull_bytes_read += s
-            if verify:
-                try:
-                    verify_record_bytes(data, p)
-                except CorruptRecordError as e:
-                    e = self._located(e, p)
-                    log.error("not serving %s/%d offset %d: %s", cq.topic, cq.queue_id, offset + i, e)
-                    if not parts:
-                        raise e from None
-                    stop_at = i
-                    break
-            if check is not None and check[i]:
-                props = P.decode_properties(parse_record(data, 0, check_crc=False).properties)
-                if not (match_at(i, props) if match_at is not None else mf.match_record(props)):  # type: ignore
-                    filtered = True
-                    continue
-            parts.append(data)
-            total += s
-            res.queue_offsets.append(offset + i)
-            res.commitlog_offsets.append(p)
-            res.sizes.append(s)
-            if len(parts) >= max_msgs:
-                stop_at = i + 1  # like RocketMQ: resume right after the last message taken
-                break
-        res.next_begin_offset = offset + stop_at
-        consumed = getattr(mf, "consumed", None)
-        if consumed is not None:
-            consumed(stop_at)
-        if parts:
-            res.data = b"".join(parts)
-        elif filtered:
-            res.status = _S.NO_MATCHED_MESSAGE
-        elif removed:
-            res.status = _S.MESSAGE_WAS_REMOVING
-        else:
-            res.status = _S.NO_MATCHED_MESSAGE
-        return res
+        return pull_read.get_messages(self, topic, queue_id, offset, max_msgs, message_filter, max_bytes)
 
     def _located(self, e: CorruptRecordError, commitlog_offset: int) -> CorruptRecordError:
         """The same complaint naming the segment file and the offset in it (looked up only on failure)."""
