@@ -190,3 +190,67 @@ def test_error_responses_map_to_the_error_tree() -> None:
     assert req.make_response().raise_for_code().code == 0
     with pytest.raises(SluiceError):
         req.make_response(ResponseCode.SYSTEM_BUSY, "busy").raise_for_code()
+
+
+def split_at(data: bytes, cuts: list[int]) -> list[bytes]:
+    points = sorted({c % (len(data) + 1) for c in cuts} | {0, len(data)})
+    return [data[a:b] for a, b in zip(points, points[1:])]
+
+
+@settings(derandomize=True, max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from([0, 10, 131_000, 300_000]), min_size=1, max_size=4),
+       st.lists(st.integers(0, 2_000_000), max_size=12), st.sampled_from(list(SerializeType)))
+def test_big_frames_survive_any_split(sizes: list[int], cuts: list[int], stype: SerializeType) -> None:
+    """Frames past the collect threshold are gathered chunk by chunk; any split gives the same frames."""
+    cmds = [RemotingCommand(code=i, ext_fields={"i": str(i)}, body=bytes([i % 251]) * n, opaque=i,
+                            serialize_type=stype) for i, n in enumerate(sizes)]
+    data = b"".join(encode_frame(c) for c in cmds)
+    codec = FrameCodec(1 << 20)
+    out = []
+    for piece in split_at(data, cuts):
+        codec.receive_data(piece)
+        while (frame := codec.next_frame()) is not NEED_DATA:
+            out.append(frame)
+    assert out == cmds and codec.buffered == 0
+
+
+def test_big_frame_cut_short_by_eof_and_buffered_count() -> None:
+    frame = encode_frame(RemotingCommand.request(10, body=b"x" * 500_000))
+    codec = FrameCodec()
+    codec.receive_data(frame[:200_000])
+    assert codec.next_frame() is NEED_DATA and codec.buffered == 200_000
+    codec.receive_data(frame[200_000:300_000])
+    assert codec.next_frame() is NEED_DATA and codec.buffered == 300_000
+    codec.receive_data(b"")
+    with pytest.raises(ProtocolError, match="closed in the middle of a frame"):
+        codec.next_frame()
+
+
+def test_big_frame_with_a_bad_header_fails_once_complete() -> None:
+    body = b"y" * 300_000
+    header = b'{"code":"x"}'
+    frame = struct.pack(">iI", 4 + len(header) + len(body), len(header)) + header + body
+    codec = FrameCodec()
+    codec.receive_data(frame[:150_000])
+    assert codec.next_frame() is NEED_DATA
+    codec.receive_data(frame[150_000:])
+    with pytest.raises(ProtocolError, match="must be an integer"):
+        codec.next_frame()
+    with pytest.raises(ProtocolError):
+        codec.next_frame()
+
+
+def test_responses_encode_with_the_given_opaque_flag_and_type_without_copying() -> None:
+    from sluice.protocol.frame import encode_frame_head
+    cmd = RemotingCommand(code=3, ext_fields={"a": "b"}, body=b"BODY", remark="r", opaque=-5, flag=0)
+    for stype in SerializeType:
+        head = encode_frame_head(cmd, 77, FLAG_RESPONSE, stype)
+        assert head + cmd.body == encode_frame(dataclasses.replace(cmd, opaque=77, flag=FLAG_RESPONSE,
+                                                                   serialize_type=stype))
+
+
+def test_java_style_header_without_ext_fields_or_remark() -> None:
+    header = orjson.dumps({"code": 11, "flag": 0, "language": "JAVA", "opaque": 3, "serializeTypeCurrentRPC": "JSON",
+                           "version": 373})
+    [cmd] = decode_all(struct.pack(">iI", 4 + len(header), len(header)) + header)
+    assert (cmd.code, cmd.opaque, cmd.version, cmd.ext_fields, cmd.remark) == (11, 3, 373, {}, None)

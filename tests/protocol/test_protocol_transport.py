@@ -14,7 +14,7 @@ from sluice.errors import InvalidParameterError, RemotingError, RemotingTimeoutE
 from sluice.protocol.client import RemotingClient
 from sluice.protocol.codes import RequestCode, ResponseCode
 from sluice.protocol.command import RemotingCommand, SerializeType
-from sluice.protocol.connection import RemotingConnection
+from sluice.protocol.connection import Dispatcher, RemotingConnection
 from sluice.protocol.frame import NEED_DATA, FrameCodec, encode_frame
 from sluice.protocol.server import RemotingServer
 from sluice.protocol.sync import LoopThread, SyncRemotingClient
@@ -273,19 +273,18 @@ def test_reading_pauses_while_too_many_requests_are_in_flight() -> None:
             await release.wait()
             return req.make_response()
 
-        async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            from sluice.protocol.connection import Dispatcher
-            conn = RemotingConnection(reader, writer, dispatcher=Dispatcher({1: held}), max_inflight=3)
+        def new_connection() -> RemotingConnection:
+            conn = RemotingConnection(dispatcher=Dispatcher({1: held}), max_inflight=3)
             conns.append(conn)
-            conn.start()
+            return conn
         conns: list[RemotingConnection] = []
-        srv = await asyncio.start_server(accept, "127.0.0.1", 0)
+        srv = await asyncio.get_running_loop().create_server(new_connection, "127.0.0.1", 0)
         client = RemotingClient()
         addr = f"127.0.0.1:{srv.sockets[0].getsockname()[1]}"
         try:
             calls = [asyncio.ensure_future(client.invoke(addr, RemotingCommand.request(1), 10)) for _ in range(8)]
             await asyncio.sleep(0.3)
-            assert len(started) == 3  # the other five wait in the socket, not in memory
+            assert len(started) == 3  # the other five wait (reading is paused) until a slot frees
             release.set()
             assert [r.code for r in await asyncio.gather(*calls)] == [0] * 8
             assert len(started) == 8
@@ -295,4 +294,314 @@ def test_reading_pauses_while_too_many_requests_are_in_flight() -> None:
                 await c.close()
             srv.close()
             await srv.wait_closed()
+    run(main)
+
+
+# ---------------------------------------------------------------------------------------------- plain handlers
+
+def test_plain_function_handlers_follow_the_same_reply_rules(caplog: pytest.LogCaptureFixture) -> None:
+    async def main() -> None:
+        server = RemotingServer("127.0.0.1", 0)
+        seen: list[str] = []
+
+        def answer(conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
+            return req.make_response(ext_fields={"got": req.ext_fields.get("k", "")})
+
+        def refuse(conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
+            raise InvalidParameterError("queueId is missing")
+
+        def crash(conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
+            raise KeyError("boom")
+
+        def silent(conn: RemotingConnection, req: RemotingCommand) -> None:
+            seen.append(req.ext_fields["k"])
+
+        def later(conn: RemotingConnection, req: RemotingCommand) -> Awaitable[RemotingCommand]:
+            async def finish() -> RemotingCommand:
+                await asyncio.sleep(0.01)
+                if req.ext_fields.get("fail"):
+                    raise InvalidParameterError("late refusal")
+                return req.make_response(ext_fields={"late": "yes"})
+            return finish()
+        for code, handler in ((1, answer), (2, refuse), (3, crash), (4, silent), (5, later)):
+            server.register(code, handler)
+        await server.start()
+        client = RemotingClient()
+        try:
+            invoke = client.invoke
+            addr = server.address
+            assert (await invoke(addr, RemotingCommand.request(1, {"k": "v"}), 5)).ext_fields == {"got": "v"}
+            resp = await invoke(addr, RemotingCommand.request(2), 5)
+            assert (resp.code, resp.remark) == (ResponseCode.INVALID_PARAMETER, "queueId is missing")
+            with caplog.at_level(logging.ERROR):
+                resp = await invoke(addr, RemotingCommand.request(3), 5)
+            assert resp.code == ResponseCode.SYSTEM_ERROR and "boom" in (resp.remark or "")
+            assert "handler for request code 3" in caplog.text and "KeyError" in caplog.text
+            with pytest.raises(RemotingTimeoutError):  # None: no reply
+                await invoke(addr, RemotingCommand.request(4, {"k": "a"}), 0.3)
+            assert (await invoke(addr, RemotingCommand.request(5), 5)).ext_fields == {"late": "yes"}
+            resp = await invoke(addr, RemotingCommand.request(5, {"fail": 1}), 5)
+            assert (resp.code, resp.remark) == (ResponseCode.INVALID_PARAMETER, "late refusal")
+            await client.invoke_oneway(addr, RemotingCommand.request(4, {"k": "b"}))
+            await client.invoke_oneway(addr, RemotingCommand.request(1, {"k": "oneway gets no reply"}))
+            assert (await invoke(addr, RemotingCommand.request(1, {"k": "after"}), 5)).ext_fields == {"got": "after"}
+            assert seen == ["a", "b"]
+            assert len(server.connections) == 1
+        finally:
+            await client.close()
+            await server.close()
+    run(main)
+
+
+def test_dispatcher_handle_runs_both_kinds() -> None:
+    async def main() -> None:
+        async def coro(conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
+            return req.make_response(remark="async")
+
+        def plain(conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
+            raise InvalidParameterError("plain")
+        d = Dispatcher({1: coro, 2: plain})
+        conn = RemotingConnection(dispatcher=d)
+        assert 1 in d and 3 not in d
+        assert (await d.handle(conn, RemotingCommand.request(1))).remark == "async"  # type: ignore[union-attr]
+        assert (await d.handle(conn, RemotingCommand.request(2))).code == ResponseCode.INVALID_PARAMETER  # type: ignore[union-attr]
+        assert (await d.handle(conn, RemotingCommand.request(3))).code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED  # type: ignore[union-attr]
+        assert await d.handle(conn, RemotingCommand.request(1, oneway=True)) is None
+    run(main)
+
+
+# ---------------------------------------------------------------------------------------------- without sockets
+
+class FakeTransport(asyncio.Transport):
+    """Records writes and reading/writing state; the test plays the kernel."""
+
+    def __init__(self, conn: RemotingConnection) -> None:
+        super().__init__()
+        self.conn = conn
+        self.writes: list[bytes] = []
+        self.reading = True
+        self.closed = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.writes.append(bytes(data))
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return ("127.0.0.1", 4242) if name == "peername" else default
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            asyncio.get_running_loop().call_soon(self.conn.connection_lost, None)
+
+    def frames(self) -> list[RemotingCommand]:
+        codec = FrameCodec()
+        codec.receive_data(b"".join(self.writes))
+        out = []
+        while (frame := codec.next_frame()) is not NEED_DATA:
+            out.append(frame)  # type: ignore[arg-type]
+        return out
+
+
+def request_bytes(code: int, n: int, start: int = 0, **fields: object) -> bytes:
+    return b"".join(encode_frame(dataclasses.replace(RemotingCommand.request(code, fields), opaque=start + i))
+                    for i in range(n))
+
+
+def test_answers_of_one_read_leave_in_one_write_and_task_answers_coalesce() -> None:
+    async def main() -> None:
+        async def coro(conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
+            return req.make_response()
+
+        def plain(conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
+            # a handler may hand back a response with any opaque/flag/serialize type: the transport fixes them
+            return RemotingCommand(code=0, opaque=-1, remark="plain", serialize_type=SerializeType.ROCKETMQ)
+        conn = RemotingConnection(dispatcher=Dispatcher({1: plain, 2: coro}))
+        transport = FakeTransport(conn)
+        conn.connection_made(transport)
+        conn.data_received(request_bytes(1, 100))
+        assert len(transport.writes) == 1  # plain handlers: answered within data_received, one write
+        frames = transport.frames()
+        assert [f.opaque for f in frames] == list(range(100))
+        assert all(f.is_response and f.remark == "plain" and f.serialize_type == SerializeType.JSON for f in frames)
+        transport.writes.clear()
+        conn.data_received(request_bytes(2, 100, start=1000))
+        assert transport.writes == []  # the tasks have not run yet
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert len(transport.writes) == 1  # a hundred tasks, one write
+        assert sorted(f.opaque for f in transport.frames()) == list(range(1000, 1100))
+        await conn.close()
+        assert transport.closed and conn.is_closed
+    run(main)
+
+
+def test_big_bodies_are_written_without_joining() -> None:
+    async def main() -> None:
+        body = b"b" * (256 * 1024)
+
+        def big(conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
+            return req.make_response(body=body)
+        conn = RemotingConnection(dispatcher=Dispatcher({1: big}))
+        transport = FakeTransport(conn)
+        conn.connection_made(transport)
+        conn.data_received(request_bytes(1, 2))
+        assert [len(w) for w in transport.writes][1::2] == [len(body), len(body)]
+        assert [f.body for f in transport.frames()] == [body, body]
+    run(main)
+
+
+def test_paused_writing_holds_requests_stops_reading_and_blocks_senders() -> None:
+    async def main() -> None:
+        handled: list[int] = []
+
+        def plain(conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
+            handled.append(req.opaque)
+            return req.make_response()
+        conn = RemotingConnection(dispatcher=Dispatcher({1: plain}))
+        transport = FakeTransport(conn)
+        conn.connection_made(transport)
+        conn.data_received(request_bytes(1, 3))
+        conn.pause_writing()  # the peer stopped reading its responses
+        conn.data_received(request_bytes(1, 5, start=3))
+        assert handled == [0, 1, 2] and not transport.reading  # the rest is held, and no more is read
+        sent = asyncio.ensure_future(conn.send(RemotingCommand(code=0, flag=1, opaque=99)))
+        await asyncio.sleep(0.05)
+        assert not sent.done()  # send() waits like StreamWriter.drain()
+        conn.resume_writing()
+        await asyncio.wait_for(sent, 5)
+        await asyncio.sleep(0)
+        assert handled == list(range(8)) and transport.reading
+        await asyncio.sleep(0)
+        assert sorted(f.opaque for f in transport.frames()) == [*range(8), 99]
+        conn.pause_writing()
+        waiting = asyncio.ensure_future(conn.send(RemotingCommand(code=0, flag=1)))
+        await asyncio.sleep(0.01)
+        conn.connection_lost(None)
+        with pytest.raises(RemotingError, match="closed"):
+            await waiting
+    run(main)
+
+
+def test_unread_responses_bound_what_the_server_buffers() -> None:
+    """A peer that sends requests but never reads its responses: the server stops reading it."""
+    async def main() -> None:
+        handled: list[int] = []
+        body = b"r" * (64 * 1024)
+
+        def big(conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
+            handled.append(req.opaque)
+            return req.make_response(body=body)
+        def small_buffers(sock: socket.socket) -> None:  # keeps the kernel's share (and the test) small
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 32 * 1024)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 * 1024)
+        server = RemotingServer("127.0.0.1", 0)
+        server.register(1, big)
+        server.on_connection_open(lambda conn: small_buffers(conn._transport.get_extra_info("socket")))
+        await server.start()
+        sock = socket.socket()
+        small_buffers(sock)
+        sock.connect(("127.0.0.1", server.port))
+        sock.setblocking(False)
+        try:
+            loop = asyncio.get_running_loop()
+            chunk = request_bytes(1, 100)
+            sent = bytearray()
+            idle = 0
+            rest = chunk
+            while idle < 50:  # write until the server has stopped taking our requests for a while
+                try:
+                    n = sock.send(rest)
+                    sent += rest[:n]
+                    rest = rest[n:] or chunk
+                    idle = 0
+                except BlockingIOError:
+                    idle += 1
+                await asyncio.sleep(0.005)
+            await asyncio.sleep(0.2)
+            stuck = len(handled)
+            await asyncio.sleep(0.3)
+            assert len(handled) == stuck  # no progress while we do not read
+            want = len(decode_all(bytes(sent)))
+            assert stuck < want  # the rest waits in TCP buffers (or held), not answered into memory
+            [conn] = server.connections
+            assert conn._reading_paused
+            # reading the responses lets everything through
+            got = 0
+            codec = FrameCodec()
+            while got < want:
+                codec.receive_data(await asyncio.wait_for(loop.sock_recv(sock, 1 << 20), 10))
+                while (frame := codec.next_frame()) is not NEED_DATA:
+                    got += 1
+            assert got == want and len(handled) == want
+        finally:
+            sock.close()
+            await server.close()
+    run(main, timeout=60)
+
+
+def decode_all(data: bytes) -> list[RemotingCommand]:
+    """The whole frames at the start of ``data`` (a cut-off last frame is left out)."""
+    codec = FrameCodec()
+    codec.receive_data(data)
+    out = []
+    while (frame := codec.next_frame()) is not NEED_DATA:
+        out.append(frame)  # type: ignore[arg-type]
+    return out
+
+
+def test_timeouts_of_different_lengths_each_fire_on_time() -> None:
+    async def main() -> None:
+        server, _ = await make_server()
+        client = RemotingClient()
+        try:
+            loop = asyncio.get_running_loop()
+            slow = asyncio.ensure_future(
+                client.invoke(server.address, RemotingCommand.request(SLOW, {"delay": 0.5}), 5))
+            await asyncio.sleep(0.05)
+            t0 = loop.time()
+            with pytest.raises(RemotingTimeoutError, match="within 0.2 s"):
+                await client.invoke(server.address, RemotingCommand.request(SLOW, {"delay": 3}), 0.2)
+            assert 0.15 < loop.time() - t0 < 1.0  # the shorter timeout did not wait for the longer one
+            assert (await slow).code == 0  # and the longer request is still answered
+            conn = await client.connection(server.address)
+            assert conn._pending == {}
+        finally:
+            await client.close()
+            await server.close()
+    run(main)
+
+
+def test_close_cancels_awaitables_of_plain_handlers_only_once_they_run() -> None:
+    """A plain handler's awaitable is always started, so its cleanup runs even if the connection closes first."""
+    async def main() -> None:
+        events: list[str] = []
+
+        def counted(conn: RemotingConnection, req: RemotingCommand) -> Awaitable[RemotingCommand]:
+            events.append("begun")
+
+            async def rest() -> RemotingCommand:
+                try:
+                    await asyncio.sleep(10)
+                    return req.make_response()
+                finally:
+                    events.append("cleaned up")
+            return rest()
+        conn = RemotingConnection(dispatcher=Dispatcher({1: counted}))
+        transport = FakeTransport(conn)
+        conn.connection_made(transport)
+        conn.data_received(request_bytes(1, 2))
+        conn.connection_lost(None)  # before the tasks ran
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert events == ["begun", "begun", "cleaned up", "cleaned up"]
+        assert transport.writes == []
     run(main)

@@ -56,22 +56,27 @@ class RemotingClient:
             if conn is not None and not conn.is_closed:
                 return conn
             host, port = split_addr(addr)
+            loop = asyncio.get_running_loop()
             try:
                 async with asyncio.timeout(self.connect_timeout):
-                    reader, writer = await asyncio.open_connection(host, port)
+                    _, conn = await loop.create_connection(self._new_connection, host, port)
             except TimeoutError:
                 raise RemotingTimeoutError(f"connect to {addr} timed out after {self.connect_timeout:g} s") from None
             except OSError as exc:
                 raise RemotingError(f"cannot connect to {addr}: {exc}") from exc
-            conn = RemotingConnection(reader, writer, dispatcher=self.dispatcher, max_frame_size=self.max_frame_size)
             conn.on_close(lambda c, addr=addr: self._forget(addr, c))
-            conn.start()
-            self._conns[addr] = conn
+            if not conn.is_closed:
+                self._conns[addr] = conn
             return conn
+
+    def _new_connection(self) -> RemotingConnection:
+        return RemotingConnection(dispatcher=self.dispatcher, max_frame_size=self.max_frame_size)
 
     async def invoke(self, addr: str, request: RemotingCommand, timeout: float = DEFAULT_TIMEOUT) -> RemotingCommand:
         """Send ``request`` to ``addr`` and return the response, whatever its code."""
-        conn = await self.connection(addr)
+        conn = self._conns.get(addr)  # the common case without another coroutine
+        if conn is None or conn.is_closed:
+            conn = await self.connection(addr)
         return await conn.request(request, timeout)
 
     async def invoke_oneway(self, addr: str, request: RemotingCommand) -> None:

@@ -27,7 +27,7 @@ from sluice.protocol.codes import ResponseCode
 
 __all__ = [
     "FLAG_ONEWAY", "FLAG_RESPONSE", "LANGUAGE_CODES", "RemotingCommand", "SerializeType",
-    "decode_header", "encode_header", "error_for_response",
+    "decode_header", "encode_header", "encode_header_as", "error_for_response",
 ]
 
 FLAG_RESPONSE = 0x1
@@ -76,18 +76,19 @@ class RemotingCommand:
         cls, code: int, ext_fields: Mapping[str, Any] | None = None, body: bytes = b"", *, oneway: bool = False,
     ) -> RemotingCommand:
         """A request; ``ext_fields`` values are turned into strings the way Java's toString does."""
-        return cls(code=int(code), ext_fields=stringify_fields(ext_fields or {}), body=body,
-                   flag=FLAG_ONEWAY if oneway else 0)
+        fields = stringify_fields(ext_fields) if ext_fields else {}
+        flag = FLAG_ONEWAY if oneway else 0
+        if cls is RemotingCommand:
+            return _command(int(code), fields, body, None, 0, flag, "PYTHON", DEFAULT_VERSION, _JSON)
+        return cls(code=int(code), ext_fields=fields, body=body, flag=flag)
 
     def make_response(
         self, code: int = ResponseCode.SUCCESS, remark: str | None = None,
         ext_fields: Mapping[str, Any] | None = None, body: bytes = b"",
     ) -> RemotingCommand:
         """The response to this request: same opaque and serialize type, response flag set."""
-        return RemotingCommand(
-            code=int(code), ext_fields=stringify_fields(ext_fields or {}), body=body, remark=remark,
-            opaque=self.opaque, flag=FLAG_RESPONSE, serialize_type=self.serialize_type,
-        )
+        return _command(int(code), stringify_fields(ext_fields) if ext_fields else {}, body, remark,
+                        self.opaque, FLAG_RESPONSE, "PYTHON", DEFAULT_VERSION, self.serialize_type)
 
     def with_opaque(self, opaque: int) -> RemotingCommand:
         return replace(self, opaque=opaque)
@@ -104,13 +105,40 @@ class RemotingCommand:
                 f"ext_fields={self.ext_fields!r} body={len(self.body)} bytes)")
 
 
+# A frozen dataclass's __init__ sets each field through object.__setattr__ (~2-4 us for nine fields);
+# the slot descriptors' own setters do the same job in a third of the time on the hot paths
+# (decoding every frame, every make_response).
+_new_object = object.__new__
+(_set_code, _set_ext, _set_body, _set_remark, _set_opaque, _set_flag, _set_language, _set_version,
+ _set_stype) = (RemotingCommand.__dict__[name].__set__ for name in (
+     "code", "ext_fields", "body", "remark", "opaque", "flag", "language", "version", "serialize_type"))
+
+
+def _command(code: int, ext_fields: dict[str, str], body: bytes, remark: str | None, opaque: int, flag: int,
+             language: str, version: int, serialize_type: SerializeType) -> RemotingCommand:
+    """``RemotingCommand(...)`` with every field given, without the frozen __init__'s cost."""
+    cmd = _new_object(RemotingCommand)
+    _set_code(cmd, code)
+    _set_ext(cmd, ext_fields)
+    _set_body(cmd, body)
+    _set_remark(cmd, remark)
+    _set_opaque(cmd, opaque)
+    _set_flag(cmd, flag)
+    _set_language(cmd, language)
+    _set_version(cmd, version)
+    _set_stype(cmd, serialize_type)
+    return cmd
+
+
 def stringify_fields(fields: Mapping[str, Any]) -> dict[str, str]:
     """extFields travel as strings; ``None`` is left out and booleans are ``true``/``false`` as in Java."""
     out: dict[str, str] = {}
     for k, v in fields.items():
-        if v is None:
+        if type(v) is str and type(k) is str:  # the common case first
+            out[k] = v
+        elif v is None:
             continue
-        if isinstance(v, bool):
+        elif isinstance(v, bool):
             out[str(k)] = "true" if v else "false"
         else:
             out[str(k)] = v if isinstance(v, str) else str(v)
@@ -164,47 +192,71 @@ def _java_string(value: Any) -> str:
     return str(value)
 
 
+_STR_ONLY = frozenset((str,))
+_JSON = SerializeType.JSON
+_ROCKETMQ = SerializeType.ROCKETMQ
+
+
 def _decode_json_header(data: bytes | memoryview, body: bytes) -> RemotingCommand:
     try:
         header = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         raise E.ProtocolError(f"remoting header is not valid JSON: {exc}") from None
-    if not isinstance(header, dict):
+    if type(header) is not dict:
         raise E.ProtocolError(f"remoting header must be a JSON object, not {type(header).__name__}")
+    # Fast path for what real clients send: int numbers, string language/remark, string extFields values.
+    get = header.get
+    code, version, opaque, flag = get("code"), get("version", 0), get("opaque", 0), get("flag", 0)
+    language, remark, ext = get("language"), get("remark"), get("extFields")
+    if (type(code) is not int or type(version) is not int or type(opaque) is not int or type(flag) is not int
+            or type(language) is not str or (remark is not None and type(remark) is not str)
+            or (type(ext) is not dict and ext is not None)
+            or (ext and not set(map(type, ext.values())) <= _STR_ONLY)):
+        return _decode_json_lenient(header, body)
+    cmd = _new_object(RemotingCommand)
+    if ext is None:  # Java's fastjson leaves a null extFields out
+        ext = {}
+    _set_code(cmd, code)
+    _set_ext(cmd, ext)
+    _set_body(cmd, body)
+    _set_remark(cmd, remark)
+    _set_opaque(cmd, opaque)
+    _set_flag(cmd, flag)
+    _set_language(cmd, language)
+    _set_version(cmd, version)
+    _set_stype(cmd, _JSON)
+    return cmd
+
+
+def _decode_json_lenient(header: dict[str, Any], body: bytes) -> RemotingCommand:
+    """Numbers as strings, extFields values of any scalar type, missing fields defaulted."""
     if "code" not in header:
         raise E.ProtocolError("remoting header has no 'code'")
     ext = header.get("extFields") or {}
     if not isinstance(ext, dict):
         raise E.ProtocolError(f"remoting header 'extFields' must be an object, not {type(ext).__name__}")
+    code = _lenient_int(header, "code", 0)
+    version = _lenient_int(header, "version", 0)
+    opaque = _lenient_int(header, "opaque", 0)
+    flag = _lenient_int(header, "flag", 0)
     remark = header.get("remark")
     language = header.get("language")
     if isinstance(language, int) and not isinstance(language, bool):
         language = _LANGUAGE_NAMES.get(language, "OTHER")
-    return RemotingCommand(
-        code=_lenient_int(header, "code", 0),
-        language=str(language) if language is not None else "JAVA",
-        version=_lenient_int(header, "version", 0),
-        opaque=_lenient_int(header, "opaque", 0),
-        flag=_lenient_int(header, "flag", 0),
-        remark=None if remark is None else _java_string(remark),
-        # Real clients send string values; only convert when one is not (JSON keys are always strings).
-        ext_fields=ext if all(type(v) is str for v in ext.values())
-        else {k: _java_string(v) for k, v in ext.items() if v is not None},
-        body=body,
-        serialize_type=SerializeType.JSON,
-    )
+    # JSON keys are always strings; values are converted only when one is not a string.
+    if not all(type(v) is str for v in ext.values()):
+        ext = {k: _java_string(v) for k, v in ext.items() if v is not None}
+    return _command(code, ext, body, None if remark is None else _java_string(remark), opaque, flag,
+                    str(language) if language is not None else "JAVA", version, _JSON)
 
 
-def _encode_json_header(cmd: RemotingCommand) -> bytes:
-    header: dict[str, Any] = {
-        "code": cmd.code, "language": cmd.language, "version": cmd.version,
-        "opaque": cmd.opaque, "flag": cmd.flag,
-    }
-    if cmd.remark is not None:
-        header["remark"] = cmd.remark
-    header["extFields"] = cmd.ext_fields
-    header["serializeTypeCurrentRPC"] = "JSON"
-    return orjson.dumps(header)
+def _encode_json_header(code: int, language: str, version: int, opaque: int, flag: int, remark: str | None,
+                        ext_fields: Mapping[str, str]) -> bytes:
+    if remark is None:
+        return orjson.dumps({"code": code, "language": language, "version": version, "opaque": opaque,
+                             "flag": flag, "extFields": ext_fields, "serializeTypeCurrentRPC": "JSON"})
+    return orjson.dumps({"code": code, "language": language, "version": version, "opaque": opaque, "flag": flag,
+                         "remark": remark, "extFields": ext_fields, "serializeTypeCurrentRPC": "JSON"})
 
 
 # ------------------------------------------------------------------------------------ ROCKETMQ binary header
@@ -251,19 +303,16 @@ def _decode_binary_header(data: bytes | memoryview, body: bytes) -> RemotingComm
         ext[key] = text(take(vlen, "value"), "value")
     if pos != end:
         raise E.ProtocolError(f"binary remoting header: {end - pos} stray bytes after extFields")
-    return RemotingCommand(
-        code=code, language=_LANGUAGE_NAMES.get(lang, "OTHER"), version=version, opaque=opaque, flag=flag,
-        remark=remark, ext_fields=ext, body=body, serialize_type=SerializeType.ROCKETMQ,
-    )
+    return _command(code, ext, body, remark, opaque, flag, _LANGUAGE_NAMES.get(lang, "OTHER"), version, _ROCKETMQ)
 
 
-def _encode_binary_header(cmd: RemotingCommand) -> bytes:
+def _encode_binary_header(cmd: RemotingCommand, opaque: int, flag: int) -> bytes:
     for name, value, lo, hi in (("code", cmd.code, -32768, 32767), ("version", cmd.version, -32768, 32767),
-                                ("opaque", cmd.opaque, -2**31, 2**31 - 1), ("flag", cmd.flag, -2**31, 2**31 - 1)):
+                                ("opaque", opaque, -2**31, 2**31 - 1), ("flag", flag, -2**31, 2**31 - 1)):
         if not lo <= value <= hi:
             raise E.ProtocolError(f"{name} {value} does not fit the binary remoting header")
     parts = [_FIXED.pack(cmd.code, LANGUAGE_CODES.get(cmd.language, LANGUAGE_CODES["OTHER"]),
-                         cmd.version, cmd.opaque, cmd.flag)]
+                         cmd.version, opaque, flag)]
     remark = (cmd.remark or "").encode("utf-8")
     parts += [_I32.pack(len(remark)), remark]
     ext_parts = []
@@ -280,14 +329,22 @@ def _encode_binary_header(cmd: RemotingCommand) -> bytes:
 # --------------------------------------------------------------------------------------------- entry points
 
 def decode_header(serialize_type: int, data: bytes | memoryview, body: bytes) -> RemotingCommand:
-    if serialize_type == SerializeType.JSON:
+    if serialize_type == 0:
         return _decode_json_header(data, body)
-    if serialize_type == SerializeType.ROCKETMQ:
+    if serialize_type == 1:
         return _decode_binary_header(data, body)
     raise E.ProtocolError(f"unknown header serialize type {serialize_type} (0 = JSON, 1 = ROCKETMQ)")
 
 
 def encode_header(cmd: RemotingCommand) -> bytes:
-    if cmd.serialize_type == SerializeType.ROCKETMQ:
-        return _encode_binary_header(cmd)
-    return _encode_json_header(cmd)
+    if cmd.serialize_type == 1:
+        return _encode_binary_header(cmd, cmd.opaque, cmd.flag)
+    return _encode_json_header(cmd.code, cmd.language, cmd.version, cmd.opaque, cmd.flag, cmd.remark, cmd.ext_fields)
+
+
+def encode_header_as(cmd: RemotingCommand, opaque: int, flag: int, serialize_type: int) -> bytes:
+    """The header of ``cmd`` with another opaque, flag and serialize type: what ``encode_header(replace(cmd,
+    opaque=, flag=, serialize_type=))`` gives, without building the copy (the transport's send path)."""
+    if serialize_type == 1:
+        return _encode_binary_header(cmd, opaque, flag)
+    return _encode_json_header(cmd.code, cmd.language, cmd.version, opaque, flag, cmd.remark, cmd.ext_fields)

@@ -3,7 +3,7 @@
 ::
 
     server = RemotingServer("127.0.0.1", 9876)
-    server.register(RequestCode.GET_ROUTEINFO_BY_TOPIC, handle_route)   # async (conn, request) -> response
+    server.register(RequestCode.GET_ROUTEINFO_BY_TOPIC, handle_route)   # (conn, request) -> response, sync or async
     server.on_connection_close(lambda conn: forget(conn))
     await server.start()
     ...
@@ -59,7 +59,8 @@ class RemotingServer:
     async def start(self) -> None:
         if self._server is not None:
             raise RemotingError("server already started")
-        self._server = await asyncio.start_server(self._accept, self.host, self.port, reuse_address=True)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(self._new_connection, self.host, self.port, reuse_address=True)
         sock = self._server.sockets[0]
         self.port = sock.getsockname()[1]
         log.info("remoting server listening on %s", self.address)
@@ -80,9 +81,11 @@ class RemotingServer:
             await self._server.wait_closed()
             self._server = None
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = RemotingConnection(reader, writer, dispatcher=self.dispatcher, max_frame_size=self.max_frame_size,
-                                  max_inflight=self.max_inflight)
+    def _new_connection(self) -> RemotingConnection:
+        return RemotingConnection(dispatcher=self.dispatcher, max_frame_size=self.max_frame_size,
+                                  max_inflight=self.max_inflight, on_open=self._opened)
+
+    def _opened(self, conn: RemotingConnection) -> None:
         self.connections.add(conn)
         conn.on_close(self._closed)
         for cb in self._open_callbacks:
@@ -90,7 +93,6 @@ class RemotingServer:
                 cb(conn)
             except Exception:
                 log.exception("connection open callback %r failed", cb)
-        conn.start()
 
     def _closed(self, conn: RemotingConnection) -> None:
         self.connections.discard(conn)
