@@ -963,6 +963,103 @@ done:
     return out;
 }
 
+/* -------------------------------------------------------------------------------------- gather_units */
+
+#define PAD_SIZE 0x7FFFFFFF
+
+static int append_int(PyObject *list, long long v)
+{
+    PyObject *o = PyLong_FromLongLong(v);
+    if (o == NULL)
+        return -1;
+    int rc = PyList_Append(list, o);
+    Py_DECREF(o);
+    return rc;
+}
+
+PyDoc_STRVAR(gather_units_doc,
+"gather_units(units, first, mm, file_start, limit, max_msgs, max_bytes, total, have, verify, crc32,\n"
+"             base_qoff, qoffs, phys, sizes) -> (data: bytes, stop: int, why: int)\n\n"
+"gather_records for an unfiltered pull, straight from the consume-queue units: ``units`` holds 20-byte\n"
+"big-endian units (offset, size, tag code); from unit ``first`` on, units that hold no message (size\n"
+"<= 0, or the padding size) are passed over and the records of the others are taken while they lie in\n"
+"this file, as gather_records does. The queue offset (``base_qoff`` + unit index), commit-log offset\n"
+"and size of each record taken are appended to the lists ``qoffs``, ``phys`` and ``sizes``. ``stop`` is\n"
+"the unit where it stopped (the number of units when they ran out), ``why`` as gather_records's.");
+
+static PyObject *gather_units(PyObject *self, PyObject *args)
+{
+    PyObject *mm, *crc32, *qoffs, *physl, *sizesl;
+    Py_buffer uv, mv;
+    Py_ssize_t first;
+    long long file_start, limit, max_msgs, max_bytes, total, have, base_qoff;
+    int verify;
+    if (!PyArg_ParseTuple(args, "y*nOLLLLLLpOLO!O!O!:gather_units", &uv, &first, &mm, &file_start, &limit,
+                          &max_msgs, &max_bytes, &total, &have, &verify, &crc32, &base_qoff, &PyList_Type, &qoffs,
+                          &PyList_Type, &physl, &PyList_Type, &sizesl))
+        return NULL;
+    PyObject *out = NULL;
+    if (PyObject_GetBuffer(mm, &mv, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&uv);
+        return NULL;
+    }
+    Py_ssize_t nunits = uv.len / 20, u = first, nbytes = 0, taken = 0;
+    const unsigned char *units = uv.buf, *base = mv.buf;
+    int why = 0;
+    if (limit > file_start + mv.len)
+        limit = file_start + mv.len;
+    Buf runs = {NULL, 0, 0}; /* (offset, size) of each record taken, for the copy */
+    for (; u < nunits; u++) {
+        const unsigned char *unit = units + u * 20;
+        int64_t at = (int64_t)get_u64(unit);
+        int32_t size = (int32_t)get_u32(unit + 8);
+        if (size <= 0 || size == PAD_SIZE)
+            continue;
+        if (have + taken >= max_msgs) {
+            why = 1;
+            break;
+        }
+        if ((have + taken) > 0 && total + nbytes + size > max_bytes) {
+            why = 2;
+            break;
+        }
+        if (at < file_start || at + size > limit) {
+            why = 3;
+            break;
+        }
+        if (verify) {
+            int ok = record_ok(base + (at - file_start), size, at, crc32);
+            if (ok < 0)
+                goto done;
+            if (!ok) {
+                why = 4;
+                break;
+            }
+        }
+        int64_t pair[2] = {at, size};
+        if (buf_add(&runs, pair, sizeof pair) < 0 || append_int(qoffs, base_qoff + u) < 0
+            || append_int(physl, at) < 0 || append_int(sizesl, size) < 0)
+            goto done;
+        nbytes += size;
+        taken++;
+    }
+    PyObject *data = PyBytes_FromStringAndSize(NULL, nbytes);
+    if (data == NULL)
+        goto done;
+    unsigned char *w = (unsigned char *)PyBytes_AS_STRING(data);
+    const int64_t *pairs = (const int64_t *)runs.data;
+    for (Py_ssize_t k = 0; k < taken; k++) {
+        memcpy(w, base + (pairs[2 * k] - file_start), (size_t)pairs[2 * k + 1]);
+        w += pairs[2 * k + 1];
+    }
+    out = Py_BuildValue("(Nni)", data, u, why);
+done:
+    PyMem_Free(runs.data);
+    PyBuffer_Release(&mv);
+    PyBuffer_Release(&uv);
+    return out;
+}
+
 /* --------------------------------------------------------------------------------------------- module */
 
 static PyMethodDef methods[] = {
@@ -975,6 +1072,7 @@ static PyMethodDef methods[] = {
     {"patch_records", patch_records, METH_VARARGS, patch_records_doc},
     {"offset_msg_ids", offset_msg_ids, METH_VARARGS, offset_msg_ids_doc},
     {"gather_records", gather_records, METH_VARARGS, gather_records_doc},
+    {"gather_units", gather_units, METH_VARARGS, gather_units_doc},
     {NULL, NULL, 0, NULL},
 };
 

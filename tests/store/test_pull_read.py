@@ -62,7 +62,8 @@ def rolled(tmp_path_factory: pytest.TempPathFactory):
     """A store whose segments hold a few records each, with bodies of varied sizes and two tags."""
     s = MessageStore(tmp_path_factory.mktemp("rolled") / "store", small_config(commitlog_file_size=SEGMENT, max_message_size=MAX_MESSAGE))
     s.start()
-    sizes = [100, 7000, 15000, 30, 9000, 20000, 500, 12000, 4000, 18000] * 6
+    # 120 records per queue: more than one consume-queue file (64 units each in small_config)
+    sizes = [100, 7000, 15000, 30, 9000, 20000, 500, 12000, 4000, 18000] * 24
     for i, n in enumerate(sizes):
         s.put_messages([msg(body=bytes([i % 251]) * n, qid=i % 2, TAGS="a" if i % 3 else "b", n=str(i))])
     s.wait_dispatched()
@@ -71,8 +72,8 @@ def rolled(tmp_path_factory: pytest.TempPathFactory):
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(qid=st.integers(0, 1), offset=st.integers(0, 31), max_msgs=st.integers(1, 40),
-       max_bytes=st.one_of(st.none(), st.integers(1, 120_000)), tags=st.sampled_from([None, ("a",), ("b",), ("z",)]))
+@given(qid=st.integers(0, 1), offset=st.integers(0, 119), max_msgs=st.integers(1, 80),
+       max_bytes=st.one_of(st.none(), st.integers(1, 1_200_000)), tags=st.sampled_from([None, ("a",), ("b",), ("z",)]))
 def test_c_runs_equal_the_loop(rolled, monkeypatch, qid, offset, max_msgs, max_bytes, tags) -> None:
     mf = TagFilter(*tags) if tags else None
     fast, slow = both_ways(rolled, monkeypatch, "T", qid, offset, max_msgs, mf, max_bytes)

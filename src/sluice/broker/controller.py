@@ -142,21 +142,57 @@ class BrokerController:
         self.server.register(code, self._guard(handler))
 
     def _guard(self, handler: RequestHandler) -> RequestHandler:
-        """Refuse work while stopping, count requests in flight (a stop drains them), log refusals."""
-        async def guarded(conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand | None:
+        """Refuse work while stopping, count requests in flight (a stop drains them), log refusals.
+
+        A plain-function handler stays one (the remoting layer answers it without a task) and may return
+        an awaitable for the requests it cannot answer at once; an ``async def`` one stays async."""
+        if asyncio.iscoroutinefunction(handler):
+            async def guarded(conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand | None:
+                if self._stopping:
+                    raise ServiceNotAvailableError("the broker is shutting down")
+                self._in_flight += 1
+                try:
+                    return await handler(conn, request)
+                except SluiceError as exc:
+                    self._log_refusal(conn, request, exc)
+                    raise
+                finally:
+                    self._in_flight -= 1
+            return guarded
+
+        def guarded_now(conn: RemotingConnection, request: RemotingCommand) -> Any:
             if self._stopping:
                 raise ServiceNotAvailableError("the broker is shutting down")
             self._in_flight += 1
             try:
-                return await handler(conn, request)
-            except SluiceError as exc:
-                level = logging.WARNING if exc.code == ResponseCode.SYSTEM_ERROR else logging.DEBUG
-                log.log(level, "request code %d from %s refused (%s): %s", request.code, conn.peer,
-                        getattr(exc.code, "name", exc.code), exc)
-                raise
-            finally:
+                result = handler(conn, request)
+            except BaseException as exc:
                 self._in_flight -= 1
-        return guarded
+                if isinstance(exc, SluiceError):
+                    self._log_refusal(conn, request, exc)
+                raise
+            if result is None or isinstance(result, RemotingCommand):
+                self._in_flight -= 1
+                return result
+            return self._finish(conn, request, result)
+        return guarded_now
+
+    async def _finish(self, conn: RemotingConnection, request: RemotingCommand,
+                      pending: Awaitable[RemotingCommand | None]) -> RemotingCommand | None:
+        """The rest of a plain handler's request that had to wait (a held pull, say), still counted."""
+        try:
+            return await pending
+        except SluiceError as exc:
+            self._log_refusal(conn, request, exc)
+            raise
+        finally:
+            self._in_flight -= 1
+
+    @staticmethod
+    def _log_refusal(conn: RemotingConnection, request: RemotingCommand, exc: SluiceError) -> None:
+        level = logging.WARNING if exc.code == ResponseCode.SYSTEM_ERROR else logging.DEBUG
+        log.log(level, "request code %d from %s refused (%s): %s", request.code, conn.peer,
+                getattr(exc.code, "name", exc.code), exc)
 
     async def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking store call on the broker's thread pool."""

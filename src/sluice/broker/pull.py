@@ -9,10 +9,13 @@ and answered whatever that gives.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
 
 from sluice.broker.filter_data import LIVE_MARGIN_MS, ConsumerFilterData
-from sluice.broker.filtering import SQL92_DISABLED, SelectorFilter, SqlFilterDisabledError, compile_subscription
+from sluice.broker.filtering import (
+    SQL92_DISABLED, CompiledSubscription, SelectorFilter, SqlFilterDisabledError, compile_subscription,
+)
 from sluice.broker.longpoll import TIMED_OUT
 from sluice.broker.retry import retry_filter
 from sluice.errors import FilterError, SluiceError, TopicNotExistError
@@ -43,6 +46,15 @@ _FIXED = {
     _S.OFFSET_OVERFLOW_BADLY: _R.PULL_OFFSET_MOVED,
     _S.OFFSET_TOO_SMALL: _R.PULL_OFFSET_MOVED,
 }
+
+
+@lru_cache(maxsize=4096)
+def _compiled(topic: str, expression_type: str | None, expression: str | None, sub_version: int,
+              enable_property_filter: bool) -> CompiledSubscription:
+    """A pull's inline subscription, compiled once: clients send the same one with every pull (the result
+    is shared and never changed; a pull filters with its own copy, SelectorFilter.for_pull)."""
+    return compile_subscription(topic, expression_type, expression, sub_version,
+                                enable_property_filter=enable_property_filter)
 
 
 def pull_response_code(status: GetMessageStatus, requested_offset: int) -> ResponseCode:
@@ -77,8 +89,8 @@ class PullProcessor:
         info = b.consumers.get(group)
         fd = fm.get(topic, group)
         if h.sys_flag & FLAG_SUBSCRIPTION:
-            sub = compile_subscription(topic, h.expression_type, h.subscription, h.sub_version,
-                                       enable_property_filter=b.config.enable_property_filter)
+            sub = _compiled(topic, h.expression_type, h.subscription, h.sub_version,
+                            b.config.enable_property_filter)
             b.sub_guard.check_pull(group, topic, sub.expression_type, sub.expression, h.sub_version,
                                    info.channels if info is not None else ())
             base = sub.filter
@@ -123,17 +135,21 @@ class PullProcessor:
             raise SluiceError(f"the consumer's filter data not latest (broker has version {fd.client_version}, "
                               f"the pull says {h.sub_version})", code=_R.FILTER_DATA_NOT_LATEST)
 
-    async def _get(self, h: PullMessageRequestHeader, max_msgs: int, mf: SelectorFilter | None,
-                   max_bytes: int | None) -> GetMessageResult:
-        store = self.broker.store
+    def _get_now(self, h: PullMessageRequestHeader, max_msgs: int, mf: SelectorFilter | None,
+                 max_bytes: int | None) -> GetMessageResult:
         # A group's backfill bitmap for this queue (broker/backfill.py), set afresh for each read.
         mf = self.broker.backfills.attach(mf, h.consumer_group, h.topic, h.queue_id, h.queue_offset)
-        args = (h.topic, h.queue_id, h.queue_offset, max_msgs, mf, max_bytes)
-        if self.broker.config.pull_on_event_loop:
-            return store.get_messages(*args)
-        return await self.broker.run_blocking(store.get_messages, *args)
+        return self.broker.store.get_messages(h.topic, h.queue_id, h.queue_offset, max_msgs, mf, max_bytes)
 
-    async def handle(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
+    async def _get(self, h: PullMessageRequestHeader, max_msgs: int, mf: SelectorFilter | None,
+                   max_bytes: int | None) -> GetMessageResult:
+        if self.broker.config.pull_on_event_loop:
+            return self._get_now(h, max_msgs, mf, max_bytes)
+        return await self.broker.run_blocking(self._get_now, h, max_msgs, mf, max_bytes)
+
+    def handle(self, conn: RemotingConnection, request: RemotingCommand) -> Any:
+        """Answered at once when the store has an answer (no task: pulls are the hottest request); a pull
+        to be held, or one read on the thread pool, returns the coroutine that finishes it."""
         b = self.broker
         h = PullMessageRequestHeader.from_command(request)
         cfg = b.topics.get(h.topic)
@@ -148,16 +164,33 @@ class PullProcessor:
             b.offsets.commit(h.consumer_group, h.topic, h.queue_id, h.commit_offset)
         max_msgs = max(1, h.max_msg_nums)
         max_bytes = h.max_msg_bytes if h.max_msg_bytes and h.max_msg_bytes > 0 else None
-        store = b.store
-        res = await self._get(h, max_msgs, mf, max_bytes)
+        if not b.config.pull_on_event_loop:
+            return self._wait_and_answer(request, h, max_msgs, mf, max_bytes, None)
+        res = self._get_now(h, max_msgs, mf, max_bytes)
+        code = pull_response_code(res.status, h.queue_offset)
+        if code == _R.PULL_NOT_FOUND and h.sys_flag & FLAG_SUSPEND:
+            return self._wait_and_answer(request, h, max_msgs, mf, max_bytes, res)
+        return self._answer(request, res, code)
+
+    async def _wait_and_answer(self, request: RemotingCommand, h: PullMessageRequestHeader, max_msgs: int,
+                               mf: SelectorFilter | None, max_bytes: int | None,
+                               res: GetMessageResult | None) -> RemotingCommand:
+        """Read on the thread pool (``res`` None), and hold a PULL_NOT_FOUND with the SUSPEND flag up to the
+        client's suspend timeout (long polling), then pull once more."""
+        b = self.broker
+        if res is None:
+            res = await self._get(h, max_msgs, mf, max_bytes)
         code = pull_response_code(res.status, h.queue_offset)
         if code == _R.PULL_NOT_FOUND and h.sys_flag & FLAG_SUSPEND:
             timeout_ms = h.suspend_timeout_millis if b.config.long_polling_enable else b.config.short_polling_ms
             woke = await b.hold.hold(h.topic, h.queue_id, h.queue_offset, mf, max(0, timeout_ms) / 1000.0)
             if woke != TIMED_OUT and woke > 0:
-                await b.run_blocking(store.dispatch.wait_for, woke, 1.0)
+                await b.run_blocking(b.store.dispatch.wait_for, woke, 1.0)
             res = await self._get(h, max_msgs, mf, max_bytes)
             code = pull_response_code(res.status, h.queue_offset)
+        return self._answer(request, res, code)
+
+    def _answer(self, request: RemotingCommand, res: GetMessageResult, code: int) -> RemotingCommand:
         fields = {"suggestWhichBrokerId": "0", "nextBeginOffset": str(res.next_begin_offset),
                   "minOffset": str(res.min_offset), "maxOffset": str(res.max_offset)}
         if code == _R.SUCCESS:

@@ -19,7 +19,7 @@ from sluice.errors import CorruptRecordError
 from sluice.protocol import properties as P
 from sluice.speedups import C
 from sluice.store.commitlog import parse_record, verify_record_bytes
-from sluice.store.consumequeue import CQ_UNIT_SIZE, PAD_SIZE, ConsumeQueue
+from sluice.store.consumequeue import CQ_DTYPE, CQ_UNIT_SIZE, PAD_SIZE, ConsumeQueue
 from sluice.store.crc import crc32
 from sluice.store.ext_table import plan_units, resolve_units
 from sluice.store.types import GetMessageResult, GetMessageStatus, MessageFilter
@@ -84,6 +84,8 @@ def get_messages(store: MessageStore, topic: str, queue_id: int, offset: int, ma
 def _collect(store: MessageStore, cq: ConsumeQueue, offset: int, units: np.ndarray, max_msgs: int,
              max_bytes: int, mf: MessageFilter | None, lo: int, hi: int) -> GetMessageResult:
     """One window of units: decide what the units alone can, then read (and evaluate) the records."""
+    if mf is None and C is not None:
+        return _collect_plain(store, cq, offset, units, max_msgs, max_bytes, lo, hi)
     phys = units["offset"].astype(np.int64)
     sizes = units["size"].astype(np.int64)
     real = (sizes > 0) & (sizes != PAD_SIZE)
@@ -118,6 +120,84 @@ def _collect(store: MessageStore, cq: ConsumeQueue, offset: int, units: np.ndarr
     else:
         res.status = _S.NO_MATCHED_MESSAGE
     return res
+
+
+def _collect_plain(store: MessageStore, cq: ConsumeQueue, offset: int, units: np.ndarray, max_msgs: int,
+                   max_bytes: int, lo: int, hi: int) -> GetMessageResult:
+    """_collect for an unfiltered pull, with the same outcome: C (speedups.gather_units) walks the units and
+    copies the records, one call per commit-log file the records are in."""
+    cl = store.commitlog
+    clog_min = cl.min_offset
+    verify = store.config.verify_crc_on_read
+    res = GetMessageResult(_S.FOUND, offset, lo, hi)
+    qoffs, phys, sizes = res.queue_offsets, res.commitlog_offsets, res.sizes
+    parts: list[bytes] = []
+    removed = False
+    if units.dtype != CQ_DTYPE or not units.flags.c_contiguous:  # C reads the big-endian 20-byte units
+        units = np.ascontiguousarray(units, dtype=CQ_DTYPE)  # (np.concatenate of several files' gives native)
+    n = len(units)
+    stop_at = n
+    u = total = 0
+    f = cl.queue.find(int(units[0]["offset"]))
+    while u < n:
+        try:
+            data, stop, why = C.gather_units(  # type: ignore[union-attr]
+                units, u, f.mm if f is not None else b"", f.start if f is not None else 0,
+                min(f.end, cl.write_pos) if f is not None else 0, max_msgs, max_bytes, total, len(sizes), verify,
+                crc32, offset, qoffs, phys, sizes)
+        except ValueError:
+            if f is None or not f.closed:
+                raise
+            data, stop, why = b"", u, 3  # the mapping was closed by retention meanwhile
+        if data:
+            parts.append(data)
+            total += len(data)
+        if why == 0 or why == 1:
+            break
+        if why == 2:
+            stop_at = stop
+            break
+        p, s = int(units[stop]["offset"]), int(units[stop]["size"])
+        if why == 3:  # not in that file: in the next one (the loop goes on there), or gone
+            g = cl.queue.find(p) if p >= clog_min else None
+            if g is None or g is f or p + s > min(g.end, cl.write_pos) or (f is not None and f.closed):
+                removed = True
+                u = stop + 1
+            else:
+                f, u = g, stop
+            continue
+        # why == 4: the record failed its checks; let the Python check name the fault
+        res.records_read += 1
+        store.pull_records_read += 1
+        store.pull_bytes_read += s
+        e = _fault(store, p, s)
+        log.error("not serving %s/%d offset %d: %s", cq.topic, cq.queue_id, offset + stop, e)
+        if not parts:
+            raise e
+        stop_at = stop
+        break
+    taken = len(sizes)
+    if taken >= max_msgs:  # like RocketMQ: resume right after the last message taken
+        stop_at = qoffs[-1] - offset + 1
+    res.records_read += taken
+    store.pull_records_read += taken
+    store.pull_bytes_read += total
+    res.next_begin_offset = offset + stop_at
+    if parts:
+        res.data = parts[0] if len(parts) == 1 else b"".join(parts)
+    else:
+        res.status = _S.MESSAGE_WAS_REMOVING if removed else _S.NO_MATCHED_MESSAGE
+    return res
+
+
+def _fault(store: MessageStore, p: int, s: int) -> CorruptRecordError:
+    """The precise complaint about a record the C check refused, located in its file."""
+    try:
+        verify_record_bytes(store.commitlog.read(p, s) or b"", p)
+        e = CorruptRecordError(f"record at commit-log offset {p} failed its checks", path="commitlog", offset=p)
+    except CorruptRecordError as exc:
+        e = exc
+    return store._located(e, p)
 
 
 def _read_each(store: MessageStore, cq: ConsumeQueue, offset: int, n_units: int, phys: np.ndarray,
@@ -233,21 +313,16 @@ def _gather(store: MessageStore, cq: ConsumeQueue, offset: int, n_units: int, ph
                 removed = True
                 j += 1
             continue
-        # why == 4: let the Python check name the fault
+        # why == 4: the record failed its checks; let the Python check name the fault
         res.records_read += 1
         store.pull_records_read += 1
         store.pull_bytes_read += s
-        try:
-            verify_record_bytes(cl.read(p, s) or b"", p)
-            raise CorruptRecordError(f"record at commit-log offset {p} failed its checks", path="commitlog",
-                                     offset=p)
-        except CorruptRecordError as e:
-            e = store._located(e, p)
-            log.error("not serving %s/%d offset %d: %s", cq.topic, cq.queue_id, offset + i, e)
-            if not parts:
-                raise e from None
-            stop_at = i
-            break
+        e = _fault(store, p, s)
+        log.error("not serving %s/%d offset %d: %s", cq.topic, cq.queue_id, offset + i, e)
+        if not parts:
+            raise e
+        stop_at = i
+        break
     if taken >= max_msgs and stop_at == n_units:
         stop_at = int(idxs[j - 1]) + 1
     return parts, stop_at, removed
