@@ -22,6 +22,7 @@ from concurrent.futures import Executor
 
 from sluice.errors import SluiceError
 from sluice.store import MessageStore, PutResult, StoreMessage
+from sluice.store.encode import EncodedBatch
 
 __all__ = ["Appender"]
 
@@ -51,6 +52,19 @@ class Appender:
             self._scheduled = True
             loop.call_soon(self._submit)  # after the other handlers ready in this iteration
         return await fut
+
+    def put_now(self, msgs: list[StoreMessage]) -> list[PutResult]:
+        """Append one request's messages right away, for a broker with asynchronous flush: nothing to wait
+        for, so no future and no loop iteration (batches gain most; the store's errors propagate)."""
+        self.jobs += 1
+        self.requests += 1
+        return self.store.put_messages(msgs, wait_durable=False)
+
+    def put_encoded(self, topic: str, queue_id: int, enc: EncodedBatch) -> list[PutResult]:
+        """put_now for a batch encoded already (encode.encode_batch_body)."""
+        self.jobs += 1
+        self.requests += 1
+        return self.store.put_encoded(topic, queue_id, enc, wait_durable=False)
 
     def _submit(self) -> None:
         self._scheduled = False

@@ -37,6 +37,7 @@ import asyncio
 import logging
 import re
 import time
+from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -69,6 +70,9 @@ BATCH = 64
 #: Property the delivered timer message keeps: when it was due (TIMER_DELIVER_MS itself is removed).
 TIMER_OUT_MS = "TIMER_OUT_MS"
 
+#: the properties that make a message delayed (a delay level, or a deliver-at / delay time)
+_DELAY_NAMES = frozenset({P.DELAY, P.TIMER_DELIVER_MS, P.TIMER_DELAY_MS, P.TIMER_DELAY_SEC})
+_properties_of = attrgetter("properties")
 _UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _LEVEL_RE = re.compile(r"^(\d+)(ms|s|m|h|d)$")
 
@@ -137,6 +141,8 @@ class ScheduleService:
 
     def divert(self, msgs: list[StoreMessage], now_ms: int | None = None) -> None:
         """Redirect delayed messages (in place) to their schedule queue; others are left alone."""
+        if all(map(_DELAY_NAMES.isdisjoint, map(_properties_of, msgs))):
+            return  # the usual send: one C-level pass over the batch
         now = int(time.time() * 1000) if now_ms is None else now_ms
         for m in msgs:
             props = m.properties

@@ -17,7 +17,7 @@ import time
 import zlib
 from itertools import repeat
 from operator import attrgetter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sluice.broker.topics import AUTO_CREATE_TOPIC, RETRY_PREFIX, dlq_topic
 from sluice.errors import InvalidParameterError, MessageIllegalError
@@ -28,6 +28,7 @@ from sluice.protocol.command import RemotingCommand
 from sluice.protocol.connection import RemotingConnection
 from sluice.protocol.headers import SendMessageRequestHeader
 from sluice.protocol.record import FLAG_COMPRESSED, check_topic
+from sluice.store.encode import EncodedBatch, encode_batch_body
 from sluice.store.types import PutResult, StoreMessage
 
 if TYPE_CHECKING:
@@ -65,20 +66,43 @@ class SendProcessor:
         for code in (RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE):
             server.register(code, self.handle)
 
-    async def handle(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
+    def handle(self, conn: RemotingConnection, request: RemotingCommand) -> Any:
+        """A plain handler: with asynchronous flush a batch is appended and answered at once (no task, no
+        loop iteration: the append never waits for the disk). Single messages go through the appender,
+        which merges those that arrive together into one append; a send that must wait (synchronous
+        flush, the duplicate window) returns the coroutine that finishes it."""
         header = SendMessageRequestHeader.from_command(request)
         batch = request.code == RequestCode.SEND_BATCH_MESSAGE or header.batch or _batch_flag(request)
-        msgs = self._build(conn, request, header, batch)
+        dedup = self.broker.dedup.applies(header.producer_group)
+        sync = self.broker.store.sync_flush
+        msgs = self._build(conn, request, header, batch, encode=batch and not dedup and not sync)
+        if type(msgs) is tuple:  # a batch body encoded straight to records (encode.encode_batch_body)
+            topic, queue_id, enc = msgs
+            results = self.broker.appender.put_encoded(topic, queue_id, enc)
+            self.sent_messages += len(results)
+            return request.make_response(ext_fields=self._reply_fields(results, queue_id, batch))
         queue_id = msgs[0].queue_id  # the reply names the queue asked for, also for a delayed message
-        dedup = self.broker.dedup
-        if dedup.applies(header.producer_group):  # opted in: replays answered from the window (dedup.py)
-            originals = await dedup.put(msgs[0].topic, msgs, self._store)
-            if all(o.queue_id == originals[0].queue_id for o in originals):
-                queue_id = originals[0].queue_id  # a pure replay names the queue its originals are in
-            return request.make_response(ext_fields=self._reply_fields(
-                [o.result for o in originals], queue_id, batch))
+        if dedup:  # opted in: replays answered from the window
+            return self._handle_dedup(request, msgs, queue_id, batch, header.producer_group)
+        if sync or len(msgs) == 1:
+            # Single sends go through the appender's merge: those arriving together share one append.
+            return self._handle_merged(request, msgs, queue_id, batch)
+        self.broker.schedule.divert(msgs)
+        results = self.broker.appender.put_now(msgs)
+        self.sent_messages += len(results)
+        return request.make_response(ext_fields=self._reply_fields(results, queue_id, batch))
+
+    async def _handle_merged(self, request: RemotingCommand, msgs: list[StoreMessage], queue_id: int,
+                              batch: bool) -> RemotingCommand:
         results = await self._store(msgs)
         return request.make_response(ext_fields=self._reply_fields(results, queue_id, batch))
+
+    async def _handle_dedup(self, request: RemotingCommand, msgs: list[StoreMessage], queue_id: int,
+                            batch: bool, group: str) -> RemotingCommand:
+        originals = await self.broker.dedup.put(msgs[0].topic, msgs, self._store)
+        if all(o.queue_id == originals[0].queue_id for o in originals):
+            queue_id = originals[0].queue_id  # a pure replay names the queue its originals are in
+        return request.make_response(ext_fields=self._reply_fields([o.result for o in originals], queue_id, batch))
 
     async def _store(self, msgs: list[StoreMessage]) -> list[PutResult]:
         self.broker.schedule.divert(msgs)
@@ -88,7 +112,9 @@ class SendProcessor:
 
     # ---- building the store messages (event loop, no I/O) -----------------------------------------
     def _build(self, conn: RemotingConnection, request: RemotingCommand, h: SendMessageRequestHeader,
-               batch: bool) -> list[StoreMessage]:
+               batch: bool, encode: bool = False) -> list[StoreMessage] | tuple[str, int, EncodedBatch]:
+        """The request's messages; with ``encode``, a batch the C encoder takes comes back as (topic, queue
+        id, its records) instead."""
         topic = h.topic
         check_topic(topic)
         if topic == AUTO_CREATE_TOPIC:
@@ -130,6 +156,13 @@ class SendProcessor:
             sysflag &= ~FLAG_COMPRESSED
         # Column-wise (in C where built): no BatchEntry per message (a few µs each at 1 KiB sends).
         inherited = {k: v for k, v in props.items() if k not in _PER_MESSAGE}
+        if encode:
+            store = self.broker.store
+            enc = encode_batch_body(body, topic=topic, queue_id=queue_id, sysflag=sysflag, born_timestamp=born_ts,
+                                    born_host=born, store_host=store.config.store_host, reconsume_times=reconsume,
+                                    inherited=inherited, max_body=store.config.max_message_size)
+            if enc is not None:
+                return topic, queue_id, enc
         bodies, dicts, flags = decode_batch_messages(body, inherited)
         if not bodies:
             raise MessageIllegalError("the batch holds no message")

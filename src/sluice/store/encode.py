@@ -71,6 +71,7 @@ def _encode_props_checked(props: dict[str, str], transient: str) -> str:
     return props_s
 
 
+_DISPATCH_NAMES = frozenset({P.TAGS, P.KEYS, P.UNIQ_KEY})
 _TS_POS_V4 = 48 + 8  # STORETIMESTAMP's position when the born host is IPv4
 
 
@@ -262,6 +263,33 @@ def _encode_columns(msgs: Sequence[StoreMessage], topic: str, queue_id: int, top
     return EncodedBatch(bytearray().join(parts), totals, [48 + len(born_b)] * n, sysflags, None, props_s,
                         list(map(get, dicts, repeat("TAGS"))), list(map(get, dicts, repeat("KEYS"))),
                         list(map(get, dicts, repeat("UNIQ_KEY"))))
+
+
+def encode_batch_body(body: bytes, *, topic: str, queue_id: int, sysflag: int, born_timestamp: int,
+                      born_host: tuple[str, int], store_host: tuple[str, int], reconsume_times: int,
+                      inherited: dict[str, str], max_body: int) -> EncodedBatch | None:
+    """A SEND_BATCH_MESSAGE body (sluice.protocol.batch) straight to records, in C: the same EncodedBatch as
+    ``encode_batch`` of the StoreMessages ``decode_batch_messages(body, inherited)`` gives, with no dict or
+    message object per message. None where the C path does not apply (no extension, IPv6 hosts, messages
+    whose properties re-encode differently, delayed or invalid ones): the caller then takes that path."""
+    if C is None:
+        return None
+    born_b, born_v6 = _host_bytes(tuple(born_host))
+    store_b, store_v6 = _host_bytes(tuple(store_host))
+    if born_v6 or store_v6:
+        return None
+    inh = P.encode_properties(inherited) if inherited else ""
+    if inherited and (len(inherited) * 2 != inh.count("\x01") + inh.count("\x02") or P.TRANSIENT_PREFIX in inh
+                      or "" in inherited or not _DISPATCH_NAMES.isdisjoint(inherited)):
+        # A separator inside a name or value, a name the store drops, or one dispatch reads from the message
+        # itself (the broker never passes those down): the exact path decides.
+        return None
+    out = C.encode_wire_batch(body, _topic_part(topic), queue_id, sysflag, born_timestamp, born_b, store_b,
+                              reconsume_times, max_body, inh.encode(), tuple(k.encode() for k in inherited), crc32)
+    if out is None:
+        return None
+    buf, sizes, sysflags, props_l, tags, keys, uniq = out
+    return EncodedBatch(buf, sizes, [_TS_POS_V4] * len(sizes), sysflags, None, props_l, tags, keys, uniq)
 
 
 def _with_stored_props(m: StoreMessage) -> StoreMessage:

@@ -45,7 +45,7 @@ from sluice.store.config import StoreConfig
 from sluice.store.consumequeue import CQ_UNIT_SIZE, PAD_SIZE, ConsumeQueueTable
 from sluice.store.dispatch import DispatchService, is_queued
 from sluice.store.dispatch_batch import PutRun
-from sluice.store.encode import encode_batch
+from sluice.store.encode import EncodedBatch, encode_batch
 from sluice.store.flush import FlushService
 from sluice.store.index import IndexService
 from sluice.store.ext_table import ExtTable, plan_units, recover_ext, resolve_units
@@ -360,7 +360,10 @@ class MessageStore:
         if not batch:
             return []
         enc = encode_batch(batch, store_host=self.config.store_host, max_body=self.config.max_message_size)
-        topic, qid = batch[0].topic, batch[0].queue_id
+        return self.put_encoded(batch[0].topic, batch[0].queue_id, enc, wait_durable=wait_durable)
+
+    def put_encoded(self, topic: str, qid: int, enc: EncodedBatch, *, wait_durable: bool = True) -> list[PutResult]:
+        """put_messages for records encoded already (encode.encode_batch or encode_batch_body)."""
         self._check_open()
         # Dispatch gets the records' columns (no per-message objects; properties as stored, decoded only
         # if a dispatcher asks), so it need not parse the records back.
