@@ -446,7 +446,7 @@ def test_answers_of_one_read_leave_in_one_write_and_task_answers_coalesce() -> N
 
 def test_big_bodies_are_written_without_joining() -> None:
     async def main() -> None:
-        body = b"b" * (256 * 1024)
+        body = b"b" * (1024 * 1024)
 
         def big(conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
             return req.make_response(body=body)
