@@ -747,6 +747,10 @@ static PyObject *patch_records(PyObject *self, PyObject *args)
         return NULL;
     }
     Py_ssize_t len = PyByteArray_GET_SIZE(buf), rel = 0;
+    if ((n && first_qoff > INT64_MAX - (n - 1)) || wpos > INT64_MAX - len) {
+        PyErr_SetString(PyExc_ValueError, "patch_records: an offset would pass 2**63-1");
+        return NULL;
+    }
     /* Check every size and position first: nothing is patched unless all of it fits. */
     for (Py_ssize_t i = 0; i < n; i++) {
         Py_ssize_t size = PyLong_AsSsize_t(PyList_GET_ITEM(sizes, i));

@@ -71,6 +71,7 @@ def _encode_props_checked(props: dict[str, str], transient: str) -> str:
     return props_s
 
 
+_INT32_MAX = 0x7FFFFFFF
 _DISPATCH_NAMES = frozenset({P.TAGS, P.KEYS, P.UNIQ_KEY})
 _TS_POS_V4 = 48 + 8  # STORETIMESTAMP's position when the born host is IPv4
 
@@ -93,13 +94,15 @@ def encode_batch(msgs: Sequence[StoreMessage], *, store_host: tuple[str, int], m
     first = msgs[0]
     topic, queue_id = first.topic, first.queue_id
     topic_part = _topic_part(topic)
-    if queue_id < 0:
-        raise MessageIllegalError(f"queue id {queue_id} is negative")
+    if type(queue_id) is not int or not 0 <= queue_id <= _INT32_MAX:
+        if isinstance(queue_id, int) and queue_id < 0:
+            raise MessageIllegalError(f"queue id {queue_id} is negative")
+        raise MessageIllegalError(f"queue id {queue_id!r} is not an integer in 0..{_INT32_MAX}")
     store_b, store_v6 = _host_bytes(tuple(store_host))
     if not store_v6:
         if C is not None:
             enc = C.encode_batch(msgs if type(msgs) is list else list(msgs), topic, queue_id, topic_part, store_b,
-                                 max_body, _born_host_bytes, crc32, P.TRANSIENT_PREFIX)
+                                 min(max_body, _INT32_MAX), _born_host_bytes, crc32, P.TRANSIENT_PREFIX)
             if enc is not None:
                 buf, sizes, sysflags, props_l, tags, keys, uniq = enc
                 return EncodedBatch(buf, sizes, [_TS_POS_V4] * len(sizes), sysflags, None, props_l, tags, keys, uniq)
