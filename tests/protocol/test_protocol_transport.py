@@ -135,6 +135,7 @@ def test_timeout_then_late_reply_is_dropped() -> None:
                 await client.invoke(server.address, RemotingCommand.request(SLOW, {"delay": 0.5}), 0.1)
             conn = await client.connection(server.address)
             assert conn._pending == {}
+            assert (await conn.request(RemotingCommand.request(ECHO), None)).code == 0  # None: no timeout
             await asyncio.sleep(0.6)  # the late reply arrives and is ignored
             assert (await client.invoke(server.address, RemotingCommand.request(ECHO), 5)).code == 0
         finally:

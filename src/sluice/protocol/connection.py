@@ -10,7 +10,8 @@ pull) never blocks the connection.
 
 The hot path is built for CPU per request, not elegance: frames written during
 one event-loop iteration leave in one ``transport.write`` (collected in
-``_wbuf``, flushed by a ``call_soon`` or once 64 KiB are waiting), commands are
+``_wbuf``, flushed by the last writer of the iteration, a ``call_soon`` or once
+64 KiB are waiting), commands are
 encoded with the opaque/flag they are sent with instead of being copied, and
 reads are decoded straight from the bytes the transport hands over.
 """
@@ -47,8 +48,8 @@ _FLUSH_AT = 64 * 1024
 # copied into one joined write. Smaller ones are joined: copying 300 KB takes ~12 us, while a second
 # write for it cost ~60-100 us of CPU on each side per 300 KB pull answered one at a time (measured).
 _BIG_BODY = 1024 * 1024
-_CLOSE_TIMEOUT = 10.0
-_NEVER = float("inf")  # close(): abort a transport whose peer will not take our last bytes
+_CLOSE_TIMEOUT = 10.0  # close(): abort a transport whose peer will not take our last bytes
+_NEVER = float("inf")
 
 
 def split_addr(addr: str) -> tuple[str, int]:
@@ -205,7 +206,7 @@ class RemotingConnection(asyncio.Protocol):
 
     # -------------------------------------------------------------------------------- sending
 
-    async def request(self, cmd: RemotingCommand, timeout: float) -> RemotingCommand:
+    async def request(self, cmd: RemotingCommand, timeout: float | None) -> RemotingCommand:
         """Send a request and wait for its response (any code; see ``RemotingCommand.raise_for_code``)."""
         if self._closed:
             raise RemotingError(f"connection to {self.peer} is closed")
@@ -213,7 +214,7 @@ class RemotingConnection(asyncio.Protocol):
         loop = self._loop
         assert loop is not None
         fut: asyncio.Future[RemotingCommand] = loop.create_future()
-        deadline = loop.time() + timeout
+        deadline = loop.time() + timeout if timeout is not None else _NEVER  # None: wait for ever
         pending = self._pending
         pending[opaque] = (fut, deadline, cmd.code, timeout)
         if deadline < self._sweep_at:
