@@ -40,6 +40,7 @@ class Appender:
         self.max_messages_per_job = max_messages_per_job
         self._pending: dict[Key, _Pending] = {}
         self._scheduled = False
+        self._dispatch_scheduled = False
         self.jobs = 0
         self.requests = 0
 
@@ -58,13 +59,34 @@ class Appender:
         for, so no future and no loop iteration (batches gain most; the store's errors propagate)."""
         self.jobs += 1
         self.requests += 1
-        return self.store.put_messages(msgs, wait_durable=False)
+        results = self.store.put_messages(msgs, wait_durable=False)
+        self._dispatch_soon()
+        return results
 
     def put_encoded(self, topic: str, queue_id: int, enc: EncodedBatch) -> list[PutResult]:
         """put_now for a batch encoded already (encode.encode_batch_body)."""
         self.jobs += 1
         self.requests += 1
-        return self.store.put_encoded(topic, queue_id, enc, wait_durable=False)
+        results = self.store.put_encoded(topic, queue_id, enc, wait_durable=False)
+        self._dispatch_soon()
+        return results
+
+    # ---- dispatch on the loop (store.dispatch.drive_externally) ------------------------------------
+    def _dispatch_soon(self) -> None:
+        """Dispatch this iteration's appends once the loop gets to it (after the replies went out)."""
+        if not self._dispatch_scheduled:
+            self._dispatch_scheduled = True
+            asyncio.get_running_loop().call_soon(self._dispatch)
+
+    def _dispatch(self) -> None:
+        self._dispatch_scheduled = False
+        dispatch = self.store.dispatch
+        if dispatch.error is not None:
+            return  # the dispatch thread retries and reports it (DispatchService._run)
+        try:
+            dispatch.reput()
+        except Exception:  # the thread's next poll meets it again and records it
+            log.exception("dispatch on the event loop failed; the dispatch thread takes over")
 
     def _submit(self) -> None:
         self._scheduled = False
@@ -76,6 +98,7 @@ class Appender:
                 self.jobs += 1
                 self.requests += len(chunk)
                 outcomes = self._append([m for m, _ in chunk])
+                self._dispatch_soon()
                 if self.store.sync_flush:
                     ends = [r[-1].commitlog_offset + r[-1].size for r in outcomes
                             if r and not isinstance(r, BaseException)]

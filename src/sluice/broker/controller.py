@@ -110,6 +110,7 @@ class BrokerController:
         self.store.add_dispatcher(self.hold)
         self.executor = ThreadPoolExecutor(max_workers=STORE_THREADS, thread_name_prefix="sluice-broker-store")
         self.appender = Appender(self.store, self.executor)
+        self.store.dispatch.drive_externally()  # every append happens on the loop, which dispatches after it
         self.dedup = DedupWindow(max_keys=config.dedup_window_keys, window_ms=int(config.dedup_window_seconds * 1000),
                                  prefixes=config.dedup_producer_group_prefixes)
         self.server = RemotingServer(host, port)

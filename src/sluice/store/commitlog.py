@@ -166,8 +166,9 @@ class CommitLog:
         self.queue_offsets: dict[tuple[str, int], int] = {}
         self.last_store_timestamp = 0
         self.closed = False
-        # Serves the dispatcher: set after every append.
+        # Serves the dispatcher: set after every append, unless the appender dispatches itself.
         self.appended = threading.Event()
+        self.wake_dispatch = True
         #: puts appended but not yet dispatched, by the commit-log offset of their first record
         self.pending: dict[int, PutRun] = {}
         self.warm = Warmer(self, min(warm_ahead, file_size // 4))
@@ -239,7 +240,7 @@ class CommitLog:
                 self.pending[phys[0]] = run
             self.write_pos = end
             warm.after_write(end)
-        if not self.appended.is_set():  # set() takes a condition lock: skip it while dispatch has not woken yet
+        if self.wake_dispatch and not self.appended.is_set():  # set() takes a lock: skip it while dispatch sleeps
             self.appended.set()
         return phys, qoffs, now, end
 

@@ -58,10 +58,22 @@ class DispatchService:
         self.ext: ExtTable | None = None
         self.dispatched_messages = 0
         self.error: Exception | None = None
+        #: How long the thread sleeps when nothing wakes it. An owner that dispatches itself after its own
+        #: appends (drive_externally) keeps the thread only as a slow safety net.
+        self.poll_s = 0.2
         self._cond = threading.Condition()
         self._run_lock = threading.Lock()  # one reput at a time (thread, catch-up, tests)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    def drive_externally(self, poll_s: float = 0.05) -> None:
+        """The owner calls :meth:`reput` itself right after its appends (the broker does, on its event loop):
+        appends stop waking the thread, which then only polls every ``poll_s`` for appends made elsewhere.
+
+        In Python the thread brings no parallelism (dispatch holds the GIL), only a GIL hand-over and a
+        futex wake per append: done on the appending thread, the same work costs less."""
+        self.poll_s = poll_s
+        self.commitlog.wake_dispatch = False
 
     def add_dispatcher(self, d: Dispatcher) -> None:
         # Copy on write: the dispatch thread iterates without a lock.
@@ -242,7 +254,7 @@ class DispatchService:
         appended = self.commitlog.appended
         last = 0.0
         while not self._stop.is_set():
-            appended.wait(0.2)
+            appended.wait(self.poll_s)
             appended.clear()
             if self._stop.is_set():
                 break
