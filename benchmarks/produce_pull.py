@@ -164,22 +164,29 @@ async def latency(client: RemotingClient, addr: str, n: int, gap_s: float) -> di
 
 
 async def drain(client: RemotingClient, addr: str, queue_id: int, max_msgs: int, group: str) -> tuple[float, int]:
-    """Pull one queue from offset 0 to its end, one pull at a time (as a consumer does per queue); the
-    records of every response are counted by walking their sizes."""
-    offset, got = 0, 0
+    """Pull one queue from offset 0 to its end, one pull in flight at a time (as a consumer does per queue).
+
+    Like RocketMQ's pull service, the next pull goes out as soon as a response says where it ends
+    (nextBeginOffset); its records are then counted (walking their sizes) while the broker works on it."""
+    got = 0
     # The request's extFields as a client keeps them: strings, only the offset changing between pulls.
     fields = RemotingCommand.request(RequestCode.PULL_MESSAGE, dict(
         consumerGroup=group, topic=TOPIC, queueId=queue_id, queueOffset=0, maxMsgNums=max_msgs, sysFlag=0x4,
         commitOffset=0, suspendTimeoutMillis=0, subVersion=0, subscription="*",
         maxMsgBytes=max_msgs * 1200)).ext_fields
+    conn = await client.connection(addr)
+
+    def pull(offset: int) -> asyncio.Future[RemotingCommand]:
+        return conn.request_nowait(RemotingCommand(RequestCode.PULL_MESSAGE, {**fields, "queueOffset": str(offset)}),
+                                   30)
     t0 = time.perf_counter()
+    pending = pull(0)
     while True:
-        req = RemotingCommand(RequestCode.PULL_MESSAGE, {**fields, "queueOffset": str(offset)})
-        resp = await client.invoke(addr, req, timeout=30)
+        resp = await pending
         if resp.code != 0:
             break
+        pending = pull(int(resp.ext_fields["nextBeginOffset"]))
         got += _count_records(resp.body)
-        offset = int(resp.ext_fields["nextBeginOffset"])
     return got / (time.perf_counter() - t0), got
 
 

@@ -144,6 +144,33 @@ def test_timeout_then_late_reply_is_dropped() -> None:
     run(main)
 
 
+def test_request_nowait_sends_at_once_and_its_future_takes_the_reply() -> None:
+    """A pipelining client (the next pull out before the last one's records are processed)."""
+    async def main() -> None:
+        server, _ = await make_server()
+        client = RemotingClient()
+        try:
+            conn = await client.connection(server.address)
+            first = conn.request_nowait(RemotingCommand.request(ECHO, {"n": "1"}), 5)
+            assert conn._wbuf == []  # already handed to the transport, not waiting for a loop iteration
+            second = conn.request_nowait(RemotingCommand.request(ECHO, {"n": "2"}), 5)
+            assert (await second).ext_fields["n"] == "2" and (await first).ext_fields["n"] == "1"
+            assert conn._pending == {}
+            late = conn.request_nowait(RemotingCommand.request(SLOW, {"delay": 0.5}), 0.1)
+            with pytest.raises(RemotingTimeoutError, match="within 0.1 s"):
+                await late
+            held = conn.request_nowait(RemotingCommand.request(SLOW, {"delay": 5}), 10)
+            await conn.close()
+            with pytest.raises(RemotingError):
+                await held
+            with pytest.raises(RemotingError, match="closed"):
+                conn.request_nowait(RemotingCommand.request(ECHO), 5)
+        finally:
+            await client.close()
+            await server.close()
+    run(main)
+
+
 def test_closed_connection_fails_pending_requests_and_client_reconnects() -> None:
     async def main() -> None:
         server, _ = await make_server()

@@ -231,6 +231,28 @@ class RemotingConnection(asyncio.BufferedProtocol):
         finally:
             pending.pop(opaque, None)
 
+    def request_nowait(self, cmd: RemotingCommand, timeout: float | None) -> asyncio.Future[RemotingCommand]:
+        """Send a request now and return the future of its response, without waiting for it.
+
+        The frame leaves before this returns (no loop iteration later), so a caller can send its next
+        pull and then work on the last answer while the peer prepares the next one, as RocketMQ's pull
+        service does. Timeouts and a closing connection fail the future as they fail :meth:`request`.
+        The caller must not write faster than the peer reads: this does not wait while the transport's
+        buffer is full (use :meth:`request` for that)."""
+        if self._closed:
+            raise RemotingError(f"connection to {self.peer} is closed")
+        opaque = next(self._opaques) & 0x7FFFFFFF
+        loop = self._loop
+        assert loop is not None
+        fut: asyncio.Future[RemotingCommand] = loop.create_future()
+        deadline = loop.time() + timeout if timeout is not None else _NEVER
+        self._pending[opaque] = (fut, deadline, cmd.code, timeout)
+        if deadline < self._sweep_at:
+            self._arm_sweep(deadline)
+        self._write(cmd, opaque, cmd.flag & ~(FLAG_RESPONSE | FLAG_ONEWAY), cmd.serialize_type)
+        self._flush()
+        return fut
+
     async def send_oneway(self, cmd: RemotingCommand) -> None:
         if self._closed:
             raise RemotingError(f"connection to {self.peer} is closed")
