@@ -169,6 +169,7 @@ class CommitLog:
         # Serves the dispatcher: set after every append, unless the appender dispatches itself.
         self.appended = threading.Event()
         self.wake_dispatch = True
+        self.dispatch_idle = True  # the dispatch thread sleeps on ``appended`` (else it polls)
         #: puts appended but not yet dispatched, by the commit-log offset of their first record
         self.pending: dict[int, PutRun] = {}
         self.warm = Warmer(self, min(warm_ahead, file_size // 4))
@@ -240,8 +241,8 @@ class CommitLog:
                 self.pending[phys[0]] = run
             self.write_pos = end
             warm.after_write(end)
-        if self.wake_dispatch and not self.appended.is_set():  # set() takes a lock: skip it while dispatch sleeps
-            self.appended.set()
+        if self.wake_dispatch and self.dispatch_idle and not self.appended.is_set():
+            self.appended.set()  # set() takes a lock and wakes a thread: only when dispatch sleeps
         return phys, qoffs, now, end
 
     def _append_rolling(self, f: MappedFile, buf: bytearray, sizes: Sequence[int], qoffs: Sequence[int],

@@ -31,9 +31,8 @@ from sluice.store.types import Dispatcher, DispatchRequest
 log = logging.getLogger(__name__)
 
 _TOTAL_MAGIC = struct.Struct(">iI")
-#: a dispatch of fewer records than this, followed at once by another, makes the next one wait a little
-SMALL_BATCH = 64
-SMALL_BATCH_PAUSE_S = 0.001
+#: while appends keep coming, the dispatch thread looks for more this often instead of being woken
+BUSY_POLL_S = 0.001
 _TRAN_MASK = 0xC
 _TRAN_PREPARED = 0x4
 _TRAN_ROLLBACK = 0xC
@@ -251,30 +250,34 @@ class DispatchService:
         self._thread.start()
 
     def _run(self) -> None:
-        appended = self.commitlog.appended
-        last = 0.0
+        """Sleep on the append event while idle; while appends keep coming, poll every millisecond
+        instead (RocketMQ's reput service does), so a stream of appends costs no wake-up each: the
+        appender sets the event only while this thread is idle (``commitlog.dispatch_idle``)."""
+        cl = self.commitlog
+        appended = cl.appended
+        busy = False
         while not self._stop.is_set():
-            appended.wait(self.poll_s)
-            appended.clear()
+            if busy:
+                time.sleep(BUSY_POLL_S)
+            else:
+                cl.dispatch_idle = True
+                if self.reput_offset >= cl.write_pos:  # checked after the flag: no append goes unseen
+                    appended.wait(self.poll_s)
+                cl.dispatch_idle = False
+                appended.clear()
             if self._stop.is_set():
                 break
             try:
-                now = time.monotonic()
-                if now - last < SMALL_BATCH_PAUSE_S:
-                    # Woken again at once after a small batch: a stream of single puts. Let it gather
-                    # (RocketMQ's reput service sleeps 1 ms per loop): a batch has a fixed numpy cost, so
-                    # a dispatch per message would cost the appenders their GIL. Light traffic, whose
-                    # dispatches are far apart, never waits.
-                    time.sleep(SMALL_BATCH_PAUSE_S)
-                n = self.reput()
-                last = time.monotonic() if n < SMALL_BATCH else 0.0
+                busy = self.reput() > 0
                 self.error = None
             except CorruptRecordError as e:
+                busy = False
                 # Cannot step over a record whose size is untrustworthy; recovery or check must handle it.
                 if self.error is None:
                     log.error("dispatch stopped at commit-log offset %d: %s", self.reput_offset, e)
                 self._fail(e)
             except Exception as e:
+                busy = False
                 log.exception("dispatch failed at commit-log offset %d", self.reput_offset)
                 self._fail(e)
 
