@@ -82,6 +82,23 @@ class _ParseCache(dict):  # type: ignore[type-arg]
         return value
 
 
+class _ParseOrBad(_ParseCache):
+    """_ParseCache for the multi-expression evaluator: a value that does not parse maps to _BAD (and is
+    stored too), so data that never parses costs a lookup, not an exception, per message."""
+
+    __slots__ = ()
+
+    def __missing__(self, s: str) -> object:
+        try:
+            value = self.parse(s)
+        except FilterEvaluationError:
+            value = _BAD
+        if len(self) >= 65536:
+            self.clear()
+        self[s] = value
+        return value
+
+
 HELPERS: dict[str, Any] = {
     "_NOT": {True: False, False: True, None: None},
     "_null": _null,
@@ -451,17 +468,41 @@ def generate_multi(nodes: list[Node]) -> str:
     for node in nodes:
         props += [name for name in properties_of(node) if name not in props]
     gen = _MultiGen(props)
+
+    def block(i: int, node: Node, pad: str) -> list[str]:
+        return [f"{pad}try:", f"{pad}    if {gen.test(node)}:", f"{pad}        m |= {1 << i}",
+                f"{pad}except _E:", f"{pad}    pass"]
+
+    # Predicate indexing: expressions that can be TRUE only when one property equals a string literal
+    # (``region = 'eu' AND ...``, the usual shape of many groups filtering one topic) are tested only
+    # when the message's value is that literal: one dict lookup instead of a test per expression.
+    by_literal: dict[str, dict[str, list[int]]] = {}
+    for i, node in enumerate(nodes):
+        anchor = _anchor(node)
+        if anchor is not None:
+            by_literal.setdefault(anchor[0], {}).setdefault(anchor[1], []).append(i)
+    indexed_prop, groups = max(by_literal.items(), key=lambda kv: sum(map(len, kv[1].values())),
+                               default=(None, {}))
+    indexed = {i for idx in groups.values() for i in idx} if sum(map(len, groups.values())) >= _INDEX_MIN else set()
     body: list[str] = []
     for i, node in enumerate(nodes):
-        body += ["    try:", f"        if {gen.test(node)}:", f"            m |= {1 << i}",
-                 "    except _E:", "        pass"]
-    lines = ["def _multi(p):", "    g = p.get"]
+        if i not in indexed:
+            body += block(i, node, "    ")
+    head: list[str] = []
+    if indexed:
+        literals = list(groups)
+        head.append(f"_IDX = {{{', '.join(f'{lit!r}: {k}' for k, lit in enumerate(literals))}}}")
+        body.append(f"    k = _IDX.get({gen.var[indexed_prop]})")  # type: ignore[index]
+        body.append("    if k is not None:")
+        body += _dispatch_tree(list(range(len(literals))), "        ",
+                               lambda k, pad: [ln for i in groups[literals[k]] for ln in block(i, nodes[i], pad)])
+    lines = head + ["def _multi(p):", "    g = p.get"]
     lines += [f"    {gen.var[name]} = g({name!r})" for name in props]
     # Each property is parsed as a number once per message, not once per expression; a value that does
     # not parse becomes _BAD, whose comparisons raise where the parse would have (so only there).
     for (fn, var), name in gen.parsed.items():
-        lines += ["    try:", f"        {name} = None if {var} is None else {fn}({var})", "    except _E:",
-                  f"        {name} = _BAD"]
+        lines += ["    try:", f"        {name} = None if {var} is None else {_MULTI_PARSERS[fn]}[{var}]",
+                  "    except _E:", f"        {name} = _BAD"]  # a value of the wrong type (unhashable, say)
     lines.append("    m = 0")
     lines += body
     lines.append("    return m")
@@ -480,6 +521,41 @@ class _Bad:
     __hash__ = None  # type: ignore[assignment]
 
 
+_BAD = _Bad()
+_MULTI_PARSERS = {"_pi": "_BI", "_pl": "_BL", "_pd": "_BD"}
+
+
+#: index a property's literals once at least this many expressions are anchored on it
+_INDEX_MIN = 4
+
+
+def _anchor(node: Node) -> tuple[str, str] | None:
+    """(property, literal) when ``node`` can be TRUE only if that property's value is that string: it is,
+    or is an AND with a term that is, ``prop = 'literal'`` (a missing property or another value makes
+    that term FALSE or NULL, so the AND is not TRUE)."""
+    for t in node.terms if isinstance(node, And) else (node,):
+        if isinstance(t, Eq):
+            left, right = t.left, t.right
+            if isinstance(left, Prop) and isinstance(right, Const) and right.jtype == "S":
+                return left.name, right.value  # type: ignore[return-value]
+            if isinstance(right, Prop) and isinstance(left, Const) and left.jtype == "S":
+                return right.name, left.value  # type: ignore[return-value]
+    return None
+
+
+def _dispatch_tree(keys: list[int], pad: str, emit: Callable[[int, str], list[str]]) -> list[str]:
+    """``if k == ...`` branches over ``keys`` as a binary search, so many literals cost few comparisons."""
+    if len(keys) <= 3:
+        out: list[str] = []
+        for j, key in enumerate(keys):
+            out.append(f"{pad}{'if' if j == 0 else 'elif'} k == {key}:")
+            out += emit(key, pad + "    ")
+        return out
+    mid = len(keys) // 2
+    return ([f"{pad}if k < {keys[mid]}:"] + _dispatch_tree(keys[:mid], pad + "    ", emit)
+            + [f"{pad}else:"] + _dispatch_tree(keys[mid:], pad + "    ", emit))
+
+
 class _MultiGen(_Gen):
     def __init__(self, props: list[str]) -> None:
         super().__init__(props)
@@ -491,10 +567,26 @@ class _MultiGen(_Gen):
             name = self.parsed[(fn, var)] = f"n{len(self.parsed)}"
         return name
 
+    def test(self, node: Node, tail: bool = True) -> str:
+        code = super().test(node, tail)
+        # A property compared with an integer literal is parsed once per message; one that does not parse
+        # is _BAD, whose comparison raises (the expression's "no match"). Where this term not being TRUE
+        # already means no match (``tail``), test for _BAD instead: an exception costs ~1 µs, and data
+        # that does not parse would pay it in every such expression of every message.
+        if tail and isinstance(node, Compare) and isinstance(node.left, Prop) and isinstance(node.right, Const) \
+                and node.right.jtype in ("I", "L"):
+            v = self.var[node.left.name]
+            n = self.parse("_pi" if node.right.jtype == "I" else "_pl", v)
+            prefix = f"({v} is not None and {n} "
+            if code.startswith(prefix):
+                return f"({v} is not None and {n} is not _BAD and {n} " + code[len(prefix):]
+        return code
+
 
 def compile_multi(nodes: list[Node]) -> Callable[[Mapping[str, str]], int]:
     """The compiled ``_multi`` of :func:`generate_multi`."""
-    namespace: dict[str, Any] = {"__builtins__": {}, "_BAD": _Bad()}
+    namespace: dict[str, Any] = {"__builtins__": {}, "_BAD": _BAD, "_BI": _ParseOrBad(rt.parse_int),
+                                 "_BL": _ParseOrBad(rt.parse_long), "_BD": _ParseOrBad(rt.parse_double)}
     namespace.update(HELPERS)
     exec(compile(generate_multi(nodes), "<selectors>", "exec"), namespace)  # noqa: S102 - from validated ASTs
     return namespace["_multi"]
