@@ -6,6 +6,8 @@ broker's remark). Decoding stored records is left to the callers.
 """
 from __future__ import annotations
 
+import zlib
+
 from sluice.errors import SluiceError
 from sluice.message import MessageExt
 from sluice.protocol import headers as H
@@ -14,13 +16,22 @@ from sluice.protocol.client import RemotingClient
 from sluice.protocol.codes import RequestCode, ResponseCode
 from sluice.protocol.command import RemotingCommand
 from sluice.protocol.record import iter_records
+from sluice.speedups import C
+from sluice.store.crc import crc32
 from sluice.client.results import MessageQueue
 
 __all__ = ["BrokerAPI", "decode_messages"]
 
 
 def decode_messages(body: bytes, *, check_crc: bool = True) -> list[MessageExt]:
-    """Stored records laid back to back (pull, view and query bodies) to MessageExt, bodies inflated."""
+    """Stored records laid back to back (pull, view and query bodies) to MessageExt, bodies inflated.
+
+    In C where built (speedups.decode_messages, ~10x the Python loop); anything it does not take
+    (IPv6 hosts, a record that does not decode) goes through the Python decoder and its errors."""
+    if C is not None:
+        msgs = C.decode_messages(body, check_crc, crc32, MessageExt, zlib.decompress)
+        if msgs is not None:
+            return msgs
     return [MessageExt.from_record(rec) for rec in iter_records(body, check_crc=check_crc)]
 
 
