@@ -9,8 +9,8 @@ if [ ! -x "$venv/bin/python" ]; then
   "$py" -m venv "$venv"
 fi
 stamp="$venv/.sluice-installed"
-# The C extension (src/sluice/_speedups.c) is built by the install: its source is part of the stamp.
-want="$(cat "$root/pyproject.toml" "$root/setup.py" "$root/constraints.txt" "$root/src/sluice/_speedups.c" \
+# The C extension (src/csrc/speedups) is built by the install: its sources are part of the stamp.
+want="$(cat "$root/pyproject.toml" "$root/setup.py" "$root/constraints.txt" "$root"/src/csrc/speedups/* \
   | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   "$venv/bin/python" -m pip install -q --disable-pip-version-check -c "$root/constraints.txt" -e "$root[test,spark]"

@@ -1,4 +1,4 @@
-"""The optional C twins of the per-message loops on the hot paths (src/sluice/_speedups.c).
+"""The optional C twins of the per-message loops on the hot paths (src/csrc/speedups: sluice._speedups).
 
 ``C`` is the extension module, or None when it was not built (no compiler at
 install time) or ``SLUICE_NO_EXTENSIONS=1`` is set. Every caller keeps the

@@ -1,6 +1,9 @@
 """Helpers for the store tests (a uniquely named module: several test folders have a conftest.py)."""
 from __future__ import annotations
 
+import numpy as np
+
+from sluice.filter.tagcode import tag_code
 from sluice.store import MessageStore, StoreConfig, StoreMessage
 
 
@@ -26,3 +29,18 @@ def simulate_crash(s: MessageStore) -> None:
     s.flusher.stop()
     s._close_files()
     s._release_lock()
+
+
+class TagFilter:
+    """A store MessageFilter deciding on tag codes alone, as the broker's TAG selectors do."""
+
+    needs_record = False
+
+    def __init__(self, *tags: str) -> None:
+        self.codes = np.array([tag_code(t) for t in tags], dtype=np.int64)
+
+    def match_units(self, tag_codes: np.ndarray) -> np.ndarray:
+        return np.isin(tag_codes, self.codes)
+
+    def match_record(self, properties: dict[str, str]) -> bool:
+        return True

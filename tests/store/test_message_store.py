@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from store_testlib import msg, small_config
+from store_testlib import TagFilter, msg, small_config
 from sluice.errors import InvalidParameterError, MessageIllegalError, StoreError
 from sluice.filter.tagcode import tag_code
 from sluice.protocol.msgid import create_offset_msg_id
@@ -54,19 +54,6 @@ def test_max_bytes_returns_at_least_one(store: MessageStore) -> None:
     assert r.message_count == 1 and r.next_begin_offset == 1
     r = store.get_messages("T", 0, 0, 32, max_bytes=2 * res[0].size)
     assert r.message_count == 2
-
-
-class TagFilter:
-    needs_record = False
-
-    def __init__(self, *tags: str) -> None:
-        self.codes = np.array([tag_code(t) for t in tags], dtype=np.int64)
-
-    def match_units(self, tag_codes: np.ndarray) -> np.ndarray:
-        return np.isin(tag_codes, self.codes)
-
-    def match_record(self, properties: dict[str, str]) -> bool:
-        return True
 
 
 class PropFilter:

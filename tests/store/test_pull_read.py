@@ -9,14 +9,12 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from store_testlib import msg, small_config
+from store_testlib import TagFilter, msg, small_config
 
 from sluice.errors import CorruptRecordError
-from sluice.filter.tagcode import tag_code
 from sluice.speedups import C
 from sluice.store import MessageStore, pull_read
 from sluice.store.types import GetMessageStatus as S
@@ -25,19 +23,6 @@ pytestmark = pytest.mark.skipif(C is None, reason="the C extension is not built"
 
 SEGMENT = 128 * 1024  # small segments: a pull's records span several
 MAX_MESSAGE = 32 * 1024
-
-
-class TagFilter:
-    needs_record = False
-
-    def __init__(self, *tags: str) -> None:
-        self.codes = np.array([tag_code(t) for t in tags], dtype=np.int64)
-
-    def match_units(self, tag_codes: np.ndarray) -> np.ndarray:
-        return np.isin(tag_codes, self.codes)
-
-    def match_record(self, properties: dict[str, str]) -> bool:
-        return True
 
 
 def both_ways(store: MessageStore, monkeypatch: pytest.MonkeyPatch, *args, **kw) -> tuple[dict, dict]:

@@ -211,17 +211,7 @@ class RemotingConnection(asyncio.BufferedProtocol):
 
     async def request(self, cmd: RemotingCommand, timeout: float | None) -> RemotingCommand:
         """Send a request and wait for its response (any code; see ``RemotingCommand.raise_for_code``)."""
-        if self._closed:
-            raise RemotingError(f"connection to {self.peer} is closed")
-        opaque = next(self._opaques) & 0x7FFFFFFF
-        loop = self._loop
-        assert loop is not None
-        fut: asyncio.Future[RemotingCommand] = loop.create_future()
-        deadline = loop.time() + timeout if timeout is not None else _NEVER  # None: wait for ever
-        pending = self._pending
-        pending[opaque] = (fut, deadline, cmd.code, timeout)
-        if deadline < self._sweep_at:
-            self._arm_sweep(deadline)
+        opaque, fut = self._register(cmd, timeout)
         try:
             self._write(cmd, opaque, cmd.flag & ~(FLAG_RESPONSE | FLAG_ONEWAY), cmd.serialize_type)
             self._flush_if_last()
@@ -229,16 +219,10 @@ class RemotingConnection(asyncio.BufferedProtocol):
                 await self._writable(fut)
             return await fut
         finally:
-            pending.pop(opaque, None)
+            self._pending.pop(opaque, None)
 
-    def request_nowait(self, cmd: RemotingCommand, timeout: float | None) -> asyncio.Future[RemotingCommand]:
-        """Send a request now and return the future of its response, without waiting for it.
-
-        The frame leaves before this returns (no loop iteration later), so a caller can send its next
-        pull and then work on the last answer while the peer prepares the next one, as RocketMQ's pull
-        service does. Timeouts and a closing connection fail the future as they fail :meth:`request`.
-        The caller must not write faster than the peer reads: this does not wait while the transport's
-        buffer is full (use :meth:`request` for that)."""
+    def _register(self, cmd: RemotingCommand, timeout: float | None) -> tuple[int, asyncio.Future[RemotingCommand]]:
+        """A fresh opaque and the future its response resolves; ``timeout`` None waits for ever."""
         if self._closed:
             raise RemotingError(f"connection to {self.peer} is closed")
         opaque = next(self._opaques) & 0x7FFFFFFF
@@ -249,6 +233,17 @@ class RemotingConnection(asyncio.BufferedProtocol):
         self._pending[opaque] = (fut, deadline, cmd.code, timeout)
         if deadline < self._sweep_at:
             self._arm_sweep(deadline)
+        return opaque, fut
+
+    def request_nowait(self, cmd: RemotingCommand, timeout: float | None) -> asyncio.Future[RemotingCommand]:
+        """Send a request now and return the future of its response, without waiting for it.
+
+        The frame leaves before this returns (no loop iteration later), so a caller can send its next
+        pull and then work on the last answer while the peer prepares the next one, as RocketMQ's pull
+        service does. Timeouts and a closing connection fail the future as they fail :meth:`request`.
+        The caller must not write faster than the peer reads: this does not wait while the transport's
+        buffer is full (use :meth:`request` for that)."""
+        opaque, fut = self._register(cmd, timeout)
         self._write(cmd, opaque, cmd.flag & ~(FLAG_RESPONSE | FLAG_ONEWAY), cmd.serialize_type)
         self._flush()
         return fut

@@ -163,7 +163,7 @@ def _compile_reader(cls: type[T]) -> Any:
         if f.required and not f.optional:
             lines.append(f"  raise bad({where!r}, 'the field is missing')")
         elif f.required:
-            lines.append(f"  pass")
+            lines.append("  pass")
         else:
             lines.append(f"  v{i} = f{i}()" if f.factory is not None else f"  v{i} = d{i}")
         if f.tp is str and f.enum is None:

@@ -27,7 +27,6 @@ from collections.abc import Sequence
 from itertools import repeat
 from pathlib import Path
 
-import numpy as np
 import orjson
 
 from sluice.errors import CorruptRecordError, FlushDiskTimeoutError, StoreError
@@ -39,16 +38,15 @@ from sluice.protocol.record import decode_record
 from sluice.speedups import C
 from sluice.store import pull_read, recovery, retention
 from sluice.store.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from sluice.store.commitlog import WARM_AHEAD, CommitLog, parse_record, verify_record_bytes
-from sluice.store.crc import crc32
+from sluice.store.commitlog import WARM_AHEAD, CommitLog, verify_record_bytes
 from sluice.store.config import StoreConfig
-from sluice.store.consumequeue import CQ_UNIT_SIZE, PAD_SIZE, ConsumeQueueTable
+from sluice.store.consumequeue import PAD_SIZE, ConsumeQueueTable
 from sluice.store.dispatch import DispatchService, is_queued
 from sluice.store.dispatch_batch import PutRun
 from sluice.store.encode import EncodedBatch, encode_batch
 from sluice.store.flush import FlushService
 from sluice.store.index import IndexService
-from sluice.store.ext_table import ExtTable, plan_units, recover_ext, resolve_units
+from sluice.store.ext_table import ExtTable, recover_ext
 from sluice.store.types import (
     Dispatcher,
     DispatchRequest,

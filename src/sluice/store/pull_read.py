@@ -159,21 +159,14 @@ def _collect_plain(store: MessageStore, cq: ConsumeQueue, offset: int, units: np
             break
         p, s = int(units[stop]["offset"]), int(units[stop]["size"])
         if why == 3:  # not in that file: in the next one (the loop goes on there), or gone
-            g = cl.queue.find(p) if p >= clog_min else None
-            if g is None or g is f or p + s > min(g.end, cl.write_pos) or (f is not None and f.closed):
+            g = _file_after(store, f, p, s, clog_min)
+            if g is None:
                 removed = True
                 u = stop + 1
             else:
                 f, u = g, stop
             continue
-        # why == 4: the record failed its checks; let the Python check name the fault
-        res.records_read += 1
-        store.pull_records_read += 1
-        store.pull_bytes_read += s
-        e = _fault(store, p, s)
-        log.error("not serving %s/%d offset %d: %s", cq.topic, cq.queue_id, offset + stop, e)
-        if not parts:
-            raise e
+        _damaged(store, cq, res, offset + stop, p, s, first=not parts)  # why == 4
         stop_at = stop
         break
     taken = len(sizes)
@@ -190,14 +183,31 @@ def _collect_plain(store: MessageStore, cq: ConsumeQueue, offset: int, units: np
     return res
 
 
-def _fault(store: MessageStore, p: int, s: int) -> CorruptRecordError:
-    """The precise complaint about a record the C check refused, located in its file."""
+def _file_after(store: MessageStore, f, p: int, s: int, clog_min: int):  # type: ignore[no-untyped-def]
+    """The commit-log file holding a record that was not in ``f``; None when the record is gone."""
+    cl = store.commitlog
+    g = cl.queue.find(p) if p >= clog_min else None
+    if g is None or g is f or p + s > min(g.end, cl.write_pos) or (f is not None and f.closed):
+        return None
+    return g
+
+
+def _damaged(store: MessageStore, cq: ConsumeQueue, res: GetMessageResult, qoff: int, p: int, s: int, *,
+             first: bool) -> None:
+    """A record the C check refused: counted as read, logged with the precise complaint (the Python
+    check names the fault, located in its file), raised when it comes first in the pull."""
+    res.records_read += 1
+    store.pull_records_read += 1
+    store.pull_bytes_read += s
     try:
         verify_record_bytes(store.commitlog.read(p, s) or b"", p)
         e = CorruptRecordError(f"record at commit-log offset {p} failed its checks", path="commitlog", offset=p)
     except CorruptRecordError as exc:
         e = exc
-    return store._located(e, p)
+    e = store._located(e, p)
+    log.error("not serving %s/%d offset %d: %s", cq.topic, cq.queue_id, qoff, e)
+    if first:
+        raise e
 
 
 def _read_each(store: MessageStore, cq: ConsumeQueue, offset: int, n_units: int, phys: np.ndarray,
@@ -308,19 +318,11 @@ def _gather(store: MessageStore, cq: ConsumeQueue, offset: int, n_units: int, ph
             break
         p, s = int(phys[i]), int(sizes[i])
         if why == 3:  # not in that file: in the next one (the loop goes on there), or gone
-            g = cl.queue.find(p) if p >= clog_min else None
-            if g is None or g is f or p + s > min(g.end, cl.write_pos) or f.closed:
+            if _file_after(store, f, p, s, clog_min) is None:
                 removed = True
                 j += 1
             continue
-        # why == 4: the record failed its checks; let the Python check name the fault
-        res.records_read += 1
-        store.pull_records_read += 1
-        store.pull_bytes_read += s
-        e = _fault(store, p, s)
-        log.error("not serving %s/%d offset %d: %s", cq.topic, cq.queue_id, offset + i, e)
-        if not parts:
-            raise e
+        _damaged(store, cq, res, offset + i, p, s, first=not parts)  # why == 4
         stop_at = i
         break
     if taken >= max_msgs and stop_at == n_units:

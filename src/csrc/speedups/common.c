@@ -1,0 +1,130 @@
+/* Helpers the other files share: buffers, list appends, the body CRC, the record head, properties. */
+#include "speedups.h"
+
+PyObject *s_topic, *s_queue_id, *s_body, *s_properties, *s_flag, *s_sysflag, *s_born_timestamp, *s_born_host,
+    *s_reconsume_times, *s_prepared_tx_offset, *s_TAGS, *s_KEYS, *s_UNIQ_KEY;
+
+int sluice_intern_names(void)
+{
+#define INTERN(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return -1
+    INTERN(s_topic, "topic");
+    INTERN(s_queue_id, "queue_id");
+    INTERN(s_body, "body");
+    INTERN(s_properties, "properties");
+    INTERN(s_flag, "flag");
+    INTERN(s_sysflag, "sysflag");
+    INTERN(s_born_timestamp, "born_timestamp");
+    INTERN(s_born_host, "born_host");
+    INTERN(s_reconsume_times, "reconsume_times");
+    INTERN(s_prepared_tx_offset, "prepared_tx_offset");
+    INTERN(s_TAGS, "TAGS");
+    INTERN(s_KEYS, "KEYS");
+    INTERN(s_UNIQ_KEY, "UNIQ_KEY");
+#undef INTERN
+    return 0;
+}
+
+int buf_reserve(Buf *b, Py_ssize_t more)
+{
+    if (b->len + more <= b->cap)
+        return 0;
+    Py_ssize_t cap = b->cap ? b->cap : 256;
+    while (cap < b->len + more)
+        cap *= 2;
+    unsigned char *d = PyMem_Realloc(b->data, (size_t)cap);
+    if (d == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    b->data = d;
+    b->cap = cap;
+    return 0;
+}
+
+/* Append ``o`` (a new reference, or NULL after an error) to ``list`` and drop it: 0, or -1 on error. */
+int append_new(PyObject *list, PyObject *o)
+{
+    if (o == NULL)
+        return -1;
+    int rc = PyList_Append(list, o);
+    Py_DECREF(o);
+    return rc;
+}
+
+/* RocketMQ's body CRC (CRC32 & 0x7FFFFFFF) of p[0:n] through ``crc32`` (ISA-L's, or zlib's): 0 and
+ * ``*out`` set, or -1 with the callable's error. */
+int body_crc(PyObject *crc32, const unsigned char *p, Py_ssize_t n, uint32_t *out)
+{
+    PyObject *mv = PyMemoryView_FromMemory((char *)p, n, PyBUF_READ);
+    if (mv == NULL)
+        return -1;
+    PyObject *c = PyObject_CallOneArg(crc32, mv);
+    Py_DECREF(mv);
+    if (c == NULL)
+        return -1;
+    unsigned long v = PyLong_AsUnsignedLongMask(c);
+    Py_DECREF(c);
+    if (v == (unsigned long)-1 && PyErr_Occurred())
+        return -1;
+    *out = (uint32_t)v & 0x7FFFFFFFu;
+    return 0;
+}
+
+/* The 88 bytes before the body of a record with IPv4 hosts (sluice.protocol.record's layout); queue
+ * offset, physical offset and store timestamp are zero: CommitLog.append patches them in. */
+void write_head(unsigned char *p, Py_ssize_t size, uint32_t crc, int64_t queue_id, int32_t flag,
+                       int32_t sysflag, int64_t born_ts, const unsigned char *born, const unsigned char *store,
+                int32_t reconsume, int64_t prepared, Py_ssize_t body_len)
+{
+    put_u32(p, (uint32_t)size);
+    put_u32(p + 4, 0xDAA320A7u); /* MAGIC_V1 */
+    put_u32(p + 8, crc);
+    put_u32(p + 12, (uint32_t)queue_id);
+    put_u32(p + 16, (uint32_t)flag);
+    memset(p + 20, 0, 16);
+    put_u32(p + 36, (uint32_t)sysflag);
+    put_u64(p + 40, (uint64_t)born_ts);
+    memcpy(p + 48, born, 8);
+    memset(p + 56, 0, 8);
+    memcpy(p + 64, store, 8);
+    put_u32(p + 72, (uint32_t)reconsume);
+    put_u64(p + 76, (uint64_t)prepared);
+    put_u32(p + 84, (uint32_t)body_len);
+}
+
+/* Split ``name \x01 value \x02`` pairs of ``s`` into ``d``; a part shorter than 3 characters, or with no
+ * \x01, an empty name or an empty value, is dropped (sluice.protocol.properties.decode_properties). */
+int props_into(PyObject *d, PyObject *s)
+{
+    Py_ssize_t n = PyUnicode_GET_LENGTH(s), pos = 0;
+    while (pos < n) {
+        Py_ssize_t end = PyUnicode_FindChar(s, 2, pos, n, 1);
+        if (end == -2)
+            return -1;
+        if (end == -1)
+            end = n;
+        if (end - pos >= 3) {
+            Py_ssize_t sep = PyUnicode_FindChar(s, 1, pos, end, 1);
+            if (sep == -2)
+                return -1;
+            if (sep > pos && sep < end - 1) {
+                PyObject *name = PyUnicode_Substring(s, pos, sep);
+                if (name == NULL)
+                    return -1;
+                PyObject *value = PyUnicode_Substring(s, sep + 1, end);
+                if (value == NULL) {
+                    Py_DECREF(name);
+                    return -1;
+                }
+                PyUnicode_InternInPlace(&name); /* a handful of names repeat on every message */
+                int rc = PyDict_SetItem(d, name, value);
+                Py_DECREF(name);
+                Py_DECREF(value);
+                if (rc < 0)
+                    return -1;
+            }
+        }
+        pos = end + 1;
+    }
+    return 0;
+}

@@ -1,0 +1,403 @@
+/* Pulls and consumers: runs of stored records copied (and checked) into a response, records decoded. */
+#include "speedups.h"
+#include <structmember.h>
+
+/* ------------------------------------------------------------------------------------ gather_records */
+
+
+/* commitlog.verify_record_bytes's checks on a record at ``rec`` of ``size`` bytes claimed to sit at
+ * commit-log offset ``at``: 1 fine, 0 not, -1 error (from crc32). */
+static int record_ok(const unsigned char *rec, Py_ssize_t size, int64_t at, PyObject *crc32)
+{
+    if (size < 8)
+        return 0;
+    uint32_t total = get_u32(rec), magic = get_u32(rec + 4);
+    if ((magic != MAGIC_V1 && magic != MAGIC_V2) || (Py_ssize_t)total != size || size < 36)
+        return 0;
+    if ((int64_t)get_u64(rec + 28) != at)
+        return 0;
+    if (size < 40)
+        return 0;
+    uint32_t sysflag = get_u32(rec + 36);
+    Py_ssize_t p = 48 + ((sysflag & 0x10) ? 20 : 8) + 8 + ((sysflag & 0x20) ? 20 : 8) + 12;
+    if (p + 4 > size)
+        return 0;
+    int32_t body_len = (int32_t)get_u32(rec + p);
+    if (body_len < 0 || p + 4 + body_len > size)
+        return 0;
+    uint32_t crc;
+    if (body_crc(crc32, rec + p + 4, body_len, &crc) < 0)
+        return -1;
+    return crc == (get_u32(rec + 8) & 0x7FFFFFFFu);
+}
+
+PyDoc_STRVAR(gather_records_doc,
+"gather_records(mm, file_start, limit, phys, sizes, idx, max_msgs, max_bytes, total, have, verify, crc32)\n"
+"    -> (data: bytes, taken: int, why: int)\n\n"
+"MessageStore._collect's loop for records no filter needs to see, over one mapped commit-log file\n"
+"``mm`` that starts at log offset ``file_start`` and holds data below ``limit``. ``phys`` and ``sizes``\n"
+"are the consume-queue units' int64 columns, ``idx`` (int64) the units to take, in order. Records are\n"
+"taken while the next one lies in this file, ``have`` (already taken) + taken < ``max_msgs``, and, once\n"
+"anything is taken, ``total`` + its size <= ``max_bytes``; with ``verify`` each must pass\n"
+"verify_record_bytes's checks. ``data`` is the taken records back to back; ``taken`` how many of ``idx``\n"
+"they are; ``why`` what stopped it: 0 idx exhausted, 1 max_msgs, 2 max_bytes, 3 the next record is not\n"
+"in this file, 4 the next record failed verification.");
+
+static PyObject *gather_records(PyObject *self, PyObject *args)
+{
+    PyObject *mm, *crc32;
+    Py_buffer pv, sv, iv;
+    long long file_start, limit, max_msgs, max_bytes, total, have;
+    int verify;
+    if (!PyArg_ParseTuple(args, "OLLy*y*y*LLLLpO:gather_records", &mm, &file_start, &limit, &pv, &sv, &iv,
+                          &max_msgs, &max_bytes, &total, &have, &verify, &crc32))
+        return NULL;
+    PyObject *out = NULL;
+    Py_buffer mv;
+    int have_mv = 0;
+    if (pv.len % 8 || sv.len != pv.len || iv.len % 8) {
+        PyErr_SetString(PyExc_ValueError, "gather_records: phys, sizes and idx must be int64 columns");
+        goto done;
+    }
+    if (PyObject_GetBuffer(mm, &mv, PyBUF_SIMPLE) < 0)
+        goto done;
+    have_mv = 1;
+    const int64_t *phys = pv.buf, *sizes = sv.buf, *idx = iv.buf;
+    Py_ssize_t nunits = pv.len / 8, n = iv.len / 8, taken = 0, nbytes = 0;
+    int why = 0;
+    if (limit > file_start + mv.len)
+        limit = file_start + mv.len;
+    const unsigned char *base = mv.buf;
+    for (; taken < n; taken++) {
+        if (have + taken >= max_msgs) {
+            why = 1;
+            break;
+        }
+        int64_t u = idx[taken];
+        if (u < 0 || u >= nunits) {
+            PyErr_SetString(PyExc_IndexError, "gather_records: a unit index is out of range");
+            goto done;
+        }
+        int64_t at = phys[u], size = sizes[u];
+        if ((have + taken) > 0 && total + nbytes + size > max_bytes) {
+            why = 2;
+            break;
+        }
+        if (at < file_start || size <= 0 || at + size > limit) {
+            why = 3;
+            break;
+        }
+        if (verify) {
+            int ok = record_ok(base + (at - file_start), (Py_ssize_t)size, at, crc32);
+            if (ok < 0)
+                goto done;
+            if (!ok) {
+                why = 4;
+                break;
+            }
+        }
+        nbytes += (Py_ssize_t)size;
+    }
+    PyObject *data = PyBytes_FromStringAndSize(NULL, nbytes);
+    if (data == NULL)
+        goto done;
+    unsigned char *w = (unsigned char *)PyBytes_AS_STRING(data);
+    for (Py_ssize_t k = 0; k < taken; k++) {
+        int64_t u = idx[k];
+        memcpy(w, base + (phys[u] - file_start), (size_t)sizes[u]);
+        w += sizes[u];
+    }
+    out = Py_BuildValue("(Nni)", data, taken, why);
+done:
+    if (have_mv)
+        PyBuffer_Release(&mv);
+    PyBuffer_Release(&pv);
+    PyBuffer_Release(&sv);
+    PyBuffer_Release(&iv);
+    return out;
+}
+
+/* -------------------------------------------------------------------------------------- gather_units */
+
+
+static int append_int(PyObject *list, long long v) { return append_new(list, PyLong_FromLongLong(v)); }
+
+PyDoc_STRVAR(gather_units_doc,
+"gather_units(units, first, mm, file_start, limit, max_msgs, max_bytes, total, have, verify, crc32,\n"
+"             base_qoff, qoffs, phys, sizes) -> (data: bytes, stop: int, why: int)\n\n"
+"gather_records for an unfiltered pull, straight from the consume-queue units: ``units`` holds 20-byte\n"
+"big-endian units (offset, size, tag code); from unit ``first`` on, units that hold no message (size\n"
+"<= 0, or the padding size) are passed over and the records of the others are taken while they lie in\n"
+"this file, as gather_records does. The queue offset (``base_qoff`` + unit index), commit-log offset\n"
+"and size of each record taken are appended to the lists ``qoffs``, ``phys`` and ``sizes``. ``stop`` is\n"
+"the unit where it stopped (the number of units when they ran out), ``why`` as gather_records's.");
+
+static PyObject *gather_units(PyObject *self, PyObject *args)
+{
+    PyObject *mm, *crc32, *qoffs, *physl, *sizesl;
+    Py_buffer uv, mv;
+    Py_ssize_t first;
+    long long file_start, limit, max_msgs, max_bytes, total, have, base_qoff;
+    int verify;
+    if (!PyArg_ParseTuple(args, "y*nOLLLLLLpOLO!O!O!:gather_units", &uv, &first, &mm, &file_start, &limit,
+                          &max_msgs, &max_bytes, &total, &have, &verify, &crc32, &base_qoff, &PyList_Type, &qoffs,
+                          &PyList_Type, &physl, &PyList_Type, &sizesl))
+        return NULL;
+    PyObject *out = NULL;
+    if (PyObject_GetBuffer(mm, &mv, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&uv);
+        return NULL;
+    }
+    Py_ssize_t nunits = uv.len / 20, u = first, nbytes = 0, taken = 0;
+    const unsigned char *units = uv.buf, *base = mv.buf;
+    int why = 0;
+    if (limit > file_start + mv.len)
+        limit = file_start + mv.len;
+    Buf runs = {NULL, 0, 0}; /* (offset, size) of each record taken, for the copy */
+    for (; u < nunits; u++) {
+        const unsigned char *unit = units + u * 20;
+        int64_t at = (int64_t)get_u64(unit);
+        int32_t size = (int32_t)get_u32(unit + 8);
+        if (size <= 0 || size == PAD_SIZE)
+            continue;
+        if (have + taken >= max_msgs) {
+            why = 1;
+            break;
+        }
+        if ((have + taken) > 0 && total + nbytes + size > max_bytes) {
+            why = 2;
+            break;
+        }
+        if (at < file_start || at + size > limit) {
+            why = 3;
+            break;
+        }
+        if (verify) {
+            int ok = record_ok(base + (at - file_start), size, at, crc32);
+            if (ok < 0)
+                goto done;
+            if (!ok) {
+                why = 4;
+                break;
+            }
+        }
+        int64_t pair[2] = {at, size};
+        if (buf_add(&runs, pair, sizeof pair) < 0 || append_int(qoffs, base_qoff + u) < 0
+            || append_int(physl, at) < 0 || append_int(sizesl, size) < 0)
+            goto done;
+        nbytes += size;
+        taken++;
+    }
+    PyObject *data = PyBytes_FromStringAndSize(NULL, nbytes);
+    if (data == NULL)
+        goto done;
+    unsigned char *w = (unsigned char *)PyBytes_AS_STRING(data);
+    const int64_t *pairs = (const int64_t *)runs.data;
+    for (Py_ssize_t k = 0; k < taken; k++) {
+        memcpy(w, base + (pairs[2 * k] - file_start), (size_t)pairs[2 * k + 1]);
+        w += pairs[2 * k + 1];
+    }
+    out = Py_BuildValue("(Nni)", data, u, why);
+done:
+    PyMem_Free(runs.data);
+    PyBuffer_Release(&mv);
+    PyBuffer_Release(&uv);
+    return out;
+}
+
+/* ---------------------------------------------------------------------------------- decode_messages */
+
+/* MessageExt's fields, in the order decode_messages fills them. The class is a slots dataclass: each
+ * field is a member descriptor (T_OBJECT_EX) at an offset in the instance, which C sets directly (a
+ * dataclass __init__ of 17 fields is Python code, ~2 us). Any other layout: the Python path. */
+static const char *ext_fields[] = {
+    "topic", "body", "properties", "queue_id", "queue_offset", "commitlog_offset", "msg_id", "offset_msg_id",
+    "sysflag", "flag", "born_timestamp", "born_host", "store_timestamp", "store_host", "reconsume_times",
+    "body_crc", "store_size",
+};
+#define N_EXT_FIELDS 17
+static PyTypeObject *ext_type; /* borrowed identity only, compared by pointer */
+static Py_ssize_t ext_offsets[N_EXT_FIELDS];
+
+static int ext_layout(PyTypeObject *cls)
+{
+    if (cls == ext_type)
+        return 1;
+    if (cls->tp_dictoffset != 0 || !PyType_HasFeature(cls, Py_TPFLAGS_HAVE_GC))
+        return 0;
+    Py_ssize_t offs[N_EXT_FIELDS];
+    for (int i = 0; i < N_EXT_FIELDS; i++) {
+        PyObject *d = PyDict_GetItemString(cls->tp_dict, ext_fields[i]);
+        if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type))
+            return 0;
+        PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+        if (m->type != T_OBJECT_EX || (m->flags & READONLY))
+            return 0;
+        offs[i] = m->offset;
+    }
+    memcpy(ext_offsets, offs, sizeof offs);
+    ext_type = cls;
+    return 1;
+}
+
+/* (ip, port) of an 8-byte IPv4 host, reusing ``*last`` when the bytes are those of the previous one. */
+static PyObject *host_tuple(const unsigned char *p, unsigned char *last_bytes, PyObject **last)
+{
+    if (*last != NULL && memcmp(p, last_bytes, 8) == 0)
+        return Py_NewRef(*last);
+    PyObject *t = Py_BuildValue("(Ni)", PyUnicode_FromFormat("%u.%u.%u.%u", p[0], p[1], p[2], p[3]),
+                                (int)get_u32(p + 4));
+    if (t == NULL)
+        return NULL;
+    memcpy(last_bytes, p, 8);
+    Py_XSETREF(*last, Py_NewRef(t));
+    return t;
+}
+
+PyDoc_STRVAR(decode_messages_doc,
+"decode_messages(body, check_crc: bool, crc32, cls, inflate) -> list | None\n\n"
+"sluice.client.api.decode_messages in C: the stored records of a pull (or view, or query) body to\n"
+"``cls`` (MessageExt) instances, bodies with the COMPRESSED bit passed through ``inflate``. None for\n"
+"anything unusual (a record that does not decode or fails its CRC, an IPv6 host, a MAGIC_V2 record,\n"
+"another class layout): the Python decoder then decodes it or says exactly what is wrong.");
+
+static PyObject *decode_messages(PyObject *self, PyObject *args)
+{
+    Py_buffer bv;
+    int check_crc;
+    PyObject *crc32, *cls, *inflate;
+    if (!PyArg_ParseTuple(args, "y*pOOO:decode_messages", &bv, &check_crc, &crc32, &cls, &inflate))
+        return NULL;
+    PyObject *out = NULL, *list = NULL, *last_topic = NULL, *last_born = NULL, *last_store = NULL;
+    unsigned char born_bytes[8], store_bytes[8];
+    Py_ssize_t last_tlen = -1;
+    const unsigned char *last_tp = NULL;
+    if (!PyType_Check(cls) || !ext_layout((PyTypeObject *)cls))
+        goto unusual;
+    list = PyList_New(0);
+    if (list == NULL)
+        goto done;
+    const unsigned char *buf = bv.buf;
+    Py_ssize_t end = bv.len, pos = 0;
+    static const char hex[] = "0123456789ABCDEF";
+    while (pos < end) {
+        const unsigned char *r = buf + pos;
+        if (end - pos < 91)
+            goto unusual;
+        int32_t total = (int32_t)get_u32(r);
+        uint32_t magic = get_u32(r + 4), sysflag = get_u32(r + 36);
+        if (magic != MAGIC_V1 || total < 91 || total > end - pos || (sysflag & HOST_V6_BITS))
+            goto unusual;
+        int32_t body_len = (int32_t)get_u32(r + 84);
+        if (body_len < 0 || 88 + (Py_ssize_t)body_len + 3 > total)
+            goto unusual;
+        Py_ssize_t tpos = 88 + body_len, tlen = r[tpos];
+        if (tpos + 1 + tlen + 2 > total)
+            goto unusual;
+        Py_ssize_t ppos = tpos + 1 + tlen, plen = get_u16(r + ppos);
+        if (ppos + 2 + plen != total)
+            goto unusual;
+        uint32_t crc = get_u32(r + 8);
+        if (check_crc) {
+            uint32_t actual;
+            if (body_crc(crc32, r + 88, body_len, &actual) < 0)
+                goto done;
+            if (actual != crc)
+                goto unusual;
+        }
+        PyObject *f[N_EXT_FIELDS] = {NULL};
+        /* topic: the same few topics come back in every pull */
+        if (last_topic == NULL || tlen != last_tlen || memcmp(last_tp, r + tpos + 1, (size_t)tlen) != 0) {
+            PyObject *t = PyUnicode_DecodeUTF8((const char *)r + tpos + 1, tlen, "strict");
+            if (t == NULL) {
+                PyErr_Clear();
+                goto unusual;
+            }
+            Py_XSETREF(last_topic, t);
+            last_tlen = tlen;
+            last_tp = r + tpos + 1;
+        }
+        f[0] = Py_NewRef(last_topic);
+        f[1] = PyBytes_FromStringAndSize((const char *)r + 88, body_len);
+        if (f[1] != NULL && (sysflag & 0x1)) { /* COMPRESSED: inflated as the producer gave it */
+            PyObject *raw = f[1];
+            f[1] = PyObject_CallOneArg(inflate, raw);
+            Py_DECREF(raw);
+        }
+        PyObject *ptext = PyUnicode_DecodeUTF8((const char *)r + ppos + 2, plen, "strict");
+        int bad = 0;
+        if (ptext == NULL) {
+            PyErr_Clear();
+            bad = 1;
+        } else {
+            f[2] = PyDict_New();
+            if (f[2] != NULL && props_into(f[2], ptext) < 0)
+                Py_CLEAR(f[2]);
+            Py_DECREF(ptext);
+        }
+        char id[32];
+        for (int k = 0; k < 8; k++) { /* offset msg id: store host (ip, port) then commit-log offset */
+            id[2 * k] = hex[r[64 + k] >> 4];
+            id[2 * k + 1] = hex[r[64 + k] & 0xF];
+            id[16 + 2 * k] = hex[r[28 + k] >> 4];
+            id[16 + 2 * k + 1] = hex[r[28 + k] & 0xF];
+        }
+        f[7] = PyUnicode_FromStringAndSize(id, 32);
+        f[3] = PyLong_FromLong((int32_t)get_u32(r + 12));
+        f[4] = PyLong_FromLongLong((int64_t)get_u64(r + 20));
+        f[5] = PyLong_FromLongLong((int64_t)get_u64(r + 28));
+        f[8] = PyLong_FromLong((int32_t)sysflag);
+        f[9] = PyLong_FromLong((int32_t)get_u32(r + 16));
+        f[10] = PyLong_FromLongLong((int64_t)get_u64(r + 40));
+        f[11] = host_tuple(r + 48, born_bytes, &last_born);
+        f[12] = PyLong_FromLongLong((int64_t)get_u64(r + 56));
+        f[13] = host_tuple(r + 64, store_bytes, &last_store);
+        f[14] = PyLong_FromLong((int32_t)get_u32(r + 72));
+        f[15] = PyLong_FromLong((int32_t)crc);
+        f[16] = PyLong_FromLong(total);
+        if (!bad && f[2] != NULL) {
+            PyObject *uniq = PyDict_GetItemWithError(f[2], s_UNIQ_KEY);
+            f[6] = uniq != NULL ? Py_NewRef(uniq) : (PyErr_Occurred() ? NULL : Py_NewRef(f[7]));
+        }
+        int missing = bad;
+        for (int i = 0; i < N_EXT_FIELDS; i++)
+            if (f[i] == NULL)
+                missing = 1;
+        PyObject *o = missing ? NULL : ((PyTypeObject *)cls)->tp_alloc((PyTypeObject *)cls, 0);
+        if (o == NULL) {
+            for (int i = 0; i < N_EXT_FIELDS; i++)
+                Py_XDECREF(f[i]);
+            if (bad || !PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_Exception)) {
+                /* a value that does not decode, or inflate failing: the Python path explains it */
+                PyErr_Clear();
+                goto unusual;
+            }
+            goto done;
+        }
+        for (int i = 0; i < N_EXT_FIELDS; i++)
+            *(PyObject **)((char *)o + ext_offsets[i]) = f[i]; /* the new references move in */
+        int rc = PyList_Append(list, o);
+        Py_DECREF(o);
+        if (rc < 0)
+            goto done;
+        pos += total;
+    }
+    out = Py_NewRef(list);
+    goto done;
+unusual:
+    out = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(list);
+    Py_XDECREF(last_topic);
+    Py_XDECREF(last_born);
+    Py_XDECREF(last_store);
+    PyBuffer_Release(&bv);
+    return out;
+}
+
+PyMethodDef sluice_reads_methods[] = {
+    {"gather_records", (PyCFunction)gather_records, METH_VARARGS, gather_records_doc},
+    {"gather_units", (PyCFunction)gather_units, METH_VARARGS, gather_units_doc},
+    {"decode_messages", (PyCFunction)decode_messages, METH_VARARGS, decode_messages_doc},
+    {NULL, NULL, 0, NULL},
+};

@@ -1,0 +1,89 @@
+/* sluice._speedups: C twins of the per-message loops on the broker's hot paths (shared declarations).
+ *
+ * Every function of the module has a pure-Python reference that states the behaviour (named in its
+ * docstring); property tests hold the two equal, and SLUICE_NO_EXTENSIONS=1 runs everything on the
+ * Python ones. Where input is anything but the usual shape (a bad message, an IPv6 host, a
+ * transactional flag, ...) an encoder or decoder answers None and the caller takes the Python path,
+ * which raises the precise error: this code never decides what an error message says.
+ *
+ * Python is slow per message and fast per batch; these are the places where a batch still cost a
+ * Python-level step per message (see docs/architecture.md). One file per job:
+ *   batches.c  SEND_BATCH_MESSAGE bodies and message properties
+ *   records.c  commit-log records on append (encoding, patching, offset message ids)
+ *   index.c    key-index hashes and entries
+ *   reads.c    pulls and consumers: runs of stored records, records to MessageExt
+ */
+#ifndef SLUICE_SPEEDUPS_H
+#define SLUICE_SPEEDUPS_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MAGIC_V1 0xDAA320A7u
+#define MAGIC_V2 0xDAA320ABu
+#define HEAD_V4 88       /* a record's fixed part with two IPv4 hosts, body length included */
+#define MAX_PROPS 32767  /* properties length is a signed short */
+#define TRAN_MASK 0xC
+#define HOST_V6_BITS 0x30
+#define PAD_SIZE 0x7FFFFFFF /* a consume-queue unit that pads a file holds no message */
+
+static inline void put_u16(unsigned char *p, uint32_t v) { p[0] = (unsigned char)(v >> 8); p[1] = (unsigned char)v; }
+
+static inline void put_u32(unsigned char *p, uint32_t v)
+{
+    p[0] = (unsigned char)(v >> 24); p[1] = (unsigned char)(v >> 16);
+    p[2] = (unsigned char)(v >> 8); p[3] = (unsigned char)v;
+}
+
+static inline void put_u64(unsigned char *p, uint64_t v)
+{
+    put_u32(p, (uint32_t)(v >> 32));
+    put_u32(p + 4, (uint32_t)v);
+}
+
+static inline uint32_t get_u32(const unsigned char *p)
+{
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3];
+}
+
+static inline uint64_t get_u64(const unsigned char *p) { return ((uint64_t)get_u32(p) << 32) | get_u32(p + 4); }
+
+static inline uint16_t get_u16(const unsigned char *p) { return (uint16_t)(((uint16_t)p[0] << 8) | p[1]); }
+
+/* A growable byte buffer (PyMem-allocated; free ``data`` when done). */
+typedef struct {
+    unsigned char *data;
+    Py_ssize_t len, cap;
+} Buf;
+
+int buf_reserve(Buf *b, Py_ssize_t more);
+
+static inline int buf_add(Buf *b, const void *src, Py_ssize_t n)
+{
+    if (buf_reserve(b, n) < 0)
+        return -1;
+    memcpy(b->data + b->len, src, (size_t)n);
+    b->len += n;
+    return 0;
+}
+
+/* common.c */
+int append_new(PyObject *list, PyObject *o);
+int body_crc(PyObject *crc32, const unsigned char *p, Py_ssize_t n, uint32_t *out);
+void write_head(unsigned char *p, Py_ssize_t size, uint32_t crc, int64_t queue_id, int32_t flag, int32_t sysflag,
+                int64_t born_ts, const unsigned char *born, const unsigned char *store, int32_t reconsume,
+                int64_t prepared, Py_ssize_t body_len);
+int props_into(PyObject *d, PyObject *s);
+int sluice_intern_names(void);
+
+/* Interned attribute and property names, made once at import (common.c). */
+extern PyObject *s_topic, *s_queue_id, *s_body, *s_properties, *s_flag, *s_sysflag, *s_born_timestamp,
+    *s_born_host, *s_reconsume_times, *s_prepared_tx_offset, *s_TAGS, *s_KEYS, *s_UNIQ_KEY;
+
+/* The functions of each file, added to the module by module.c. */
+extern PyMethodDef sluice_batches_methods[], sluice_records_methods[], sluice_index_methods[],
+    sluice_reads_methods[];
+
+#endif
