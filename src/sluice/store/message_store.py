@@ -45,6 +45,7 @@ from sluice.store.dispatch import DispatchService, is_queued
 from sluice.store.dispatch_batch import PutRun
 from sluice.store.encode import EncodedBatch, encode_batch
 from sluice.store.flush import FlushService
+from sluice.store.group_commit import GroupCommit
 from sluice.store.index import IndexService
 from sluice.store.ext_table import ExtTable, recover_ext
 from sluice.store.types import (
@@ -81,6 +82,7 @@ class MessageStore:
                             bitmap_bytes_max=c.consumequeue_ext_bitmap_max)
         self.dispatch.ext = self.ext
         self.flusher = FlushService(self.commitlog, interval_ms=c.flush_interval_ms, timeout_s=c.sync_flush_timeout_s)
+        self.group_commit = GroupCommit(self._append_now, self.flusher, c.sync_flush_timeout_s)
         self.recovery_report: recovery.RecoveryReport | None = None
         self._msgid_prefix = offset_msg_id_prefix(*c.store_host)
         self._msgid_prefix_hex = self._msgid_prefix.hex().upper()
@@ -357,6 +359,8 @@ class MessageStore:
         event loop and waits for the group commit on a pool thread)."""
         if not batch:
             return []
+        if self._sync and wait_durable:  # one writer appends and fsyncs for all waiting ones (group_commit.py)
+            return self.group_commit.put(batch)
         enc = encode_batch(batch, store_host=self.config.store_host, max_body=self.config.max_message_size)
         return self.put_encoded(batch[0].topic, batch[0].queue_id, enc, wait_durable=wait_durable)
 
@@ -382,6 +386,9 @@ class MessageStore:
                 e.results = results  # stored, not confirmed durable: RocketMQ answers FLUSH_DISK_TIMEOUT
                 raise
         return results
+
+    def _append_now(self, batch: Sequence[StoreMessage]) -> list[PutResult]:
+        return self.put_messages(batch, wait_durable=False)
 
     def wait_durable(self, end: int) -> None:
         """Block until commit-log bytes below ``end`` are durable (at once with asynchronous flush);
