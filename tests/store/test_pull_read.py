@@ -1,6 +1,6 @@
 """The pull read path (store/pull_read.py): the C run copier and the record-by-record loop agree.
 
-Pulls that no filter needs to see records for go through speedups.gather_records; the
+Pulls that no filter needs to see records for go through speedups.gather_units; the
 Python loop is the reference. Every pull below runs both ways on the same store and
 must give the same GetMessageResult: records, offsets, next offset, status, counters.
 The store rolls commit-log segments every few records, so runs cross files.

@@ -25,6 +25,35 @@ static PyObject *decode_properties(PyObject *self, PyObject *s)
 
 /* ---------------------------------------------------------------------------------------- decode_batch */
 
+/* One message of a batch body at ``pos`` (sluice.protocol.batch.decode_batch_columns's checks): 1 and its
+ * parts set, or 0 when the entry is malformed. */
+typedef struct {
+    Py_ssize_t body_at, body_len, props_at, props_len, next;
+    int32_t flag;
+} Entry;
+
+static int batch_entry(const unsigned char *data, Py_ssize_t pos, Py_ssize_t end, Entry *e)
+{
+    if (end - pos < BATCH_FIXED)
+        return 0;
+    int32_t total = (int32_t)get_u32(data + pos);
+    int32_t body_len = (int32_t)get_u32(data + pos + 16);
+    if (total < BATCH_FIXED || total > end - pos)
+        return 0;
+    e->next = pos + total;
+    e->body_at = pos + 20;
+    if (body_len < 0 || body_len > e->next - e->body_at - 2)
+        return 0;
+    e->body_len = body_len;
+    e->props_at = e->body_at + body_len + 2;
+    int16_t props_len = (int16_t)get_u16(data + e->props_at - 2);
+    if (props_len < 0 || e->props_at + props_len != e->next)
+        return 0;
+    e->props_len = props_len;
+    e->flag = (int32_t)get_u32(data + pos + 12);
+    return 1;
+}
+
 PyDoc_STRVAR(decode_batch_doc,
 "decode_batch(data: bytes, inherited: dict | None) -> (bodies, properties, flags) | None\n\n"
 "A SEND_BATCH_MESSAGE body split into columns, each message's properties decoded into a new dict that\n"
@@ -48,23 +77,12 @@ static PyObject *decode_batch(PyObject *self, PyObject *args)
     if (bodies == NULL || props == NULL || flags == NULL)
         goto done;
     while (pos < end) {
-        if (end - pos < BATCH_FIXED)
+        Entry e;
+        if (!batch_entry(data, pos, end, &e))
             goto malformed;
-        int32_t total = (int32_t)get_u32(data + pos);
-        int32_t flag = (int32_t)get_u32(data + pos + 12);
-        int32_t body_len = (int32_t)get_u32(data + pos + 16);
-        if (total < BATCH_FIXED || total > end - pos)
-            goto malformed;
-        Py_ssize_t body_start = pos + 20, nxt = pos + total;
-        if (body_len < 0 || body_len > nxt - body_start - 2)
-            goto malformed;
-        Py_ssize_t props_at = body_start + body_len;
-        int16_t props_len = (int16_t)get_u16(data + props_at);
-        if (props_len < 0 || props_at + 2 + props_len != nxt)
-            goto malformed;
-        if (append_new(bodies, PyBytes_FromStringAndSize((const char *)data + body_start, body_len)) < 0)
+        if (append_new(bodies, PyBytes_FromStringAndSize((const char *)data + e.body_at, e.body_len)) < 0)
             goto done;
-        PyObject *text = PyUnicode_DecodeUTF8((const char *)data + props_at + 2, props_len, "strict");
+        PyObject *text = PyUnicode_DecodeUTF8((const char *)data + e.props_at, e.props_len, "strict");
         if (text == NULL) {
             if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
                 goto done;
@@ -78,9 +96,9 @@ static PyObject *decode_batch(PyObject *self, PyObject *args)
             goto done;
         }
         Py_DECREF(text);
-        if (append_new(props, d) < 0 || append_new(flags, PyLong_FromLong(flag)) < 0)
+        if (append_new(props, d) < 0 || append_new(flags, PyLong_FromLong(e.flag)) < 0)
             goto done;
-        pos = nxt;
+        pos = e.next;
     }
     out = PyTuple_Pack(3, bodies, props, flags);
     goto done;
@@ -204,33 +222,25 @@ static PyObject *encode_wire_batch(PyObject *self, PyObject *args)
     sysflag &= ~HOST_V6_BITS;
     while (pos < end) {
         WireRec r;
-        if (end - pos < BATCH_FIXED)
+        Entry e;
+        if (!batch_entry(data, pos, end, &e) || e.body_len == 0 || e.body_len > max_body
+            || ilen + e.props_len > MAX_PROPS)
             goto unusual;
-        int32_t tot = (int32_t)get_u32(data + pos);
-        r.flag = (int32_t)get_u32(data + pos + 12);
-        int32_t blen = (int32_t)get_u32(data + pos + 16);
-        if (tot < BATCH_FIXED || tot > end - pos)
-            goto unusual;
-        Py_ssize_t nxt = pos + tot;
-        r.body_at = pos + 20;
-        if (blen <= 0 || blen > max_body || blen > nxt - r.body_at - 2)
-            goto unusual;
-        r.body_len = blen;
-        r.props_at = r.body_at + blen + 2;
-        int16_t plen = (int16_t)get_u16(data + r.props_at - 2);
-        if (plen < 0 || r.props_at + plen != nxt || ilen + plen > MAX_PROPS)
-            goto unusual;
-        r.props_len = plen;
-        if (!canonical_props(data + r.props_at, plen, inh_names, &r))
+        r.flag = e.flag;
+        r.body_at = e.body_at;
+        r.body_len = e.body_len;
+        r.props_at = e.props_at;
+        r.props_len = e.props_len;
+        if (!canonical_props(data + r.props_at, r.props_len, inh_names, &r))
             goto unusual;
         if (r.tags_at >= 0) r.tags_at += r.props_at;
         if (r.keys_at >= 0) r.keys_at += r.props_at;
         if (r.uniq_at >= 0) r.uniq_at += r.props_at;
         if (buf_add(&recs, &r, sizeof r) < 0)
             goto done;
-        total += HEAD_V4 + blen + tlen + 2 + ilen + plen;
+        total += HEAD_V4 + r.body_len + tlen + 2 + ilen + r.props_len;
         n++;
-        pos = nxt;
+        pos = e.next;
     }
     if (n == 0)
         goto unusual;

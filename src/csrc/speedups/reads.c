@@ -2,8 +2,7 @@
 #include "speedups.h"
 #include <structmember.h>
 
-/* ------------------------------------------------------------------------------------ gather_records */
-
+/* -------------------------------------------------------------------------------------- gather_units */
 
 /* commitlog.verify_record_bytes's checks on a record at ``rec`` of ``size`` bytes claimed to sit at
  * commit-log offset ``at``: 1 fine, 0 not, -1 error (from crc32). */
@@ -31,124 +30,55 @@ static int record_ok(const unsigned char *rec, Py_ssize_t size, int64_t at, PyOb
     return crc == (get_u32(rec + 8) & 0x7FFFFFFFu);
 }
 
-PyDoc_STRVAR(gather_records_doc,
-"gather_records(mm, file_start, limit, phys, sizes, idx, max_msgs, max_bytes, total, have, verify, crc32)\n"
-"    -> (data: bytes, taken: int, why: int)\n\n"
-"MessageStore._collect's loop for records no filter needs to see, over one mapped commit-log file\n"
-"``mm`` that starts at log offset ``file_start`` and holds data below ``limit``. ``phys`` and ``sizes``\n"
-"are the consume-queue units' int64 columns, ``idx`` (int64) the units to take, in order. Records are\n"
-"taken while the next one lies in this file, ``have`` (already taken) + taken < ``max_msgs``, and, once\n"
-"anything is taken, ``total`` + its size <= ``max_bytes``; with ``verify`` each must pass\n"
-"verify_record_bytes's checks. ``data`` is the taken records back to back; ``taken`` how many of ``idx``\n"
-"they are; ``why`` what stopped it: 0 idx exhausted, 1 max_msgs, 2 max_bytes, 3 the next record is not\n"
-"in this file, 4 the next record failed verification.");
-
-static PyObject *gather_records(PyObject *self, PyObject *args)
-{
-    PyObject *mm, *crc32;
-    Py_buffer pv, sv, iv;
-    long long file_start, limit, max_msgs, max_bytes, total, have;
-    int verify;
-    if (!PyArg_ParseTuple(args, "OLLy*y*y*LLLLpO:gather_records", &mm, &file_start, &limit, &pv, &sv, &iv,
-                          &max_msgs, &max_bytes, &total, &have, &verify, &crc32))
-        return NULL;
-    PyObject *out = NULL;
-    Py_buffer mv;
-    int have_mv = 0;
-    if (pv.len % 8 || sv.len != pv.len || iv.len % 8) {
-        PyErr_SetString(PyExc_ValueError, "gather_records: phys, sizes and idx must be int64 columns");
-        goto done;
-    }
-    if (PyObject_GetBuffer(mm, &mv, PyBUF_SIMPLE) < 0)
-        goto done;
-    have_mv = 1;
-    const int64_t *phys = pv.buf, *sizes = sv.buf, *idx = iv.buf;
-    Py_ssize_t nunits = pv.len / 8, n = iv.len / 8, taken = 0, nbytes = 0;
-    int why = 0;
-    if (limit > file_start + mv.len)
-        limit = file_start + mv.len;
-    const unsigned char *base = mv.buf;
-    for (; taken < n; taken++) {
-        if (have + taken >= max_msgs) {
-            why = 1;
-            break;
-        }
-        int64_t u = idx[taken];
-        if (u < 0 || u >= nunits) {
-            PyErr_SetString(PyExc_IndexError, "gather_records: a unit index is out of range");
-            goto done;
-        }
-        int64_t at = phys[u], size = sizes[u];
-        if ((have + taken) > 0 && total + nbytes + size > max_bytes) {
-            why = 2;
-            break;
-        }
-        if (at < file_start || size <= 0 || at + size > limit) {
-            why = 3;
-            break;
-        }
-        if (verify) {
-            int ok = record_ok(base + (at - file_start), (Py_ssize_t)size, at, crc32);
-            if (ok < 0)
-                goto done;
-            if (!ok) {
-                why = 4;
-                break;
-            }
-        }
-        nbytes += (Py_ssize_t)size;
-    }
-    PyObject *data = PyBytes_FromStringAndSize(NULL, nbytes);
-    if (data == NULL)
-        goto done;
-    unsigned char *w = (unsigned char *)PyBytes_AS_STRING(data);
-    for (Py_ssize_t k = 0; k < taken; k++) {
-        int64_t u = idx[k];
-        memcpy(w, base + (phys[u] - file_start), (size_t)sizes[u]);
-        w += sizes[u];
-    }
-    out = Py_BuildValue("(Nni)", data, taken, why);
-done:
-    if (have_mv)
-        PyBuffer_Release(&mv);
-    PyBuffer_Release(&pv);
-    PyBuffer_Release(&sv);
-    PyBuffer_Release(&iv);
-    return out;
-}
-
-/* -------------------------------------------------------------------------------------- gather_units */
-
-
 static int append_int(PyObject *list, long long v) { return append_new(list, PyLong_FromLongLong(v)); }
 
 PyDoc_STRVAR(gather_units_doc,
 "gather_units(units, first, mm, file_start, limit, max_msgs, max_bytes, total, have, verify, crc32,\n"
-"             base_qoff, qoffs, phys, sizes) -> (data: bytes, stop: int, why: int)\n\n"
-"gather_records for an unfiltered pull, straight from the consume-queue units: ``units`` holds 20-byte\n"
-"big-endian units (offset, size, tag code); from unit ``first`` on, units that hold no message (size\n"
-"<= 0, or the padding size) are passed over and the records of the others are taken while they lie in\n"
-"this file, as gather_records does. The queue offset (``base_qoff`` + unit index), commit-log offset\n"
-"and size of each record taken are appended to the lists ``qoffs``, ``phys`` and ``sizes``. ``stop`` is\n"
-"the unit where it stopped (the number of units when they ran out), ``why`` as gather_records's.");
+"             base_qoff, qoffs, phys, sizes, mask) -> (data: bytes, stop: int, why: int)\n\n"
+"sluice.store.pull_read's loop for records no filter needs to see, over one mapped commit-log file ``mm``\n"
+"that starts at log offset ``file_start`` and holds data below ``limit``. ``units`` holds 20-byte\n"
+"big-endian consume-queue units (offset, size, tag code); from unit ``first`` on, units that hold no\n"
+"message (size <= 0, or the padding size) and, when ``mask`` (one byte per unit) is given, units whose\n"
+"byte is 0 are passed over. Records are taken while the next one lies in this file, ``have`` (already\n"
+"taken) + taken < ``max_msgs``, and, once anything is taken, ``total`` + its size <= ``max_bytes``; with\n"
+"``verify`` each must pass verify_record_bytes's checks. The queue offset (``base_qoff`` + unit index),\n"
+"commit-log offset and size of each record taken are appended to ``qoffs``, ``phys`` and ``sizes``;\n"
+"``data`` is the records back to back; ``stop`` the unit where it stopped (the number of units when\n"
+"they ran out); ``why`` what stopped it: 0 units exhausted, 1 max_msgs, 2 max_bytes, 3 the next record\n"
+"is not in this file, 4 the next record failed verification.");
 
 static PyObject *gather_units(PyObject *self, PyObject *args)
 {
-    PyObject *mm, *crc32, *qoffs, *physl, *sizesl;
-    Py_buffer uv, mv;
+    PyObject *mm, *crc32, *qoffs, *physl, *sizesl, *mask;
+    Py_buffer uv, mv, kv = {0};
     Py_ssize_t first;
     long long file_start, limit, max_msgs, max_bytes, total, have, base_qoff;
     int verify;
-    if (!PyArg_ParseTuple(args, "y*nOLLLLLLpOLO!O!O!:gather_units", &uv, &first, &mm, &file_start, &limit,
+    if (!PyArg_ParseTuple(args, "y*nOLLLLLLpOLO!O!O!O:gather_units", &uv, &first, &mm, &file_start, &limit,
                           &max_msgs, &max_bytes, &total, &have, &verify, &crc32, &base_qoff, &PyList_Type, &qoffs,
-                          &PyList_Type, &physl, &PyList_Type, &sizesl))
+                          &PyList_Type, &physl, &PyList_Type, &sizesl, &mask))
         return NULL;
     PyObject *out = NULL;
+    Py_ssize_t nunits = uv.len / 20, u = first, nbytes = 0, taken = 0;
+    if (mask != Py_None) {
+        if (PyObject_GetBuffer(mask, &kv, PyBUF_SIMPLE) < 0) {
+            PyBuffer_Release(&uv);
+            return NULL;
+        }
+        if (kv.len != nunits) {
+            PyBuffer_Release(&kv);
+            PyBuffer_Release(&uv);
+            PyErr_SetString(PyExc_ValueError, "gather_units: the mask needs one byte per unit");
+            return NULL;
+        }
+    }
+    const unsigned char *wanted = mask != Py_None ? kv.buf : NULL;
     if (PyObject_GetBuffer(mm, &mv, PyBUF_SIMPLE) < 0) {
+        if (wanted)
+            PyBuffer_Release(&kv);
         PyBuffer_Release(&uv);
         return NULL;
     }
-    Py_ssize_t nunits = uv.len / 20, u = first, nbytes = 0, taken = 0;
     const unsigned char *units = uv.buf, *base = mv.buf;
     int why = 0;
     if (limit > file_start + mv.len)
@@ -158,7 +88,7 @@ static PyObject *gather_units(PyObject *self, PyObject *args)
         const unsigned char *unit = units + u * 20;
         int64_t at = (int64_t)get_u64(unit);
         int32_t size = (int32_t)get_u32(unit + 8);
-        if (size <= 0 || size == PAD_SIZE)
+        if (size <= 0 || size == PAD_SIZE || (wanted && !wanted[u]))
             continue;
         if (have + taken >= max_msgs) {
             why = 1;
@@ -201,6 +131,8 @@ static PyObject *gather_units(PyObject *self, PyObject *args)
 done:
     PyMem_Free(runs.data);
     PyBuffer_Release(&mv);
+    if (wanted)
+        PyBuffer_Release(&kv);
     PyBuffer_Release(&uv);
     return out;
 }
@@ -396,7 +328,6 @@ done:
 }
 
 PyMethodDef sluice_reads_methods[] = {
-    {"gather_records", (PyCFunction)gather_records, METH_VARARGS, gather_records_doc},
     {"gather_units", (PyCFunction)gather_units, METH_VARARGS, gather_units_doc},
     {"decode_messages", (PyCFunction)decode_messages, METH_VARARGS, decode_messages_doc},
     {NULL, NULL, 0, NULL},

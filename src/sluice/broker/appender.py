@@ -57,17 +57,15 @@ class Appender:
     def put_now(self, msgs: list[StoreMessage]) -> list[PutResult]:
         """Append one request's messages right away, for a broker with asynchronous flush: nothing to wait
         for, so no future and no loop iteration (batches gain most; the store's errors propagate)."""
-        self.jobs += 1
-        self.requests += 1
-        results = self.store.put_messages(msgs, wait_durable=False)
-        self._dispatch_soon()
-        return results
+        return self._appended(self.store.put_messages(msgs, wait_durable=False))
 
     def put_encoded(self, topic: str, queue_id: int, enc: EncodedBatch) -> list[PutResult]:
         """put_now for a batch encoded already (encode.encode_batch_body)."""
+        return self._appended(self.store.put_encoded(topic, queue_id, enc, wait_durable=False))
+
+    def _appended(self, results: list[PutResult]) -> list[PutResult]:
         self.jobs += 1
         self.requests += 1
-        results = self.store.put_encoded(topic, queue_id, enc, wait_durable=False)
         self._dispatch_soon()
         return results
 

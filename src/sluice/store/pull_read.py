@@ -3,7 +3,7 @@
 RocketMQ's DefaultMessageStore.getMessage. Units are read from the consume
 queue in one slice; the filter decides on their tag codes or bitmaps alone
 where it can (no commit-log read), and only the records left are read. Where
-no record needs evaluating, C (speedups.gather_records) copies and checks runs
+no record needs evaluating, C (speedups.gather_units) copies and checks runs
 of records at a time; otherwise a Python loop reads, checks and evaluates them
 one by one. Both give the same GetMessageResult (tests/store/test_pull_read.py).
 """
@@ -84,8 +84,10 @@ def get_messages(store: MessageStore, topic: str, queue_id: int, offset: int, ma
 def _collect(store: MessageStore, cq: ConsumeQueue, offset: int, units: np.ndarray, max_msgs: int,
              max_bytes: int, mf: MessageFilter | None, lo: int, hi: int) -> GetMessageResult:
     """One window of units: decide what the units alone can, then read (and evaluate) the records."""
-    if mf is None and C is not None:
-        return _collect_plain(store, cq, offset, units, max_msgs, max_bytes, lo, hi)
+    res = GetMessageResult(_S.FOUND, offset, lo, hi)
+    if mf is None and C is not None:  # the usual pull: no numpy work on the units at all
+        parts, stop_at, removed = _gather_runs(store, cq, offset, units, None, max_msgs, max_bytes, res)
+        return _result(res, offset, stop_at, parts, False, removed)
     phys = units["offset"].astype(np.int64)
     sizes = units["size"].astype(np.int64)
     real = (sizes > 0) & (sizes != PAD_SIZE)
@@ -98,21 +100,25 @@ def _collect(store: MessageStore, cq: ConsumeQueue, offset: int, units: np.ndarr
         if mask is not None:
             wanted = real & np.asarray(mask, dtype=bool)
     filtered = bool((real & ~wanted).any())
-    res = GetMessageResult(_S.FOUND, offset, lo, hi)
-    idxs = np.flatnonzero(wanted)
     if check is None and C is not None:
-        # No record needs evaluating: C copies (and checks) runs of records at a time.
-        parts, stop_at, removed = _gather(store, cq, offset, len(units), phys, sizes, idxs, max_msgs, max_bytes, res)
+        # No record needs evaluating: C copies (and checks) runs of the wanted records at a time.
+        parts, stop_at, removed = _gather_runs(store, cq, offset, units, wanted, max_msgs, max_bytes, res)
     else:
-        parts, stop_at, removed, evaluated_out = _read_each(store, cq, offset, len(units), phys, sizes, idxs,
-                                                            max_msgs, max_bytes, mf, check, res)
+        parts, stop_at, removed, evaluated_out = _read_each(store, cq, offset, len(units), phys, sizes,
+                                                            np.flatnonzero(wanted), max_msgs, max_bytes, mf,
+                                                            check, res)
         filtered = filtered or evaluated_out
-    res.next_begin_offset = offset + stop_at
     consumed = getattr(mf, "consumed", None)
     if consumed is not None:
         consumed(stop_at)
+    return _result(res, offset, stop_at, parts, filtered, removed)
+
+
+def _result(res: GetMessageResult, offset: int, stop_at: int, parts: list[bytes], filtered: bool,
+            removed: bool) -> GetMessageResult:
+    res.next_begin_offset = offset + stop_at
     if parts:
-        res.data = b"".join(parts)
+        res.data = parts[0] if len(parts) == 1 else b"".join(parts)
     elif filtered:
         res.status = _S.NO_MATCHED_MESSAGE
     elif removed:
@@ -122,19 +128,21 @@ def _collect(store: MessageStore, cq: ConsumeQueue, offset: int, units: np.ndarr
     return res
 
 
-def _collect_plain(store: MessageStore, cq: ConsumeQueue, offset: int, units: np.ndarray, max_msgs: int,
-                   max_bytes: int, lo: int, hi: int) -> GetMessageResult:
-    """_collect for an unfiltered pull, with the same outcome: C (speedups.gather_units) walks the units and
-    copies the records, one call per commit-log file the records are in."""
+def _gather_runs(store: MessageStore, cq: ConsumeQueue, offset: int, units: np.ndarray, wanted: np.ndarray | None,
+                 max_msgs: int, max_bytes: int, res: GetMessageResult) -> tuple[list[bytes], int, bool]:
+    """_read_each's outcome for records no filter needs to see (all of them, or the ``wanted`` units): C
+    (speedups.gather_units) walks the units and copies and checks the records, one call per commit-log
+    file they are in. Returns the runs' bytes, the unit (relative) to go on from, and whether a record
+    was gone from the log; fills ``res``'s per-record lists and counters."""
     cl = store.commitlog
     clog_min = cl.min_offset
     verify = store.config.verify_crc_on_read
-    res = GetMessageResult(_S.FOUND, offset, lo, hi)
     qoffs, phys, sizes = res.queue_offsets, res.commitlog_offsets, res.sizes
     parts: list[bytes] = []
     removed = False
     if units.dtype != CQ_DTYPE or not units.flags.c_contiguous:  # C reads the big-endian 20-byte units
         units = np.ascontiguousarray(units, dtype=CQ_DTYPE)  # (np.concatenate of several files' gives native)
+    mask = None if wanted is None else np.ascontiguousarray(wanted, dtype=np.uint8)
     n = len(units)
     stop_at = n
     u = total = 0
@@ -144,7 +152,7 @@ def _collect_plain(store: MessageStore, cq: ConsumeQueue, offset: int, units: np
             data, stop, why = C.gather_units(  # type: ignore[union-attr]
                 units, u, f.mm if f is not None else b"", f.start if f is not None else 0,
                 min(f.end, cl.write_pos) if f is not None else 0, max_msgs, max_bytes, total, len(sizes), verify,
-                crc32, offset, qoffs, phys, sizes)
+                crc32, offset, qoffs, phys, sizes, mask)
         except ValueError:
             if f is None or not f.closed:
                 raise
@@ -175,12 +183,7 @@ def _collect_plain(store: MessageStore, cq: ConsumeQueue, offset: int, units: np
     res.records_read += taken
     store.pull_records_read += taken
     store.pull_bytes_read += total
-    res.next_begin_offset = offset + stop_at
-    if parts:
-        res.data = parts[0] if len(parts) == 1 else b"".join(parts)
-    else:
-        res.status = _S.MESSAGE_WAS_REMOVING if removed else _S.NO_MATCHED_MESSAGE
-    return res
+    return parts, stop_at, removed
 
 
 def _file_after(store: MessageStore, f, p: int, s: int, clog_min: int):  # type: ignore[no-untyped-def]
@@ -260,71 +263,3 @@ def _read_each(store: MessageStore, cq: ConsumeQueue, offset: int, n_units: int,
             stop_at = i + 1  # like RocketMQ: resume right after the last message taken
             break
     return parts, stop_at, removed, filtered
-
-
-def _gather(store: MessageStore, cq: ConsumeQueue, offset: int, n_units: int, phys: np.ndarray, sizes: np.ndarray,
-            idxs: np.ndarray, max_msgs: int, max_bytes: int, res: GetMessageResult) -> tuple[list[bytes], int, bool]:
-    """_collect's loop, with the same outcome, for pulls whose records no filter needs to see: a C call
-    (speedups.gather_records) per commit-log file takes the records, in runs. Returns the runs' bytes,
-    the queue offset (relative) to go on from, and whether a record was gone from the log."""
-    verify = store.config.verify_crc_on_read
-    cl = store.commitlog
-    clog_min = cl.min_offset
-    parts: list[bytes] = []
-    removed = False
-    stop_at = n_units
-    taken = total = 0
-    j, n = 0, len(idxs)
-    idxs = idxs.astype(np.int64)
-    while j < n:
-        i = int(idxs[j])
-        p, s = int(phys[i]), int(sizes[i])
-        if taken and total + s > max_bytes:
-            stop_at = i
-            break
-        f = cl.queue.find(p) if p >= clog_min else None
-        if f is None:  # gone (retention ran ahead of this queue)
-            removed = True
-            j += 1
-            continue
-        try:
-            data, k, why = C.gather_records(  # type: ignore[union-attr]
-                f.mm, f.start, min(f.end, cl.write_pos), phys, sizes, idxs[j:], max_msgs, max_bytes, total, taken,
-                verify, crc32)
-        except ValueError:
-            if not f.closed:
-                raise
-            data, k, why = b"", 0, 3  # the mapping was closed by retention meanwhile
-        if k:
-            took = idxs[j:j + k]
-            parts.append(data)
-            taken += k
-            total += len(data)
-            res.records_read += k
-            store.pull_records_read += k
-            store.pull_bytes_read += len(data)
-            res.queue_offsets += (took + offset).tolist()
-            res.commitlog_offsets += phys[took].tolist()
-            res.sizes += sizes[took].tolist()
-            j += k
-        if why == 0:
-            break
-        i = int(idxs[j]) if j < n else -1
-        if why == 1:  # like RocketMQ: resume right after the last message taken
-            stop_at = int(idxs[j - 1]) + 1
-            break
-        if why == 2:
-            stop_at = i
-            break
-        p, s = int(phys[i]), int(sizes[i])
-        if why == 3:  # not in that file: in the next one (the loop goes on there), or gone
-            if _file_after(store, f, p, s, clog_min) is None:
-                removed = True
-                j += 1
-            continue
-        _damaged(store, cq, res, offset + i, p, s, first=not parts)  # why == 4
-        stop_at = i
-        break
-    if taken >= max_msgs and stop_at == n_units:
-        stop_at = int(idxs[j - 1]) + 1
-    return parts, stop_at, removed
