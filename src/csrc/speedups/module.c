@@ -1,4 +1,4 @@
-/* The module: sluice._speedups, the functions of batches.c, records.c, index.c and reads.c. */
+/* The module: sluice._speedups, the functions of batches.c, records.c, index.c, reads.c and io.c. */
 #include "speedups.h"
 
 static struct PyModuleDef module = {
@@ -14,7 +14,8 @@ PyMODINIT_FUNC PyInit__speedups(void)
     if (m == NULL)
         return NULL;
     if (PyModule_AddFunctions(m, sluice_batches_methods) < 0 || PyModule_AddFunctions(m, sluice_records_methods) < 0
-        || PyModule_AddFunctions(m, sluice_index_methods) < 0 || PyModule_AddFunctions(m, sluice_reads_methods) < 0) {
+        || PyModule_AddFunctions(m, sluice_index_methods) < 0 || PyModule_AddFunctions(m, sluice_reads_methods) < 0
+        || PyModule_AddFunctions(m, sluice_io_methods) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -84,6 +84,6 @@ extern PyObject *s_topic, *s_queue_id, *s_body, *s_properties, *s_flag, *s_sysfl
 
 /* The functions of each file, added to the module by module.c. */
 extern PyMethodDef sluice_batches_methods[], sluice_records_methods[], sluice_index_methods[],
-    sluice_reads_methods[];
+    sluice_reads_methods[], sluice_io_methods[];
 
 #endif

@@ -6,6 +6,13 @@ so untouched bytes read as zeros: a zero where a length should be ends the data.
 Writes go through a shared mmap; durability is ``os.fdatasync`` on the file's
 descriptor (on Linux that writes back the mapping's dirty pages, and unlike
 ``mmap.flush`` it releases the GIL so appends continue during an fsync).
+
+A commit log under synchronous flush writes with ``pwrite`` instead
+(FdWrittenFile) and reads through the mapping as before (Linux keeps the two
+coherent: one page cache). An fsync right after writes through a mapping costs
+several times more than after the same bytes written with pwrite, as the
+kernel must write-protect each written page of the mapping again: on this
+project's VM 1.3 ms against 0.2 ms for 24 KiB.
 """
 from __future__ import annotations
 
@@ -16,6 +23,7 @@ import threading
 from pathlib import Path
 
 from sluice.errors import StoreError
+from sluice.speedups import C
 
 log = logging.getLogger(__name__)
 
@@ -92,12 +100,32 @@ class MappedFile:
             pass
 
 
+class FdWrittenFile(MappedFile):
+    """A MappedFile whose writes go through its descriptor (``pwrite``); reads still use the mapping."""
+
+    __slots__ = ()
+
+    if C is not None:
+        def write(self, pos: int, data: bytes | bytearray | memoryview) -> None:
+            # The GIL stays held (a copy of a few KiB into the page cache): with many threads waiting
+            # for it, taking it back after os.pwrite would cost more than the write.
+            C.pwrite_all(self._fd, data, pos)
+    else:
+        def write(self, pos: int, data: bytes | bytearray | memoryview) -> None:
+            view = memoryview(data).cast("B")
+            while view:
+                n = os.pwrite(self._fd, view, pos)
+                view = view[n:]
+                pos += n
+
+
 class MappedFileQueue:
     """The ordered, contiguous files of one log (the commit log or one consume queue)."""
 
-    def __init__(self, directory: Path, file_size: int) -> None:
+    def __init__(self, directory: Path, file_size: int, *, write_by_fd: bool = False) -> None:
         self.directory = directory
         self.file_size = file_size
+        self._file_class = FdWrittenFile if write_by_fd else MappedFile
         self.files: list[MappedFile] = []
         # Guards the list itself (roll-over, retention, truncation); data access needs no lock.
         self.lock = threading.RLock()
@@ -114,7 +142,7 @@ class MappedFileQueue:
                     raise StoreError(f"{p} does not start at a multiple of the file size {self.file_size}")
                 if files and start != files[-1].end:
                     raise StoreError(f"{p} does not follow {files[-1].path}: a file is missing")
-                files.append(MappedFile(p, start, self.file_size))
+                files.append(self._file_class(p, start, self.file_size))
         except BaseException:
             for f in files:
                 f.close()
@@ -155,7 +183,7 @@ class MappedFileQueue:
             if self.files and start != self.files[-1].end:
                 raise StoreError(f"new file at {start} would not follow {self.files[-1].path}")
             self.directory.mkdir(parents=True, exist_ok=True)
-            f = MappedFile(self.directory / offset_to_name(start), start, self.file_size)
+            f = self._file_class(self.directory / offset_to_name(start), start, self.file_size)
             self.files = self.files + [f]
             return f
 

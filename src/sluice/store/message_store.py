@@ -72,7 +72,8 @@ class MessageStore:
         warm = c.commitlog_warm_ahead
         if warm is None:
             warm = WARM_AHEAD if c.flush_mode == "async" else 0
-        self.commitlog = CommitLog(self.root / "commitlog", c.commitlog_file_size, warm_ahead=warm)
+        self.commitlog = CommitLog(self.root / "commitlog", c.commitlog_file_size, warm_ahead=warm,
+                                   write_by_fd=c.flush_mode == "sync")
         self.queues = ConsumeQueueTable(self.root / "consumequeue", c.consumequeue_units_per_file)
         self.index: IndexService | None = (
             IndexService(self.root / "index", max_hash_slots=c.index_max_hash_slots,
