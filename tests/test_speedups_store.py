@@ -1,4 +1,5 @@
-"""sluice._speedups against the store's pure-Python paths: encode_batch, IndexFile.put_many, CommitLog.append.
+"""sluice._speedups against the store's pure-Python paths: encode_batch, IndexFile.put_many, CommitLog.append,
+pwrite_all.
 
 The reference runs in the same process with the module's ``C`` patched to None. For every input both
 must succeed with identical results (byte for byte) or raise the same exception with the same message.
@@ -298,3 +299,29 @@ def test_patch_records_refuses_inconsistent_sizes(rec, how, i, d):
     with pytest.raises(ValueError):
         C.patch_records(buf, sizes, ts, 0, 0, 1)
     assert bytes(buf) == before  # nothing patched
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 20_000), st.binary(max_size=9000)), max_size=6))
+def test_pwrite_all_equals_python(writes):
+    from sluice.store.mapped import _pwrite_py
+    files = []
+    try:
+        for f in (C.pwrite_all, _pwrite_py):
+            fd, path = tempfile.mkstemp()
+            files.append((fd, path))
+            for pos, data in writes:
+                f(fd, bytearray(data), pos)
+        (fa, pa), (fb, pb) = files
+        assert Path(pa).read_bytes() == Path(pb).read_bytes()
+    finally:
+        for fd, path in files:
+            os.close(fd)
+            os.unlink(path)
+
+
+def test_pwrite_all_refuses_a_negative_offset_and_a_bad_descriptor():
+    with pytest.raises(ValueError):
+        C.pwrite_all(0, b"x", -1)
+    with pytest.raises(OSError):
+        C.pwrite_all(-1, b"x", 0)

@@ -1,6 +1,7 @@
 """CommitLog and MappedFileQueue: append, roll-over, reads, scans, truncation, the record parser."""
 from __future__ import annotations
 
+import os
 import struct
 import threading
 import time
@@ -13,7 +14,9 @@ from hypothesis import strategies as st
 from sluice.errors import CorruptRecordError, StoreError
 from sluice.protocol.record import BLANK_MAGIC, decode_record, encode_record
 from sluice.store.commitlog import CommitLog, parse_record, verify_record_bytes
-from sluice.store.mapped import MappedFileQueue, offset_to_name
+from sluice.speedups import C
+from sluice.store import mapped
+from sluice.store.mapped import FdWrittenFile, MappedFileQueue, offset_to_name
 
 SEG = 64 * 1024
 
@@ -29,9 +32,10 @@ def append(cl: CommitLog, records: list[bytearray], topic: str = "T", qid: int =
     return list(zip(phys, qoffs, sizes)), ts, end
 
 
-@pytest.fixture
-def cl(tmp_path: Path):
-    c = CommitLog(tmp_path / "commitlog", SEG)
+@pytest.fixture(params=[False, True], ids=["mapped-writes", "pwrite"])
+def cl(tmp_path: Path, request):
+    """Both write paths: through the mapping (async flush) and with pwrite (sync flush, mapped.FdWrittenFile)."""
+    c = CommitLog(tmp_path / "commitlog", SEG, write_by_fd=request.param)
     c.load()
     yield c
     c.close()
@@ -93,6 +97,23 @@ def test_read_record_and_reads_out_of_range(cl: CommitLog) -> None:
     cl.segments()[0].write(4, b"\x00\x00\x00\x00")
     with pytest.raises(CorruptRecordError, match="magic"):
         cl.read_record(0)
+
+
+@pytest.mark.parametrize("pwrite", [mapped._pwrite_py] + ([C.pwrite_all] if C is not None else []),
+                         ids=lambda f: f.__module__ or "C")
+def test_fd_written_file_reads_back_through_the_mapping_and_the_file(tmp_path: Path, pwrite) -> None:
+    q = MappedFileQueue(tmp_path / "q", SEG, write_by_fd=True)
+    f = q.create(0)
+    assert isinstance(f, FdWrittenFile)
+    data = bytes(range(256)) * 20  # crosses page boundaries, starts mid-page
+    pwrite(f._fd, memoryview(bytearray(data))[3:], 4093)
+    pwrite(f._fd, b"", 0)  # nothing to write: no call, no error
+    assert f.read(4093, len(data) - 3) == data[3:]  # the mapping sees what pwrite wrote: one page cache
+    assert os.pread(f._fd, len(data) - 3, 4093) == data[3:]
+    assert f.read(0, 4093) == bytes(4093)  # nothing else touched
+    with pytest.raises(OSError):
+        pwrite(-1, b"x", 0)
+    q.close()
 
 
 def test_mapped_queue_refuses_a_gap(tmp_path: Path) -> None:

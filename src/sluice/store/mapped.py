@@ -100,23 +100,26 @@ class MappedFile:
             pass
 
 
+def _pwrite_py(fd: int, data: bytes | bytearray | memoryview, pos: int) -> None:
+    """Write all of ``data`` at ``pos`` (the reference for C.pwrite_all, which keeps the GIL)."""
+    view = memoryview(data).cast("B")
+    while view:
+        n = os.pwrite(fd, view, pos)
+        view = view[n:]
+        pos += n
+
+
 class FdWrittenFile(MappedFile):
     """A MappedFile whose writes go through its descriptor (``pwrite``); reads still use the mapping."""
 
     __slots__ = ()
 
-    if C is not None:
-        def write(self, pos: int, data: bytes | bytearray | memoryview) -> None:
-            # The GIL stays held (a copy of a few KiB into the page cache): with many threads waiting
-            # for it, taking it back after os.pwrite would cost more than the write.
-            C.pwrite_all(self._fd, data, pos)
-    else:
-        def write(self, pos: int, data: bytes | bytearray | memoryview) -> None:
-            view = memoryview(data).cast("B")
-            while view:
-                n = os.pwrite(self._fd, view, pos)
-                view = view[n:]
-                pos += n
+    # C's keeps the GIL (a copy of a few KiB into the page cache): with many threads waiting for the
+    # GIL, taking it back after os.pwrite costs more than the write.
+    _pwrite = staticmethod(C.pwrite_all if C is not None else _pwrite_py)
+
+    def write(self, pos: int, data: bytes | bytearray | memoryview) -> None:
+        self._pwrite(self._fd, data, pos)
 
 
 class MappedFileQueue:
