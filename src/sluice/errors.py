@@ -29,6 +29,13 @@ class InvalidParameterError(SluiceError):
     code = ResponseCode.INVALID_PARAMETER
 
 
+class QueueIdIllegalError(SluiceError):
+    """A send naming a queue id past the topic's queues: RocketMQ 4.x answers SYSTEM_ERROR (5.x
+    INVALID_PARAMETER), and clients treat the reply as a failed send to retry elsewhere."""
+
+    code = ResponseCode.SYSTEM_ERROR
+
+
 class TopicNotExistError(SluiceError):
     code = ResponseCode.TOPIC_NOT_EXIST
 

@@ -60,10 +60,18 @@ def test_librocketmq_batch_as_send_message_compressed(rpc):
     assert all(r.sysflag & 0x1 == 0 for r in recs)
 
 
-def test_queue_id_out_of_range_picks_one(rpc, broker):
-    ack = rpc.send("Picky", queue_id=999)
+def test_a_negative_queue_id_picks_one(rpc, broker):
+    ack = rpc.send("Picky", queue_id=-1)
     assert ack.code == R.SUCCESS
     assert 0 <= int(ack.ext_fields["queueId"]) < broker.broker.topics.get("Picky").write_queue_nums
+
+
+def test_a_queue_id_past_the_topics_queues_is_refused(rpc, broker):
+    assert rpc.send("Picky", queue_id=0).code == R.SUCCESS  # creates the topic (4 queues)
+    ack = rpc.send("Picky", queue_id=999)
+    assert ack.code == R.SYSTEM_ERROR  # RocketMQ 4.x's msgCheck
+    assert "queueId[999] is illegal" in ack.remark and "4 write and 4 read queues" in ack.remark
+    assert rpc.pull("Picky", queue_id=0).code == R.SUCCESS  # the broker carries on
 
 
 @pytest.mark.parametrize("topic,body,needle", [

@@ -20,7 +20,7 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from sluice.broker.topics import AUTO_CREATE_TOPIC, RETRY_PREFIX, dlq_topic
-from sluice.errors import InvalidParameterError, MessageIllegalError
+from sluice.errors import InvalidParameterError, MessageIllegalError, QueueIdIllegalError
 from sluice.protocol import properties as P
 from sluice.protocol.batch import decode_batch_messages
 from sluice.protocol.codes import RequestCode
@@ -126,8 +126,11 @@ class SendProcessor:
             self.broker.topics_changed()  # clients find the new topic's route through the namesrvs
         topics.check_writable(cfg)
         queue_id = h.queue_id
-        if not 0 <= queue_id < cfg.write_queue_nums:
+        if queue_id < 0:
             queue_id = random.randrange(cfg.write_queue_nums)  # RocketMQ's randomQueueId
+        elif queue_id >= max(cfg.write_queue_nums, cfg.read_queue_nums):  # as RocketMQ's msgCheck
+            raise QueueIdIllegalError(f"request queueId[{queue_id}] is illegal: topic {topic} has "
+                                      f"{cfg.write_queue_nums} write and {cfg.read_queue_nums} read queues")
         reconsume = h.reconsume_times or 0
         if topic.startswith(RETRY_PREFIX):
             limit = h.max_reconsume_times if h.max_reconsume_times is not None \
