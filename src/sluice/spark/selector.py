@@ -34,7 +34,6 @@ from sluice.filter.sql_ast import (
     And,
     BoolCast,
     Compare,
-    Const,
     Eq,
     In,
     IsNull,
@@ -271,7 +270,6 @@ class _Compiler:
         return None, self.num_cmp(op, l, r)
 
     def num_cmp(self, op: str, l: _Val, r: _Val) -> Column:
-        F = self.F
         if l.jtype == "D" or r.jtype == "D":
             lc = self.vcol(l).cast("double")
             if r.is_const:

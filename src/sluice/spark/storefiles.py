@@ -309,7 +309,6 @@ class SegmentReader:
                 yield batch
 
     def _decode(self, mm: mmap.mmap, starts_list: list[int]) -> pa.RecordBatch | None:
-        sp = self.split
         buf = np.frombuffer(mm, dtype=np.uint8)
         mv = memoryview(mm)
         try:
