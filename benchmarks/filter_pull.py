@@ -160,7 +160,7 @@ def broker_row(tmp: Path, n: int) -> dict:
     from sluice.protocol.batch import encode_batch
     from sluice.protocol.codes import RequestCode
     from sluice.protocol.command import RemotingCommand
-    from sluice.protocol.sync import SyncRemotingClient
+    from sluice.transport.blocking import SyncRemotingClient
     import orjson
 
     cfg = tmp / "broker.toml"

@@ -33,7 +33,7 @@ from pathlib import Path
 from sluice.protocol import headers as H
 from sluice.protocol import properties as P
 from sluice.protocol.batch import encode_batch
-from sluice.protocol.client import RemotingClient
+from sluice.transport.client import RemotingClient
 from sluice.protocol.codes import RequestCode
 from sluice.protocol.command import RemotingCommand
 

@@ -23,13 +23,13 @@ import subprocess
 import sys
 import time
 
-from sluice.protocol.client import RemotingClient
+from sluice.transport.client import RemotingClient
 from sluice.protocol.codes import RequestCode
 from sluice.protocol.command import RemotingCommand
-from sluice.protocol.connection import RemotingConnection
+from sluice.transport.connection import RemotingConnection
 from sluice.protocol.frame import NEED_DATA, FrameCodec, encode_frame
 from sluice.protocol.headers import SendMessageRequestHeader
-from sluice.protocol.server import RemotingServer
+from sluice.transport.server import RemotingServer
 
 ECHO_ASYNC, ECHO_SYNC, STATS = 1, 2, 3
 

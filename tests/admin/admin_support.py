@@ -20,12 +20,12 @@ from servers import SluiceProcess, wait_for, wait_for_route  # noqa: F401 (re-ex
 from sluice.admin import ExitStatus, main
 from sluice.protocol import properties as P
 from sluice.protocol.bodies import ConsumerData, HeartbeatData, SubscriptionData, encode_body
-from sluice.protocol.client import RemotingClient
+from sluice.transport.client import RemotingClient
 from sluice.protocol.codes import RequestCode, ResponseCode
 from sluice.protocol.command import RemotingCommand
 from sluice.protocol.headers import ConsumerSendMsgBackRequestHeader, SendMessageRequestHeader
 from sluice.protocol.msgid import new_unique_id
-from sluice.protocol.sync import SyncRemotingClient
+from sluice.transport.blocking import SyncRemotingClient
 
 
 @dataclass

@@ -17,10 +17,10 @@ from admin_support import (Cluster, Run, cluster, join_group, run_admin, send_ba
 from sluice import Message, Producer, PullConsumer, PullStatus
 from sluice.admin import ExitStatus
 from sluice.protocol.bodies import ConsumerData, HeartbeatData, MessageQueue, SubscriptionData, encode_body
-from sluice.protocol.client import RemotingClient
+from sluice.transport.client import RemotingClient
 from sluice.protocol.codes import RequestCode
 from sluice.protocol.command import RemotingCommand
-from sluice.protocol.connection import RemotingConnection
+from sluice.transport.connection import RemotingConnection
 from sluice.protocol.headers import ResetOffsetRequestHeader
 from sluice.protocol.offset_table import decode_offset_table
 

@@ -174,7 +174,7 @@ def test_not_writable_topic(rpc):
 def test_concurrent_sends_are_merged_and_a_bad_one_fails_alone(make_broker):
     import asyncio
 
-    from sluice.protocol.client import RemotingClient
+    from sluice.transport.client import RemotingClient
     from sluice.protocol.command import RemotingCommand
     b = make_broker(max_message_size=2048)
 

@@ -7,7 +7,7 @@ from sluice.broker.filtering import SelectorFilter
 from sluice.broker.longpoll import TIMED_OUT, HoldService
 from sluice.filter import compile_selector
 from sluice.protocol import properties as P
-from sluice.store.dispatch_batch import DispatchBatch, PutRun
+from sluice.store.dispatch_columns import DispatchBatch, PutRun
 
 
 def _run(topic: str, qid: int, first_qoff: int, phys0: int, tags: list[str | None], colors: list[str]) -> PutRun:

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sluice.client import api
+from sluice.client import broker_api as api
 from sluice.errors import CorruptRecordError
 from sluice.message import MessageExt
 from sluice.protocol import properties as P

@@ -17,7 +17,7 @@ from sluice.protocol.bodies import ConsumerListBody, decode_body
 from sluice.protocol.codes import RequestCode, ResponseCode
 from sluice.protocol.command import RemotingCommand
 from sluice.protocol.record import FLAG_COMPRESSED
-from sluice.protocol.sync import SyncRemotingClient
+from sluice.transport.blocking import SyncRemotingClient
 
 pytestmark = [pytest.mark.integration, needs_broker]
 

@@ -21,7 +21,7 @@ from sluice.protocol import properties as P
 from sluice.protocol.codes import RequestCode
 from sluice.protocol.command import RemotingCommand
 from sluice.protocol.record import iter_records
-from sluice.protocol.sync import LoopThread, SyncRemotingClient
+from sluice.transport.blocking import LoopThread, SyncRemotingClient
 from sluice.store import MessageStore, StoreConfig, StoreMessage
 
 SMALL = 8 * 1024 * 1024

@@ -19,7 +19,7 @@ from sluice.protocol.bodies import TopicConfig
 from sluice.protocol.codes import RequestCode, ResponseCode
 from sluice.protocol.command import RemotingCommand, SerializeType
 from sluice.protocol.frame import NEED_DATA, FrameCodec, encode_frame
-from sluice.protocol.sync import SyncRemotingClient
+from sluice.transport.blocking import SyncRemotingClient
 
 pytestmark = pytest.mark.integration
 

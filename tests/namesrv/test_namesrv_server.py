@@ -6,7 +6,7 @@ import asyncio
 from sluice.namesrv.client import NamesrvClient
 from sluice.namesrv.server import NamesrvConfig, NamesrvServer
 from sluice.protocol.bodies import DataVersion, TopicConfig, decode_body, encode_body
-from sluice.protocol.client import RemotingClient
+from sluice.transport.client import RemotingClient
 from sluice.protocol.codes import RequestCode, ResponseCode
 from sluice.protocol.command import RemotingCommand
 from sluice.protocol.headers import QueryDataVersionRequestHeader, QueryDataVersionResponseHeader

@@ -11,13 +11,13 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from sluice.errors import InvalidParameterError, RemotingError, RemotingTimeoutError
-from sluice.protocol.client import RemotingClient
+from sluice.transport.client import RemotingClient
 from sluice.protocol.codes import RequestCode, ResponseCode
 from sluice.protocol.command import RemotingCommand, SerializeType
-from sluice.protocol.connection import Dispatcher, RemotingConnection
+from sluice.transport.connection import Dispatcher, RemotingConnection
 from sluice.protocol.frame import NEED_DATA, FrameCodec, encode_frame
-from sluice.protocol.server import RemotingServer
-from sluice.protocol.sync import LoopThread, SyncRemotingClient
+from sluice.transport.server import RemotingServer
+from sluice.transport.blocking import LoopThread, SyncRemotingClient
 
 ECHO, SLOW, FAIL, CRASH, ONEWAY_SINK = 9001, 9002, 9003, 9004, 9005
 

@@ -17,7 +17,7 @@ from sluice.broker.schedule import (
 )
 from sluice.broker.topics import SCHEDULE_TOPIC
 from sluice.client.consume_service import call_listener
-from sluice.client.consume_types import (
+from sluice.client.push_options import (
     ConsumeOrderlyResult, ConsumeResult, PushConsumerOptions, parse_consume_timestamp,
 )
 from sluice.client.offset_store import LocalFileOffsetStore

@@ -26,9 +26,9 @@ from sluice.admin import ExitStatus, main
 from sluice.protocol import headers as H
 from sluice.protocol.codes import RequestCode, ResponseCode
 from sluice.protocol.command import RemotingCommand
-from sluice.protocol.connection import RemotingConnection
+from sluice.transport.connection import RemotingConnection
 from sluice.protocol.offset_table import decode_queue_table
-from sluice.protocol.server import RemotingServer
+from sluice.transport.server import RemotingServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 

@@ -15,7 +15,7 @@ from sluice.protocol import properties as P
 from sluice.protocol.codes import RequestCode
 from sluice.protocol.command import RemotingCommand
 from sluice.protocol.record import iter_records
-from sluice.protocol.sync import SyncRemotingClient
+from sluice.transport.blocking import SyncRemotingClient
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.integration]
 

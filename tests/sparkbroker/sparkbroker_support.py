@@ -15,7 +15,7 @@ from sluice.protocol.batch import encode_batch
 from sluice.protocol.codes import RequestCode
 from sluice.protocol.command import RemotingCommand
 from sluice.protocol.record import RecordView, iter_records
-from sluice.protocol.sync import LoopThread, SyncRemotingClient
+from sluice.transport.blocking import LoopThread, SyncRemotingClient
 
 SMALL = 8 * 1024 * 1024
 SPARK_GROUP = "spark-sluice-writer-test"

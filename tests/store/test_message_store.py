@@ -298,7 +298,7 @@ def test_dispatch_reports_a_hole_instead_of_spinning(store: MessageStore) -> Non
 def test_columnar_dispatch_without_and_with_requests(store: MessageStore) -> None:
     """A dispatcher with dispatch_batch sees columns and nothing per message is built; one that asks for
     requests (and changes tag codes) gets them, and the units are written from those."""
-    from sluice.store.dispatch_batch import DispatchBatch
+    from sluice.store.dispatch_columns import DispatchBatch
 
     batches: list[DispatchBatch] = []
 

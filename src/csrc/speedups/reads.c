@@ -188,7 +188,7 @@ static PyObject *host_tuple(const unsigned char *p, unsigned char *last_bytes, P
 
 PyDoc_STRVAR(decode_messages_doc,
 "decode_messages(body, check_crc: bool, crc32, cls, inflate) -> list | None\n\n"
-"sluice.client.api.decode_messages in C: the stored records of a pull (or view, or query) body to\n"
+"sluice.client.broker_api.decode_messages in C: the stored records of a pull (or view, or query) body to\n"
 "``cls`` (MessageExt) instances, bodies with the COMPRESSED bit passed through ``inflate``. None for\n"
 "anything unusual (a record that does not decode or fails its CRC, an IPv6 host, a MAGIC_V2 record,\n"
 "another class layout): the Python decoder then decodes it or says exactly what is wrong.");

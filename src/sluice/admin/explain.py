@@ -15,7 +15,7 @@ import orjson
 from sluice.admin.core import admin_command
 from sluice.admin.output import Result, kv_table
 from sluice.admin.session import AdminSession
-from sluice.client.api import decode_messages
+from sluice.client.broker_api import decode_messages
 from sluice.errors import InvalidParameterError, NotFoundError, SluiceError
 from sluice.filter import compile_selector
 from sluice.protocol.codes import RequestCode

@@ -16,7 +16,7 @@ from sluice.admin.core import admin_command, current_env
 from sluice.admin.output import Result, body_preview, fmt_time, message_detail, message_json, message_role, table
 from sluice.admin.params import KEY_VALUE, TIMESTAMP
 from sluice.admin.session import TOOLS_CONSUMER_GROUP, AdminSession
-from sluice.client.api import decode_messages
+from sluice.client.broker_api import decode_messages
 from sluice.client.results import MessageQueue, PullStatus
 from sluice.client.selector import MessageSelector
 from sluice.errors import InvalidParameterError, NotFoundError, SluiceError, TopicNotExistError

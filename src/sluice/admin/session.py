@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from sluice.client.api import decode_messages
+from sluice.client.broker_api import decode_messages
 from sluice.client.instance import ClientConfig, ClientInstance
 from sluice.client.producer import AsyncProducer
 from sluice.client.pull_consumer import FLAG_SUBSCRIPTION, process_pull_response

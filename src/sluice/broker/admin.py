@@ -19,7 +19,7 @@ from sluice.protocol.bodies import (LockBatchRequestBody, LockBatchResponseBody,
                                     UnlockBatchRequestBody, decode_body, encode_body)
 from sluice.protocol.codes import RequestCode
 from sluice.protocol.command import RemotingCommand
-from sluice.protocol.connection import RemotingConnection
+from sluice.transport.connection import RemotingConnection
 
 if TYPE_CHECKING:
     from sluice.broker.controller import BrokerController

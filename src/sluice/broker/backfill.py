@@ -40,7 +40,7 @@ from sluice.errors import BackfillRefusedError, InvalidParameterError
 from sluice.filter import compile_selector
 from sluice.protocol.codes import RequestCode
 from sluice.protocol.command import RemotingCommand
-from sluice.protocol.connection import RemotingConnection
+from sluice.transport.connection import RemotingConnection
 from sluice.spark.backfill import HEADER, MAGIC, VERSION, selector_hash
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ from sluice.protocol.bodies import ConsumerData, ConsumerListBody, HeartbeatData
     loads_lenient
 from sluice.protocol.codes import RequestCode, ResponseCode
 from sluice.protocol.command import RemotingCommand
-from sluice.protocol.connection import RemotingConnection
+from sluice.transport.connection import RemotingConnection
 from sluice.protocol.headers import GetConsumerListByGroupRequestHeader, UnregisterClientRequestHeader
 
 if TYPE_CHECKING:

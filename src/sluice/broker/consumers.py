@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sluice.broker.filtering import CompiledSubscription
-from sluice.protocol.connection import RemotingConnection
+from sluice.transport.connection import RemotingConnection
 
 __all__ = ["ClientChannel", "ConsumerGroupInfo", "ConsumerManager"]
 

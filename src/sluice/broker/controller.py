@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 from sluice import __version__
 from sluice.broker.admin import AdminProcessor
-from sluice.broker.admin_ext import AdminExtProcessor
+from sluice.broker.offset_reset import AdminExtProcessor
 from sluice.broker.appender import Appender
 from sluice.broker.backfill import BackfillManager, BackfillProcessor
 from sluice.broker.client_manage import CLIENT_ID, ClientManageProcessor
@@ -47,11 +47,11 @@ from sluice.broker.topics import TopicConfigManager
 from sluice.errors import ServiceNotAvailableError, SluiceError
 from sluice.namesrv.client import NamesrvClient
 from sluice.protocol import bodies as B
-from sluice.protocol.client import RemotingClient
+from sluice.transport.client import RemotingClient
 from sluice.protocol.codes import RequestCode, ResponseCode
 from sluice.protocol.command import RemotingCommand
-from sluice.protocol.connection import RemotingConnection, RequestHandler
-from sluice.protocol.server import RemotingServer
+from sluice.transport.connection import RemotingConnection, RequestHandler
+from sluice.transport.server import RemotingServer
 from sluice.store import MessageStore, StoreConfig
 
 __all__ = ["BrokerController"]

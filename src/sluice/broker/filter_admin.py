@@ -28,7 +28,7 @@ from sluice.errors import InvalidParameterError, SluiceError
 from sluice.filter import BloomFilter
 from sluice.protocol.codes import RequestCode, ResponseCode
 from sluice.protocol.command import RemotingCommand
-from sluice.protocol.connection import RemotingConnection
+from sluice.transport.connection import RemotingConnection
 
 if TYPE_CHECKING:
     from sluice.broker.controller import BrokerController

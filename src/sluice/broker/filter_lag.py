@@ -20,7 +20,7 @@ from sluice.broker.filtering import SelectorFilter
 from sluice.protocol import properties as P
 from sluice.store.commitlog import parse_record
 from sluice.store.consumequeue import PAD_SIZE
-from sluice.store.ext_table import plan_units, resolve_units
+from sluice.store.ext_files import plan_units, resolve_units
 
 if TYPE_CHECKING:
     from sluice.broker.controller import BrokerController

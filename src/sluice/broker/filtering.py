@@ -89,7 +89,7 @@ class SelectorFilter:
 
     def select_units(self, codes: np.ndarray, batch: ExtBatch | None, unresolved: np.ndarray | None
                      ) -> tuple[np.ndarray | None, np.ndarray | None]:
-        """(units that may match, units whose record must be evaluated); see store.ext_table.plan_units."""
+        """(units that may match, units whose record must be evaluated); see store.ext_files.plan_units."""
         self._hits = self._skip = None
         if self._tag is not None:
             if self._tag.sub_all:

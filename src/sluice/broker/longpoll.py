@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from sluice.broker.filtering import SelectorFilter
 from sluice.filter.tagcode import tag_code
 from sluice.protocol.properties import decode_properties
-from sluice.store.dispatch_batch import DispatchBatch
+from sluice.store.dispatch_columns import DispatchBatch
 from sluice.store.types import DispatchRequest
 
 __all__ = ["HoldService", "TIMED_OUT"]

@@ -21,7 +21,7 @@ from sluice.broker.retry import retry_filter
 from sluice.errors import FilterError, SluiceError, TopicNotExistError
 from sluice.protocol.codes import RequestCode, ResponseCode
 from sluice.protocol.command import RemotingCommand
-from sluice.protocol.connection import RemotingConnection
+from sluice.transport.connection import RemotingConnection
 from sluice.protocol.headers import PullMessageRequestHeader
 from sluice.store.types import GetMessageResult, GetMessageStatus
 

@@ -13,7 +13,7 @@ from sluice.errors import CorruptRecordError, SluiceError
 from sluice.protocol import headers as H
 from sluice.protocol.codes import RequestCode, ResponseCode
 from sluice.protocol.command import RemotingCommand
-from sluice.protocol.connection import RemotingConnection
+from sluice.transport.connection import RemotingConnection
 
 if TYPE_CHECKING:
     from sluice.broker.controller import BrokerController

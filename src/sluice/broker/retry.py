@@ -32,7 +32,7 @@ from sluice.errors import SluiceError
 from sluice.protocol import properties as P
 from sluice.protocol.codes import RequestCode
 from sluice.protocol.command import RemotingCommand
-from sluice.protocol.connection import RemotingConnection
+from sluice.transport.connection import RemotingConnection
 from sluice.protocol.headers import ConsumerSendMsgBackRequestHeader
 from sluice.protocol.msgid import create_offset_msg_id
 from sluice.protocol.record import check_topic, decode_record

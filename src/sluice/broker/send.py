@@ -25,7 +25,7 @@ from sluice.protocol import properties as P
 from sluice.protocol.batch import decode_batch_messages
 from sluice.protocol.codes import RequestCode
 from sluice.protocol.command import RemotingCommand
-from sluice.protocol.connection import RemotingConnection
+from sluice.transport.connection import RemotingConnection
 from sluice.protocol.headers import SendMessageRequestHeader
 from sluice.protocol.record import FLAG_COMPRESSED, check_topic
 from sluice.store.encode import EncodedBatch, encode_batch_body

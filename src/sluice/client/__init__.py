@@ -4,7 +4,7 @@ Blocking (``Producer``, ``PullConsumer``) and asyncio (``AsyncProducer``,
 ``AsyncPullConsumer``) flavours share one implementation. See docs/sdk.md.
 """
 from sluice.client.allocate import STRATEGIES as ALLOCATE_STRATEGIES
-from sluice.client.consume_types import (
+from sluice.client.push_options import (
     ConsumeFromWhere, ConsumeOrderlyResult, ConsumeResult, MessageModel, PushConsumerOptions,
 )
 from sluice.client.facade import Producer, PullConsumer

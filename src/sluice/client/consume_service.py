@@ -30,9 +30,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from sluice.client.consume_types import ConsumeOrderlyResult, ConsumeResult, MessageModel
+from sluice.client.push_options import ConsumeOrderlyResult, ConsumeResult, MessageModel
 from sluice.client.process_queue import ProcessQueue
-from sluice.client.push_api import send_message_back
+from sluice.client.push_requests import send_message_back
 from sluice.client.results import MessageQueue
 from sluice.errors import SluiceError
 from sluice.message import MessageExt

@@ -20,7 +20,7 @@ from sluice.client.routing import QueueSelector
 from sluice.client.selector import MessageSelector
 from sluice.errors import ClientError
 from sluice.message import Message, MessageExt
-from sluice.protocol.sync import LoopThread
+from sluice.transport.blocking import LoopThread
 
 __all__ = ["Producer", "PullConsumer"]
 

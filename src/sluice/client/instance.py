@@ -20,12 +20,12 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from sluice.client.api import BrokerAPI
+from sluice.client.broker_api import BrokerAPI
 from sluice.client.routing import default_topic_route
 from sluice.errors import ClientError, SluiceError, TopicNotExistError
 from sluice.namesrv.client import NamesrvClient, parse_namesrv_addrs
 from sluice.protocol.bodies import MASTER_ID, ConsumerData, HeartbeatData, ProducerData, TopicRouteData
-from sluice.protocol.client import RemotingClient
+from sluice.transport.client import RemotingClient
 from sluice.protocol.msgid import local_ip
 
 __all__ = ["ClientConfig", "ClientInstance", "ConsumerInner"]

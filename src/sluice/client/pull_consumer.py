@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from sluice.client.api import decode_messages
+from sluice.client.broker_api import decode_messages
 from sluice.client.instance import ClientInstance
 from sluice.client.options import PullConsumerOptions, split_options
 from sluice.client.results import MessageQueue, PullResult, PullStatus, queue_sort_key

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from sluice.client.consume_service import ConcurrentConsumeService, Listener, OrderlyConsumeService
-from sluice.client.consume_types import MessageModel, PushConsumerOptions, parse_consume_timestamp
+from sluice.client.push_options import MessageModel, PushConsumerOptions, parse_consume_timestamp
 from sluice.client.facade import _SLACK, _Facade, _release_loop
 from sluice.client.instance import ClientInstance
 from sluice.client.offset_store import LocalFileOffsetStore, OffsetStore, RemoteBrokerOffsetStore
@@ -62,7 +62,7 @@ MIB = 1024 * 1024
 class AsyncPushConsumer:
     """The asyncio push consumer; :class:`PushConsumer` runs it on a background loop thread.
 
-    Options (keywords): :class:`sluice.client.consume_types.PushConsumerOptions` and
+    Options (keywords): :class:`sluice.client.push_options.PushConsumerOptions` and
     :class:`sluice.client.instance.ClientConfig` (e.g. ``persist_offset_interval``, ``instance_name``).
     """
 

@@ -28,9 +28,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from sluice.client.allocate import STRATEGIES
-from sluice.client.consume_types import ConsumeFromWhere, MessageModel
+from sluice.client.push_options import ConsumeFromWhere, MessageModel
 from sluice.client.process_queue import ProcessQueue
-from sluice.client.push_api import consumer_id_list, lock_batch, unlock_batch
+from sluice.client.push_requests import consumer_id_list, lock_batch, unlock_batch
 from sluice.client.results import MessageQueue, queue_sort_key
 from sluice.client.routing import subscribe_queues
 from sluice.client.running_info import consumer_running_info, encode_running_info
@@ -38,7 +38,7 @@ from sluice.errors import ClientError, SluiceError
 from sluice.protocol import headers as H
 from sluice.protocol.codes import RequestCode
 from sluice.protocol.command import RemotingCommand
-from sluice.protocol.connection import RemotingConnection
+from sluice.transport.connection import RemotingConnection
 from sluice.protocol.offset_table import decode_offset_table
 
 if TYPE_CHECKING:

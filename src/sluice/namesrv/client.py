@@ -19,10 +19,10 @@ from sluice.protocol.bodies import (
     ClusterInfo, DataVersion, RegisterBrokerBody, TopicConfig, TopicConfigSerializeWrapper, TopicList,
     TopicRouteData, decode_body, encode_body,
 )
-from sluice.protocol.client import DEFAULT_TIMEOUT, RemotingClient
+from sluice.transport.client import DEFAULT_TIMEOUT, RemotingClient
 from sluice.protocol.codes import RequestCode, ResponseCode
 from sluice.protocol.command import RemotingCommand
-from sluice.protocol.sync import LoopThread
+from sluice.transport.blocking import LoopThread
 
 __all__ = ["NamesrvClient", "RegisterOutcome", "SyncNamesrvClient", "parse_namesrv_addrs"]
 

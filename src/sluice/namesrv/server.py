@@ -21,9 +21,9 @@ from sluice.protocol import headers as H
 from sluice.protocol.bodies import DataVersion, RegisterBrokerBody, decode_body, encode_body
 from sluice.protocol.codes import RequestCode, ResponseCode
 from sluice.protocol.command import RemotingCommand
-from sluice.protocol.connection import RemotingConnection, split_addr
+from sluice.transport.connection import RemotingConnection, split_addr
 from sluice.protocol.frame import DEFAULT_MAX_FRAME_SIZE
-from sluice.protocol.server import RemotingServer
+from sluice.transport.server import RemotingServer
 
 __all__ = ["NamesrvConfig", "NamesrvServer", "run_namesrv"]
 

@@ -39,7 +39,7 @@ from sluice.store.mapped import MappedFile, MappedFileQueue
 from sluice.store.warm import Warmer
 
 if TYPE_CHECKING:
-    from sluice.store.dispatch_batch import PutRun
+    from sluice.store.dispatch_columns import PutRun
 
 _HEAD = struct.Struct(">iIiiiqqi")  # totalsize, magic, bodycrc, queueid, flag, queueoffset, physicaloffset, sysflag
 _QP = struct.Struct(">qq")  # queueoffset, physicaloffset: contiguous at byte 20

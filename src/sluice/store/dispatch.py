@@ -23,8 +23,8 @@ from sluice.protocol import properties as P
 from sluice.protocol.record import BLANK_MAGIC
 from sluice.store.commitlog import CommitLog, parse_record
 from sluice.store.consumequeue import CQ_DTYPE, ConsumeQueueTable
-from sluice.store.dispatch_batch import DispatchBatch, PutRun, index_requests, index_runs, write_units
-from sluice.store.ext_table import ExtTable
+from sluice.store.dispatch_columns import DispatchBatch, PutRun, index_requests, index_runs, write_units
+from sluice.store.ext_files import ExtTable
 from sluice.store.index import IndexService
 from sluice.store.types import Dispatcher, DispatchRequest
 

@@ -4,7 +4,7 @@ On-disk layout under ``root_dir``::
 
     commitlog/{20-digit offset}                  records, fixed-size segments
     consumequeue/{topic}/{queueId}/{20 digits}   20-byte units
-    consumequeue_ext/{topic}/{queueId}/{20 dig.} filter bitmaps of SQL92-filtered topics (ext_table.py)
+    consumequeue_ext/{topic}/{queueId}/{20 dig.} filter bitmaps of SQL92-filtered topics (ext_files.py)
     index/{yyyyMMddHHmmssSSS}                    key index files
     checkpoint                                   what is durable (checkpoint.py)
     abort                                        present while open: its presence at start means a crash
@@ -42,12 +42,12 @@ from sluice.store.commitlog import WARM_AHEAD, CommitLog, verify_record_bytes
 from sluice.store.config import StoreConfig
 from sluice.store.consumequeue import PAD_SIZE, ConsumeQueueTable
 from sluice.store.dispatch import DispatchService, is_queued
-from sluice.store.dispatch_batch import PutRun
+from sluice.store.dispatch_columns import PutRun
 from sluice.store.encode import EncodedBatch, encode_batch
 from sluice.store.flush import FlushService
 from sluice.store.group_commit import GroupCommit
 from sluice.store.index import IndexService
-from sluice.store.ext_table import ExtTable, recover_ext
+from sluice.store.ext_files import ExtTable, recover_ext
 from sluice.store.types import (
     Dispatcher,
     DispatchRequest,

@@ -21,7 +21,7 @@ from sluice.speedups import C
 from sluice.store.commitlog import parse_record, verify_record_bytes
 from sluice.store.consumequeue import CQ_DTYPE, CQ_UNIT_SIZE, PAD_SIZE, ConsumeQueue
 from sluice.store.crc import crc32
-from sluice.store.ext_table import plan_units, resolve_units
+from sluice.store.ext_files import plan_units, resolve_units
 from sluice.store.types import GetMessageResult, GetMessageStatus, MessageFilter
 
 if TYPE_CHECKING:

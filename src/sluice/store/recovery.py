@@ -30,7 +30,7 @@ from sluice.store.checkpoint import Checkpoint
 from sluice.store.commitlog import CommitLog, ParsedRecord, parse_record
 from sluice.store.consumequeue import PAD_SIZE, ConsumeQueue
 from sluice.store.dispatch import is_queued
-from sluice.store.ext_table import ext_addresses_ok
+from sluice.store.ext_files import ext_addresses_ok
 from sluice.store.types import Problem
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from sluice.store.ext_table import retain_ext
+from sluice.store.ext_files import retain_ext
 
 if TYPE_CHECKING:
     from sluice.store.message_store import MessageStore

@@ -86,7 +86,7 @@ class MessageFilter(Protocol):
 
     # Optional: ``select_units(tag_codes, ext_batch, unresolved) -> (mask | None, check | None)``. A filter
     # that has it sees the ConsumeQueueExt rows too (bitmaps, store times) and says per unit whether it may
-    # match and whether its record must be evaluated (store.ext_table.plan_units).
+    # match and whether its record must be evaluated (store.ext_files.plan_units).
 
 
 @dataclass(slots=True)

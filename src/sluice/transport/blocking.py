@@ -12,7 +12,7 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from sluice.errors import RemotingError, RemotingTimeoutError
-from sluice.protocol.client import DEFAULT_TIMEOUT, RemotingClient
+from sluice.transport.client import DEFAULT_TIMEOUT, RemotingClient
 from sluice.protocol.command import RemotingCommand
 
 __all__ = ["LoopThread", "SyncRemotingClient"]

@@ -26,7 +26,7 @@ from sluice.protocol import headers as H
 from sluice.protocol.bodies import MessageQueue
 from sluice.protocol.codes import RequestCode
 from sluice.protocol.command import RemotingCommand
-from sluice.protocol.connection import RemotingConnection
+from sluice.transport.connection import RemotingConnection
 from sluice.protocol.offset_table import encode_fastjson_offset_table
 
 if TYPE_CHECKING:

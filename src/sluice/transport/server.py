@@ -17,7 +17,7 @@ import asyncio
 import logging
 
 from sluice.errors import RemotingError
-from sluice.protocol.connection import (
+from sluice.transport.connection import (
     DEFAULT_MAX_INFLIGHT, CloseCallback, Dispatcher, RemotingConnection, RequestHandler,
 )
 from sluice.protocol.frame import DEFAULT_MAX_FRAME_SIZE

@@ -1,13 +1,13 @@
 """Broker requests only push consumers make: the group's member list, orderly queue locks, send-back.
 
-Thin async functions over :class:`sluice.client.api.BrokerAPI` (which raises the
+Thin async functions over :class:`sluice.client.broker_api.BrokerAPI` (which raises the
 sluice.errors class of any error answer).
 """
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from sluice.client.api import BrokerAPI
+from sluice.client.broker_api import BrokerAPI
 from sluice.client.results import MessageQueue
 from sluice.message import MessageExt
 from sluice.protocol import headers as H

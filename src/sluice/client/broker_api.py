@@ -12,7 +12,7 @@ from sluice.errors import SluiceError
 from sluice.message import MessageExt
 from sluice.protocol import headers as H
 from sluice.protocol.bodies import HeartbeatData, encode_body
-from sluice.protocol.client import RemotingClient
+from sluice.transport.client import RemotingClient
 from sluice.protocol.codes import RequestCode, ResponseCode
 from sluice.protocol.command import RemotingCommand
 from sluice.protocol.record import iter_records

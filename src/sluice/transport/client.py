@@ -17,7 +17,7 @@ import logging
 
 from sluice.errors import RemotingError, RemotingTimeoutError
 from sluice.protocol.command import RemotingCommand
-from sluice.protocol.connection import Dispatcher, RemotingConnection, RequestHandler, split_addr
+from sluice.transport.connection import Dispatcher, RemotingConnection, RequestHandler, split_addr
 from sluice.protocol.frame import DEFAULT_MAX_FRAME_SIZE
 
 __all__ = ["RemotingClient"]
