@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import orjson
-from sluice.broker.config import BrokerConfig
-from sluice.broker.controller import BrokerController
+from servers import InProcessBroker
+
 from sluice.protocol import headers as H
 from sluice.protocol import properties as P
 from sluice.protocol.batch import encode_batch
@@ -18,8 +17,6 @@ from sluice.protocol.codes import RequestCode
 from sluice.protocol.command import RemotingCommand
 from sluice.protocol.record import RecordView, iter_records
 from sluice.transport.blocking import LoopThread, SyncRemotingClient
-
-SMALL = 8 * 1024 * 1024  # commit-log segment size for tests (must hold a 4 MiB message)
 
 
 class Rpc:
@@ -105,26 +102,10 @@ def bodies(resp: RemotingCommand) -> list[bytes]:
     return [bytes(r.body) for r in records(resp)]
 
 
-class BrokerHandle:
-    def __init__(self, store: Path, **settings: Any) -> None:
-        self.loop = LoopThread("test-broker")
-        self.settings = {"listen": "127.0.0.1:0", "store": str(store), "commitlog_file_size": SMALL, **settings}
-        self.broker = BrokerController(BrokerConfig.load(None, **self.settings))
-        self.loop.run(self.broker.start(), 30)
-        self.addr = self.broker.address
-        self._rpcs: list[Rpc] = []
+class BrokerHandle(InProcessBroker):
+    """An in-process broker whose ``rpc()`` clients settle dispatch before each pull."""
 
     def rpc(self) -> Rpc:
         r = Rpc(self.addr, settle=lambda: self.broker.store.wait_dispatched(5.0))
-        self._rpcs.append(r)
+        self.close_on_stop(r.close)
         return r
-
-    def stop(self) -> None:
-        for r in self._rpcs:
-            r.close()
-        self._rpcs.clear()
-        if self.loop.running:
-            self.loop.run(self.broker.stop(), 30)
-            self.loop.stop()
-
-

@@ -1,31 +1,22 @@
-"""Fixtures: an in-process broker on a free loopback port (helpers in broker_support.py)."""
+"""Fixtures: in-process brokers on free loopback ports (the factory is tests/conftest.py's ``make_broker``;
+this folder's handle and raw client are in broker_support.py)."""
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import pytest
-
 from broker_support import BrokerHandle, Rpc
 
 
 @pytest.fixture
-def make_broker(tmp_path: Path) -> Iterator[Any]:
-    handles: list[BrokerHandle] = []
-
-    def make(store: Path | None = None, **settings: Any) -> BrokerHandle:
-        h = BrokerHandle(store or tmp_path / f"store{len(handles)}", **settings)
-        handles.append(h)
-        return h
-
-    yield make
-    for h in handles:
-        h.stop()
+def make_broker(make_broker: Callable[..., Any]) -> Callable[..., BrokerHandle]:
+    return partial(make_broker, handle=BrokerHandle)
 
 
 @pytest.fixture
-def broker(make_broker: Any) -> BrokerHandle:
+def broker(make_broker: Callable[..., BrokerHandle]) -> BrokerHandle:
     return make_broker()
 
 

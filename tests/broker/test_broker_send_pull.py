@@ -113,7 +113,7 @@ def test_retry_over_max_goes_to_dlq(rpc, broker):
 
 
 def test_delayed_message_waits_in_the_schedule_topic(rpc):
-    # Level 3 is 10 s: the message is parked, not delivered at once (tests/push covers delivery).
+    # Level 3 is 10 s: the message is parked, not delivered at once (tests/client/test_delays.py covers delivery).
     assert rpc.send("Later", b"d", props={"DELAY": "3"}).code == R.SUCCESS
     assert records(rpc.pull("Later")) == []
     [rec] = records(rpc.pull("SCHEDULE_TOPIC_XXXX", queue_id=2))

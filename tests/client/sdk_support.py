@@ -1,7 +1,7 @@
 """Helpers and fixtures for SDK integration tests: real `sluice namesrv` and `sluice broker` subprocesses.
 
-A uniquely named module (not conftest.py, whose name other test folders share): test modules
-import the helpers from here, and conftest.py re-exports the fixtures.
+A uniquely named module (push_support.py's ``cluster`` differs): test modules import the helpers and the
+fixtures from here.
 """
 from __future__ import annotations
 

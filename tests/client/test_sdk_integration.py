@@ -6,7 +6,7 @@ import threading
 import time
 
 import pytest
-from sdk_support import Cluster, needs_broker, wait_for, wait_for_route
+from sdk_support import Cluster, cluster, needs_broker, topic, wait_for, wait_for_route  # noqa: F401 (fixtures)
 
 from sluice import (
     AsyncProducer, AsyncPullConsumer, Message, MessageExt, MessageQueue, MessageSelector, Producer, PullConsumer,

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from push_support import Cluster, start_cluster, stop_cluster, unique, wait_for
+from push_support import Cluster, cluster, start_cluster, stop_cluster, unique, wait_for  # noqa: F401 (a fixture)
 
 from sluice import ConsumeResult, Message, MessageExt, Producer, PushConsumer
 from sluice.broker.schedule import TIMER_OUT_MS

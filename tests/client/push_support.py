@@ -1,7 +1,7 @@
 """Helpers for the push-consumer tests: real `sluice namesrv` / `sluice broker` subprocesses.
 
-A uniquely named module (not conftest.py, whose name other test folders share); tests/push/conftest.py
-re-exports the fixtures.
+A uniquely named module (sdk_support.py's ``cluster`` differs): test modules import the helpers and the
+``cluster`` fixture from here.
 """
 from __future__ import annotations
 

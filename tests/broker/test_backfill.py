@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,12 @@ from sluice.admin import main as admin_main
 from sluice.protocol import properties as P
 from sluice.protocol.codes import RequestCode, ResponseCode
 
-from sparkbroker_support import Broker, write_backfill
+from spark_side_support import Broker, write_backfill
+
+
+@pytest.fixture
+def make_broker(make_broker):  # the suite's factory (tests/conftest.py), building the Spark-side handle
+    return partial(make_broker, handle=Broker)
 
 EXPR = "k = 'hit'"
 N = 300

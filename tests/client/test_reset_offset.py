@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 import pytest
-from push_support import Cluster, unique, wait_for
+from push_support import Cluster, cluster, unique, wait_for  # noqa: F401 (a fixture)
 
 from sluice import AsyncPushConsumer, ConsumeOrderlyResult, ConsumeResult, Message, MessageExt, Producer, PushConsumer
 from sluice.admin import ExitStatus, main

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,12 @@ from sluice.errors import InvalidParameterError
 from sluice.protocol import properties as P
 from sluice.store import PutResult, StoreMessage
 
-from sparkbroker_support import SPARK_GROUP
+from spark_side_support import Broker, SPARK_GROUP
+
+
+@pytest.fixture
+def make_broker(make_broker):  # the suite's factory (tests/conftest.py), building the Spark-side handle
+    return partial(make_broker, handle=Broker)
 
 
 def _rows(n: int, tag: str = "spark") -> list[tuple[bytes, dict[str, str]]]:

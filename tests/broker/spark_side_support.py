@@ -1,4 +1,4 @@
-"""Helpers for tests/sparkbroker: an in-process broker on a free loopback port and raw sends/pulls.
+"""Helpers for the broker side of the Spark pipeline (dedup, backfill): an in-process broker and raw sends/pulls.
 
 Sends go through the real RemotingClient with an explicit producer group (the dedup opt-in is the group)."""
 from __future__ import annotations
@@ -7,32 +7,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sluice.broker.config import BrokerConfig
-from sluice.broker.controller import BrokerController
+from servers import InProcessBroker
+
 from sluice.protocol import headers as H
 from sluice.protocol import properties as P
 from sluice.protocol.batch import encode_batch
 from sluice.protocol.codes import RequestCode
 from sluice.protocol.command import RemotingCommand
 from sluice.protocol.record import RecordView, iter_records
-from sluice.transport.blocking import LoopThread, SyncRemotingClient
 
-SMALL = 8 * 1024 * 1024
 SPARK_GROUP = "spark-sluice-writer-test"
 
 
-class Broker:
-    def __init__(self, store: Path, **settings: Any) -> None:
-        self.loop = LoopThread("sparkbroker-test")
-        cfg = {"listen": "127.0.0.1:0", "store": str(store), "commitlog_file_size": SMALL, **settings}
-        self.broker = BrokerController(BrokerConfig.load(None, **cfg))
-        self.loop.run(self.broker.start(), 30)
-        self.addr = self.broker.address
-        self.client = SyncRemotingClient(self.loop)
-
-    def call(self, code: int, fields: dict[str, Any] | None = None, body: bytes = b"",
-             timeout: float = 10.0) -> RemotingCommand:
-        return self.client.invoke(self.addr, RemotingCommand.request(code, fields or {}, body), timeout)
+class Broker(InProcessBroker):
+    """An in-process broker spoken to as the Spark writer speaks: raw sends under a chosen producer group."""
 
     def send(self, topic: str, body: bytes, props: dict[str, str], *, group: str = "PG",
              queue_id: int = 0) -> RemotingCommand:
@@ -67,12 +55,6 @@ class Broker:
                 break
             offset = nxt
         return out
-
-    def stop(self) -> None:
-        self.client.close()
-        if self.loop.running:
-            self.loop.run(self.broker.stop(), 30)
-            self.loop.stop()
 
 
 def write_backfill(out: Path, topic: str, group: str, expression: str, queues: dict[int, tuple[int, list[bool]]],

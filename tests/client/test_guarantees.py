@@ -1,4 +1,4 @@
-"""Delivery guarantees with consumers in separate OS processes (tests/push/consumer_worker.py):
+"""Delivery guarantees with consumers in separate OS processes (tests/client/consumer_worker.py):
 
 * at least once: three members of a group, one SIGKILLed mid-stream: nothing is lost, and duplicates
   stay within the in-flight window;
@@ -14,7 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from push_support import Cluster, Worker, start_worker, unique, wait_for
+from push_support import Cluster, Worker, cluster, start_worker, unique, wait_for  # noqa: F401 (a fixture)
 
 from sluice import Message, Producer
 from sluice.client.results import MessageQueue

@@ -8,7 +8,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from push_support import Cluster, unique, wait_for
+from push_support import Cluster, cluster, unique, wait_for  # noqa: F401 (a fixture)
 
 from sluice import (
     ConsumeOrderlyResult, ConsumeResult, Message, MessageExt, MessageSelector, Producer, PullConsumer, PushConsumer,

@@ -10,10 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import servers
 
 from sluice.broker.bitmap import CalcBitmapDispatcher
-from sluice.broker.config import BrokerConfig
-from sluice.broker.controller import BrokerController
 from sluice.broker.filter_data import ConsumerFilterManager
 from sluice.filter import BloomFilter
 from sluice.protocol import headers as H
@@ -21,10 +20,10 @@ from sluice.protocol import properties as P
 from sluice.protocol.codes import RequestCode
 from sluice.protocol.command import RemotingCommand
 from sluice.protocol.record import iter_records
-from sluice.transport.blocking import LoopThread, SyncRemotingClient
+from sluice.transport.blocking import SyncRemotingClient
 from sluice.store import MessageStore, StoreConfig, StoreMessage
 
-SMALL = 8 * 1024 * 1024
+SMALL = servers.SMALL
 REGIONS = ("eu", "us", "cn", "jp")
 TAGS = ("TagA", "TagB", "TagC", None)
 
@@ -146,24 +145,10 @@ def sub_data(topic: str, expr: str, expr_type: str = "SQL92", version: int | Non
             "subVersion": int(time.time() * 1000) if version is None else version}
 
 
-class InProcessBroker:
-    def __init__(self, store: Path, **settings: Any) -> None:
-        self.loop = LoopThread("filtering-test-broker")
-        self.settings = {"listen": "127.0.0.1:0", "store": str(store), "commitlog_file_size": SMALL, **settings}
-        self.broker = BrokerController(BrokerConfig.load(None, **self.settings))
-        self.loop.run(self.broker.start(), 30)
-        self.addr = self.broker.address
-        self._rpcs: list[Rpc] = []
+class InProcessBroker(servers.InProcessBroker):
+    """An in-process broker whose ``rpc()`` clients speak SQL92 subscriptions by default."""
 
     def rpc(self) -> Rpc:
         r = Rpc(self.addr, settle=lambda: self.broker.store.wait_dispatched(5.0))
-        self._rpcs.append(r)
+        self.close_on_stop(r.close)
         return r
-
-    def stop(self) -> None:
-        for r in self._rpcs:
-            r.close()
-        self._rpcs.clear()
-        if self.loop.running:
-            self.loop.run(self.broker.stop(), 30)
-            self.loop.stop()

@@ -1,18 +1,13 @@
 """The dispatcher's all-expressions-at-once evaluator agrees with each selector's own ``matches``."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_filter_sql_property import messages, predicates  # the filter tests' strategies, in this folder
 
 from sluice.errors import SelectorSyntaxError
 from sluice.filter import compile_selector
 from sluice.filter.sql_codegen import compile_multi
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "filter"))
-from test_filter_sql_property import messages, predicates  # noqa: E402  (the filter package's strategies)
 
 
 def _selectors(texts: list[str]):  # type: ignore[no-untyped-def]
