@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-import sluice
+from sluice import __version__
 from sluice.client.process_queue import ProcessQueue
 from sluice.client.results import MessageQueue, queue_sort_key
-from sluice.protocol import fields as F
+from sluice.protocol import fields
 
 if TYPE_CHECKING:
     from sluice.client.push_consumer import AsyncPushConsumer
@@ -79,9 +79,9 @@ def consumer_running_info(consumer: AsyncPushConsumer) -> tuple[dict[str, Any], 
         "PROP_CONSUMEORDERLY": str(consumer.orderly).lower(),
         "PROP_THREADPOOL_CORE_SIZE": str(o.consume_thread_max),
         "PROP_CONSUMER_START_TIMESTAMP": str(consumer.start_timestamp_ms),
-        "PROP_CLIENT_VERSION": f"sluice-{sluice.__version__}",  # read late: sluice/__init__ imports us
+        "PROP_CLIENT_VERSION": f"sluice-{__version__}",
     }
-    doc = {"properties": props, "subscriptionSet": [F.to_jsonable(s) for s in data.subscription_data_set]}
+    doc = {"properties": props, "subscriptionSet": [fields.to_jsonable(s) for s in data.subscription_data_set]}
     store = consumer.offset_store
     table = {mq: _queue_info(store.read_memory(mq), pq)
              for mq, pq in sorted(consumer.rebalancer.process_queues.items(), key=lambda kv: queue_sort_key(kv[0]))}

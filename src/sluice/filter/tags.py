@@ -92,9 +92,6 @@ class TagSelector(Selector):
         except (TypeError, AttributeError):
             return False
 
-    def matches_tag(self, tag: str | None) -> bool:
-        return self.sub_all or tag in self.tag_set
-
     # -- consume-queue codes ---------------------------------------------------------------------
     def matches_code(self, code: int) -> bool:
         """One consume-queue tag code (see the module docstring for legacy Java-hash codes)."""

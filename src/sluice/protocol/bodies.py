@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import orjson
 
 from sluice.errors import InvalidParameterError
-from sluice.protocol import fields as F
+from sluice.protocol import fields
 
 T = TypeVar("T")
 _BODY = dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -47,11 +47,11 @@ def loads_lenient(data: bytes | str) -> Any:
 def decode_body(cls: type[T], data: bytes | str) -> T:
     if not data:
         raise InvalidParameterError(f"{cls.__name__}: the request has no body")
-    return F.from_jsonable(cls, loads_lenient(data))
+    return fields.from_jsonable(cls, loads_lenient(data))
 
 
 def encode_body(obj: Any) -> bytes:
-    return orjson.dumps(F.to_jsonable(obj))
+    return orjson.dumps(fields.to_jsonable(obj))
 
 
 # ------------------------------------------------------------------------------------------ topics
@@ -158,9 +158,9 @@ class ProducerData:
 @_BODY
 class ConsumerData:
     group_name: str
-    consume_type: str = F.wire(default="CONSUME_PASSIVELY", enum=CONSUME_TYPES)
-    message_model: str = F.wire(default="CLUSTERING", enum=MESSAGE_MODELS)
-    consume_from_where: str = F.wire(default="CONSUME_FROM_LAST_OFFSET", enum=CONSUME_FROM_WHERE)
+    consume_type: str = fields.wire(default="CONSUME_PASSIVELY", enum=CONSUME_TYPES)
+    message_model: str = fields.wire(default="CLUSTERING", enum=MESSAGE_MODELS)
+    consume_from_where: str = fields.wire(default="CONSUME_FROM_LAST_OFFSET", enum=CONSUME_FROM_WHERE)
     subscription_data_set: list[SubscriptionData] = dataclasses.field(default_factory=list)
     unit_mode: bool = False
 
@@ -169,7 +169,7 @@ class ConsumerData:
 class HeartbeatData:
     """HEART_BEAT (34) body."""
 
-    client_id: str = F.wire("clientID")
+    client_id: str = fields.wire("clientID")
     producer_data_set: list[ProducerData] = dataclasses.field(default_factory=list)
     consumer_data_set: list[ConsumerData] = dataclasses.field(default_factory=list)
 
@@ -200,7 +200,7 @@ class LockBatchRequestBody:
 
 @_BODY
 class LockBatchResponseBody:
-    lock_ok_mq_set: list[MessageQueue] = F.wire("lockOKMQSet", default_factory=list)
+    lock_ok_mq_set: list[MessageQueue] = fields.wire("lockOKMQSet", default_factory=list)
 
 
 @_BODY

@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Self
 
-from sluice.protocol import fields as F
+from sluice.protocol import fields
 from sluice.protocol.command import RemotingCommand
 
 _HEADER = dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -26,14 +26,14 @@ class Header:
 
     @classmethod
     def from_ext(cls, ext: Mapping[str, str]) -> Self:
-        return F.from_ext(cls, ext)
+        return fields.from_ext(cls, ext)
 
     @classmethod
     def from_command(cls, cmd: RemotingCommand) -> Self:
-        return F.from_ext(cls, cmd.ext_fields)
+        return fields.from_ext(cls, cmd.ext_fields)
 
     def to_ext(self) -> dict[str, str]:
-        return F.to_ext(self)
+        return fields.to_ext(self)
 
 
 # ------------------------------------------------------------------------------------------------ send
@@ -81,7 +81,7 @@ class SendMessageRequestHeader(Header):
         return cls.from_ext(ext)
 
 
-_V1_TO_V2 = {F.camel(k): v for k, v in _V2_NAMES.items()}
+_V1_TO_V2 = {fields.camel(k): v for k, v in _V2_NAMES.items()}
 _V2_TO_V1 = {v: k for k, v in _V1_TO_V2.items()}
 
 
@@ -243,7 +243,7 @@ class GetConsumerListByGroupRequestHeader(Header):
 
 @_HEADER
 class UnregisterClientRequestHeader(Header):
-    client_id: str = F.wire("clientID")
+    client_id: str = fields.wire("clientID")
     producer_group: str | None = None
     consumer_group: str | None = None
 

@@ -10,7 +10,13 @@ See docs/spark.md.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sluice.spark.builder import register, session
+    from sluice.spark.demo import demo_job
+    from sluice.spark.jobs import scan, stats
+    from sluice.spark.selector import selector_column
 
 __all__ = ["demo_job", "register", "scan", "selector_column", "session", "stats"]
 
@@ -33,4 +39,8 @@ def __getattr__(name: str) -> Any:
         from sluice.spark.demo import demo_job
 
         return demo_job
-    raise AttributeError(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -83,11 +83,6 @@ class RemotingClient:
         conn = await self.connection(addr)
         await conn.send_oneway(request)
 
-    async def close_connection(self, addr: str) -> None:
-        conn = self._conns.pop(addr, None)
-        if conn is not None:
-            await conn.close()
-
     async def close(self) -> None:
         self._closed = True
         conns, self._conns = list(self._conns.values()), {}

@@ -1,0 +1,192 @@
+"""The allowed imports between Sluice's layers, checked two ways.
+
+Layers, bottom to top (a module may import its own package and any lower layer):
+
+    errors, format, persist, speedups          bottom, in any order among them (sluice.protocol.codes is a
+                                               leaf the errors may name)
+    protocol                                   the sans-IO codec
+    message                                    the message model over the codec
+    transport                                  asyncio connections, server, client
+    store | filter                             siblings: neither imports the other
+    namesrv | client                           siblings; the client may use sluice.namesrv.client only,
+                                               and never the store
+    broker
+    admin | spark                              siblings
+    cli, demo, embedded, __main__              entry points
+
+* In a fresh interpreter, importing every module of a layer (or the SDK's face) loads nothing it may not.
+* Statically, every ``import`` under src/sluice (also inside functions and under TYPE_CHECKING) follows the table.
+"""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import sluice
+
+SRC = Path(sluice.__file__).resolve().parent
+_TOP = {"cli", "demo", "embedded", "__main__"}
+RANK = {
+    "errors": 0, "format": 0, "persist": 0, "speedups": 0, "_speedups": 0,
+    "protocol": 1, "message": 2, "transport": 3, "store": 4, "filter": 4, "namesrv": 5, "client": 5,
+    "broker": 6, "admin": 7, "spark": 7, **dict.fromkeys(_TOP, 8),
+}
+#: Imports across packages of one rank that are allowed (within the bottom and the top rank, all are).
+SAME_RANK_ALLOWED = {"client": ("sluice.namesrv.client",)}
+#: Imports of a lower layer that are still forbidden.
+EXTRA_FORBIDDEN = {"client": ("sluice.store",)}
+#: Leaves below their package's layer: they import nothing from sluice, so any layer may name them.
+LEAVES = {"sluice.protocol.codes"}
+
+
+def _modules(package: str) -> list[str]:
+    """Every module of a package, by file (so none is missed by a lazy face)."""
+    root = SRC.joinpath(*package.split(".")[1:])
+    names = []
+    for path in sorted(root.rglob("*.py")):
+        parts = (package, *path.relative_to(root).with_suffix("").parts)
+        names.append(".".join(parts[:-1]) if parts[-1] == "__init__" else ".".join(parts))
+    return names
+
+
+def _loaded_after(code: str) -> set[str]:
+    """Top-level names of what `code` leaves in sys.modules, run in a fresh interpreter."""
+    probe = f"{code}\nimport sys\nprint('\\n'.join(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return set(out.stdout.split())
+
+
+def _offending(loaded: set[str], forbidden: tuple[str, ...]) -> list[str]:
+    return sorted(m for m in loaded if any(m == f or m.startswith(f + ".") for f in forbidden))
+
+
+ABOVE_TRANSPORT = ("sluice.store", "sluice.filter", "sluice.broker", "sluice.client", "sluice.namesrv",
+                   "sluice.spark", "sluice.admin", "sluice.cli", "sluice.demo", "sluice.embedded")
+SERVERS = ("sluice.store", "sluice.broker", "sluice.namesrv.server", "sluice.namesrv.routeinfo", "sluice.spark",
+           "sluice.admin", "pyspark")
+
+LAYER_RULES = {
+    "sluice.protocol": ("sluice.transport", "sluice.message", "asyncio", *ABOVE_TRANSPORT),
+    "sluice.transport": ABOVE_TRANSPORT,
+    "sluice.store": ("sluice.filter", "sluice.broker", "sluice.client", "sluice.namesrv", "sluice.spark",
+                     "sluice.admin", "pyspark"),
+    "sluice.filter": ("sluice.store", "sluice.broker", "sluice.client", "sluice.namesrv", "sluice.spark",
+                      "sluice.admin", "pyspark"),
+    "sluice.client": SERVERS,
+    "sluice.namesrv": ("sluice.store", "sluice.filter", "sluice.broker", "sluice.client", "sluice.spark",
+                       "sluice.admin"),
+    "sluice.broker": ("sluice.client", "sluice.spark", "sluice.admin", "sluice.cli", "pyspark"),
+}
+
+
+@pytest.mark.parametrize("package", sorted(LAYER_RULES))
+def test_a_layer_loads_nothing_above_it(package: str) -> None:
+    loaded = _loaded_after("\n".join(f"import {m}" for m in _modules(package)))
+    bad = _offending(loaded, LAYER_RULES[package])
+    assert bad == [], f"importing {package} loads {', '.join(bad)}"
+
+
+@pytest.mark.parametrize("names", ["Producer", "PushConsumer", "PullConsumer", "MessageSelector",
+                                   "Producer, PushConsumer, PullConsumer, MessageSelector, Message"])
+def test_the_sdk_face_loads_no_server(names: str) -> None:
+    loaded = _loaded_after(f"from sluice import {names}")
+    bad = _offending(loaded, SERVERS)
+    assert bad == [], f"from sluice import {names} loads {', '.join(bad)}"
+
+
+def test_the_codec_loads_no_numpy() -> None:
+    loaded = _loaded_after("\n".join(f"import {m}" for m in _modules("sluice.protocol")))
+    assert "numpy" not in loaded
+
+
+@pytest.mark.parametrize("face", ["sluice", "sluice.client", "sluice.filter", "sluice.store", "sluice.spark"])
+def test_a_lazy_face_loads_nothing_until_asked_and_keeps_every_name(face: str) -> None:
+    assert _offending(_loaded_after(f"import {face}"), ("sluice.",)) == []
+    # Every public name still resolves (pyspark is not needed to resolve sluice.spark's names).
+    code = (f"import importlib\nface = importlib.import_module({face!r})\n"
+            "for name in face.__all__: getattr(face, name)\n"
+            "assert set(face.__all__) <= set(dir(face))")
+    _loaded_after(code)
+
+
+def test_the_filter_registry_name_stays_the_registry() -> None:
+    _loaded_after("import sluice.filter.registry\nfrom sluice.filter import FilterRegistry, registry\n"
+                  "assert isinstance(registry, FilterRegistry)")
+
+
+# ---------------------------------------------------------------------------------------------- static
+
+
+def _module_name(path: Path) -> str:
+    parts = ("sluice", *path.relative_to(SRC).with_suffix("").parts)
+    return ".".join(parts[:-1]) if parts[-1] == "__init__" else ".".join(parts)
+
+
+def _imported(path: Path) -> list[tuple[str, int]]:
+    """(module, line) for every sluice import in a file, wherever it stands."""
+    module = _module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            for alias in node.names:
+                # `from sluice import X`: X is a submodule, or a name of the lazy face (resolved to its home).
+                if base == "sluice":
+                    if alias.name == "__version__":
+                        continue
+                    target = f"sluice.{alias.name}" if alias.name in RANK else sluice._HOME[alias.name]
+                    found.append((target, node.lineno))
+                else:
+                    found.append((base, node.lineno))
+    return sorted({(m, line) for m, line in found if m == "sluice" or m.startswith("sluice.")}, key=lambda f: f[1])
+
+
+def _allowed(source: str, target: str) -> bool:
+    if target == "sluice" or target in LEAVES:
+        return True
+    src_pkg, dst_pkg = source.split(".")[1], target.split(".")[1]
+    if src_pkg == dst_pkg:
+        return True
+    if any(target == f or target.startswith(f + ".") for f in EXTRA_FORBIDDEN.get(src_pkg, ())):
+        return False
+    if RANK[dst_pkg] < RANK[src_pkg]:
+        return True
+    if RANK[dst_pkg] == RANK[src_pkg]:
+        return RANK[src_pkg] in (0, RANK["cli"]) or any(target == f or target.startswith(f + ".")
+                                      for f in SAME_RANK_ALLOWED.get(src_pkg, ()))
+    return False
+
+
+def test_every_import_in_the_source_follows_the_layers() -> None:
+    bad = []
+    for path in sorted(SRC.rglob("*.py")):
+        source = _module_name(path)
+        if source == "sluice":
+            continue  # the face itself names what it serves
+        for target, line in _imported(path):
+            if not _allowed(source, target):
+                bad.append(f"{path.relative_to(SRC.parent)}:{line}: {source} imports {target}")
+    assert bad == [], "imports against the layers:\n" + "\n".join(bad)
+
+
+def test_the_leaves_import_nothing_from_sluice() -> None:
+    for leaf in LEAVES:
+        path = SRC.joinpath(*leaf.split(".")[1:]).with_suffix(".py")
+        assert _imported(path) == [], leaf
+
+
+def test_every_package_has_a_rank() -> None:
+    packages = {p.stem if p.suffix == ".py" else p.name for p in SRC.iterdir()
+                if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").exists()}
+    assert packages <= set(RANK), packages - set(RANK)
