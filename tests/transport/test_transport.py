@@ -9,17 +9,19 @@ import struct
 from collections.abc import Awaitable, Callable
 
 import pytest
+from servers import free_port
 
 from sluice.errors import InvalidParameterError, RemotingError, RemotingTimeoutError
-from sluice.transport.client import RemotingClient
 from sluice.protocol.codes import RequestCode, ResponseCode
 from sluice.protocol.command import RemotingCommand, SerializeType
-from sluice.transport.connection import Dispatcher, RemotingConnection
 from sluice.protocol.frame import NEED_DATA, FrameCodec, encode_frame
-from sluice.transport.server import RemotingServer
 from sluice.transport.blocking import LoopThread, SyncRemotingClient
+from sluice.transport.client import RemotingClient
+from sluice.transport.connection import Dispatcher, RemotingConnection
+from sluice.transport.server import RemotingServer
 
 ECHO, SLOW, FAIL, CRASH, ONEWAY_SINK = 9001, 9002, 9003, 9004, 9005
+Handler = Callable[[RemotingConnection, RemotingCommand], object]
 
 
 def run(coro_fn: Callable[[], Awaitable[None]], timeout: float = 20.0) -> None:
@@ -29,7 +31,10 @@ def run(coro_fn: Callable[[], Awaitable[None]], timeout: float = 20.0) -> None:
     asyncio.run(bounded())
 
 
-async def make_server(**kwargs: object) -> tuple[RemotingServer, list[RemotingCommand]]:
+async def make_server(extra: dict[int, Handler] | None = None,
+                      **kwargs: object) -> tuple[RemotingServer, list[RemotingCommand]]:
+    """A started server answering ECHO, SLOW, FAIL, CRASH and ONEWAY_SINK (which records into the list), plus
+    ``extra`` handlers."""
     seen: list[RemotingCommand] = []
     server = RemotingServer("127.0.0.1", 0, **kwargs)  # type: ignore[arg-type]
 
@@ -50,62 +55,81 @@ async def make_server(**kwargs: object) -> tuple[RemotingServer, list[RemotingCo
         seen.append(req)
         return req.make_response()
 
-    for code, handler in ((ECHO, echo), (SLOW, slow), (FAIL, fail), (CRASH, crash), (ONEWAY_SINK, sink)):
+    for code, handler in ((ECHO, echo), (SLOW, slow), (FAIL, fail), (CRASH, crash), (ONEWAY_SINK, sink),
+                          *(extra or {}).items()):
         server.register(code, handler)
     await server.start()
     return server, seen
 
 
-def test_request_response_and_dispatch_rules(caplog: pytest.LogCaptureFixture) -> None:
+@dataclasses.dataclass
+class Wire:
+    """A server from ``make_server`` and a ``RemotingClient``, for one test."""
+
+    server: RemotingServer
+    seen: list[RemotingCommand]
+    client: RemotingClient
+
+    @property
+    def addr(self) -> str:
+        return self.server.address
+
+    async def call(self, code: int, fields: dict[str, object] | None = None, body: bytes = b"",
+                   timeout: float | None = 5) -> RemotingCommand:
+        return await self.client.invoke(self.addr, RemotingCommand.request(code, fields or {}, body), timeout)
+
+
+def over_the_wire(check: Callable[[Wire], Awaitable[None]], extra: dict[int, Handler] | None = None,
+                  timeout: float = 20.0, **server_kwargs: object) -> None:
+    """Run ``check`` on a fresh event loop against a server and a client, closing both afterwards."""
     async def main() -> None:
-        server, _ = await make_server()
+        server, seen = await make_server(extra, **server_kwargs)
         client = RemotingClient()
         try:
-            resp = await client.invoke(server.address, RemotingCommand.request(ECHO, {"k": "v"}, b"body"), 5)
-            assert resp.is_response and resp.code == 0 and resp.ext_fields == {"k": "v"} and resp.body == b"body"
-            resp = await client.invoke(server.address, RemotingCommand.request(4242), 5)
-            assert resp.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED and "4242" in (resp.remark or "")
-            resp = await client.invoke(server.address, RemotingCommand.request(FAIL), 5)
-            assert (resp.code, resp.remark) == (ResponseCode.INVALID_PARAMETER, "queueId is missing")
-            with caplog.at_level(logging.ERROR):
-                resp = await client.invoke(server.address, RemotingCommand.request(CRASH), 5)
-            assert resp.code == ResponseCode.SYSTEM_ERROR and "boom" in (resp.remark or "")
-            assert "handler for request code 9004" in caplog.text
-            # the connection survived all of that
-            assert (await client.invoke(server.address, RemotingCommand.request(ECHO), 5)).code == 0
-            assert len(server.connections) == 1
+            await check(Wire(server, seen, client))
         finally:
             await client.close()
             await server.close()
-    run(main)
+    run(main, timeout)
+
+
+def test_request_response_and_dispatch_rules(caplog: pytest.LogCaptureFixture) -> None:
+    async def check(w: Wire) -> None:
+        resp = await w.call(ECHO, {"k": "v"}, b"body")
+        assert resp.is_response and resp.code == 0 and resp.ext_fields == {"k": "v"} and resp.body == b"body"
+        resp = await w.call(4242)
+        assert resp.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED and "4242" in (resp.remark or "")
+        resp = await w.call(FAIL)
+        assert (resp.code, resp.remark) == (ResponseCode.INVALID_PARAMETER, "queueId is missing")
+        with caplog.at_level(logging.ERROR):
+            resp = await w.call(CRASH)
+        assert resp.code == ResponseCode.SYSTEM_ERROR and "boom" in (resp.remark or "")
+        assert "handler for request code 9004" in caplog.text
+        # the connection survived all of that
+        assert (await w.call(ECHO)).code == 0
+        assert len(w.server.connections) == 1
+    over_the_wire(check)
 
 
 def test_concurrent_requests_are_answered_out_of_order_and_matched_by_opaque() -> None:
-    async def main() -> None:
-        server, _ = await make_server()
-        client = RemotingClient()
-        try:
-            delays = [0.4, 0.05, 0.3, 0.0, 0.2, 0.1]
-            order: list[int] = []
+    async def check(w: Wire) -> None:
+        delays = [0.4, 0.05, 0.3, 0.0, 0.2, 0.1]
+        order: list[int] = []
 
-            async def one(i: int) -> RemotingCommand:
-                r = await client.invoke(server.address, RemotingCommand.request(SLOW, {"delay": delays[i], "i": i}), 5)
-                order.append(i)
-                return r
-            results = await asyncio.gather(*(one(i) for i in range(len(delays))))
-            assert [r.ext_fields["i"] for r in results] == [str(i) for i in range(len(delays))]
-            assert order != sorted(order)  # replies really came back out of order
-            assert len(server.connections) == 1
-        finally:
-            await client.close()
-            await server.close()
-    run(main)
+        async def one(i: int) -> RemotingCommand:
+            r = await w.call(SLOW, {"delay": delays[i], "i": i})
+            order.append(i)
+            return r
+        results = await asyncio.gather(*(one(i) for i in range(len(delays))))
+        assert [r.ext_fields["i"] for r in results] == [str(i) for i in range(len(delays))]
+        assert order != sorted(order)  # replies really came back out of order
+        assert len(w.server.connections) == 1
+    over_the_wire(check)
 
 
 def test_oneway_gets_no_reply_and_binary_requests_get_binary_replies() -> None:
-    async def main() -> None:
-        server, seen = await make_server()
-        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    async def check(w: Wire) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", w.server.port)  # raw frames, not the client
         try:
             oneway = dataclasses.replace(RemotingCommand.request(ONEWAY_SINK, {"x": 1}, oneway=True), opaque=1)
             binary = dataclasses.replace(RemotingCommand.request(ECHO, {"y": "2"}), opaque=2,
@@ -118,79 +142,59 @@ def test_oneway_gets_no_reply_and_binary_requests_get_binary_replies() -> None:
             assert isinstance(frame, RemotingCommand)
             assert frame.opaque == 2 and frame.is_response and frame.serialize_type == SerializeType.ROCKETMQ
             assert frame.ext_fields == {"y": "2"}
-            assert [r.ext_fields for r in seen] == [{"x": "1"}]
+            assert [r.ext_fields for r in w.seen] == [{"x": "1"}]
             assert codec.buffered == 0
         finally:
             writer.close()
-            await server.close()
-    run(main)
+    over_the_wire(check)
 
 
 def test_timeout_then_late_reply_is_dropped() -> None:
-    async def main() -> None:
-        server, _ = await make_server()
-        client = RemotingClient()
-        try:
-            with pytest.raises(RemotingTimeoutError, match="within 0.1 s"):
-                await client.invoke(server.address, RemotingCommand.request(SLOW, {"delay": 0.5}), 0.1)
-            conn = await client.connection(server.address)
-            assert conn._pending == {}
-            assert (await conn.request(RemotingCommand.request(ECHO), None)).code == 0  # None: no timeout
-            await asyncio.sleep(0.6)  # the late reply arrives and is ignored
-            assert (await client.invoke(server.address, RemotingCommand.request(ECHO), 5)).code == 0
-        finally:
-            await client.close()
-            await server.close()
-    run(main)
+    async def check(w: Wire) -> None:
+        with pytest.raises(RemotingTimeoutError, match="within 0.1 s"):
+            await w.call(SLOW, {"delay": 0.5}, timeout=0.1)
+        conn = await w.client.connection(w.addr)
+        assert conn._pending == {}
+        assert (await conn.request(RemotingCommand.request(ECHO), None)).code == 0  # None: no timeout
+        await asyncio.sleep(0.6)  # the late reply arrives and is ignored
+        assert (await w.call(ECHO)).code == 0
+    over_the_wire(check)
 
 
 def test_request_nowait_sends_at_once_and_its_future_takes_the_reply() -> None:
     """A pipelining client (the next pull out before the last one's records are processed)."""
-    async def main() -> None:
-        server, _ = await make_server()
-        client = RemotingClient()
-        try:
-            conn = await client.connection(server.address)
-            first = conn.request_nowait(RemotingCommand.request(ECHO, {"n": "1"}), 5)
-            assert conn._wbuf == []  # already handed to the transport, not waiting for a loop iteration
-            second = conn.request_nowait(RemotingCommand.request(ECHO, {"n": "2"}), 5)
-            assert (await second).ext_fields["n"] == "2" and (await first).ext_fields["n"] == "1"
-            assert conn._pending == {}
-            late = conn.request_nowait(RemotingCommand.request(SLOW, {"delay": 0.5}), 0.1)
-            with pytest.raises(RemotingTimeoutError, match="within 0.1 s"):
-                await late
-            held = conn.request_nowait(RemotingCommand.request(SLOW, {"delay": 5}), 10)
-            await conn.close()
-            with pytest.raises(RemotingError):
-                await held
-            with pytest.raises(RemotingError, match="closed"):
-                conn.request_nowait(RemotingCommand.request(ECHO), 5)
-        finally:
-            await client.close()
-            await server.close()
-    run(main)
+    async def check(w: Wire) -> None:
+        conn = await w.client.connection(w.addr)
+        first = conn.request_nowait(RemotingCommand.request(ECHO, {"n": "1"}), 5)
+        assert conn._wbuf == []  # already handed to the transport, not waiting for a loop iteration
+        second = conn.request_nowait(RemotingCommand.request(ECHO, {"n": "2"}), 5)
+        assert (await second).ext_fields["n"] == "2" and (await first).ext_fields["n"] == "1"
+        assert conn._pending == {}
+        late = conn.request_nowait(RemotingCommand.request(SLOW, {"delay": 0.5}), 0.1)
+        with pytest.raises(RemotingTimeoutError, match="within 0.1 s"):
+            await late
+        held = conn.request_nowait(RemotingCommand.request(SLOW, {"delay": 5}), 10)
+        await conn.close()
+        with pytest.raises(RemotingError):
+            await held
+        with pytest.raises(RemotingError, match="closed"):
+            conn.request_nowait(RemotingCommand.request(ECHO), 5)
+    over_the_wire(check)
 
 
 def test_closed_connection_fails_pending_requests_and_client_reconnects() -> None:
-    async def main() -> None:
-        server, _ = await make_server()
+    async def check(w: Wire) -> None:
         closed: list[RemotingConnection] = []
-        server.on_connection_close(closed.append)
-        client = RemotingClient()
-        try:
-            pending = asyncio.ensure_future(
-                client.invoke(server.address, RemotingCommand.request(SLOW, {"delay": 10}), 5))
-            await asyncio.sleep(0.2)
-            for conn in list(server.connections):
-                await conn.close()
-            with pytest.raises(RemotingError, match="closed"):
-                await pending
-            assert len(closed) == 1
-            assert (await client.invoke(server.address, RemotingCommand.request(ECHO), 5)).code == 0
-        finally:
-            await client.close()
-            await server.close()
-    run(main)
+        w.server.on_connection_close(closed.append)
+        pending = asyncio.ensure_future(w.call(SLOW, {"delay": 10}))
+        await asyncio.sleep(0.2)
+        for conn in list(w.server.connections):
+            await conn.close()
+        with pytest.raises(RemotingError, match="closed"):
+            await pending
+        assert len(closed) == 1
+        assert (await w.call(ECHO)).code == 0
+    over_the_wire(check)
 
 
 @pytest.mark.parametrize("garbage", [
@@ -199,75 +203,50 @@ def test_closed_connection_fails_pending_requests_and_client_reconnects() -> Non
     b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",                   # another protocol entirely
 ])
 def test_malformed_input_closes_only_that_connection(garbage: bytes, caplog: pytest.LogCaptureFixture) -> None:
-    async def main() -> None:
-        server, _ = await make_server(max_frame_size=1024 * 1024)
+    async def check(w: Wire) -> None:
         closed: list[RemotingConnection] = []
-        server.on_connection_close(closed.append)
-        client = RemotingClient()
-        try:
-            assert (await client.invoke(server.address, RemotingCommand.request(ECHO), 5)).code == 0
-            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-            with caplog.at_level(logging.WARNING):
-                writer.write(garbage)
-                await writer.drain()
-                assert await asyncio.wait_for(reader.read(), 5) == b""  # the server hung up
-            writer.close()
-            assert "closing connection" in caplog.text
-            assert len(closed) == 1
-            assert (await client.invoke(server.address, RemotingCommand.request(ECHO), 5)).code == 0
-        finally:
-            await client.close()
-            await server.close()
-    run(main)
+        w.server.on_connection_close(closed.append)
+        assert (await w.call(ECHO)).code == 0
+        reader, writer = await asyncio.open_connection("127.0.0.1", w.server.port)
+        with caplog.at_level(logging.WARNING):
+            writer.write(garbage)
+            await writer.drain()
+            assert await asyncio.wait_for(reader.read(), 5) == b""  # the server hung up
+        writer.close()
+        assert "closing connection" in caplog.text
+        assert len(closed) == 1
+        assert (await w.call(ECHO)).code == 0
+    over_the_wire(check, max_frame_size=1024 * 1024)
 
 
 def test_server_can_call_the_client_on_the_same_connection() -> None:
-    async def main() -> None:
-        server, _ = await make_server()
+    async def check(w: Wire) -> None:
         client_conns: list[RemotingConnection] = []
-        server.on_connection_open(client_conns.append)
+        w.server.on_connection_open(client_conns.append)
         notified: list[str] = []
-        client = RemotingClient()
 
         async def on_notify(conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
             notified.append(req.ext_fields["consumerGroup"])
             return req.make_response()
-        client.register(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, on_notify)
-        try:
-            await client.invoke(server.address, RemotingCommand.request(ECHO), 5)
-            [conn] = client_conns
-            resp = await conn.request(RemotingCommand.request(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED,
-                                                              {"consumerGroup": "G"}), 5)
-            assert resp.code == 0 and notified == ["G"]
-            await conn.send_oneway(RemotingCommand.request(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, {"consumerGroup": "H"}))
-            deadline = asyncio.get_running_loop().time() + 5
-            while notified != ["G", "H"] and asyncio.get_running_loop().time() < deadline:
-                await asyncio.sleep(0.01)
-            assert notified == ["G", "H"]
-        finally:
-            await client.close()
-            await server.close()
-    run(main)
+        w.client.register(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, on_notify)
+        await w.call(ECHO)
+        [conn] = client_conns
+        resp = await conn.request(RemotingCommand.request(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED,
+                                                          {"consumerGroup": "G"}), 5)
+        assert resp.code == 0 and notified == ["G"]
+        await conn.send_oneway(RemotingCommand.request(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, {"consumerGroup": "H"}))
+        deadline = asyncio.get_running_loop().time() + 5
+        while notified != ["G", "H"] and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)
+        assert notified == ["G", "H"]
+    over_the_wire(check)
 
 
 def test_large_bodies_cross_intact() -> None:
-    async def main() -> None:
-        server, _ = await make_server()
-        client = RemotingClient()
-        try:
-            body = bytes(range(256)) * (5 * 4096)  # 5 MiB
-            resp = await client.invoke(server.address, RemotingCommand.request(ECHO, body=body), 10)
-            assert resp.body == body
-        finally:
-            await client.close()
-            await server.close()
-    run(main)
-
-
-def unused_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    async def check(w: Wire) -> None:
+        body = bytes(range(256)) * (5 * 4096)  # 5 MiB
+        assert (await w.call(ECHO, body=body, timeout=10)).body == body
+    over_the_wire(check)
 
 
 def test_sync_facade() -> None:
@@ -278,7 +257,7 @@ def test_sync_facade() -> None:
             assert client.invoke(server.address, RemotingCommand.request(ECHO, {"a": 1}), 5).ext_fields == {"a": "1"}
             client.invoke_oneway(server.address, RemotingCommand.request(ECHO))
             with pytest.raises(RemotingError, match="cannot connect"):
-                client.invoke(f"127.0.0.1:{unused_port()}", RemotingCommand.request(ECHO), 2)
+                client.invoke(f"127.0.0.1:{free_port()}", RemotingCommand.request(ECHO), 2)
             with pytest.raises(RemotingError, match="bad address"):
                 client.invoke("nowhere", RemotingCommand.request(ECHO), 2)
         loop.run(server.close(), 10)
@@ -287,7 +266,7 @@ def test_sync_facade() -> None:
     assert not loop.running
     with SyncRemotingClient() as own:  # owns (and stops) its loop thread
         with pytest.raises(RemotingError):
-            own.invoke(f"127.0.0.1:{unused_port()}", RemotingCommand.request(ECHO), 2)
+            own.invoke(f"127.0.0.1:{free_port()}", RemotingCommand.request(ECHO), 2)
     assert not own.loop_thread.running
 
 
@@ -328,57 +307,47 @@ def test_reading_pauses_while_too_many_requests_are_in_flight() -> None:
 # ---------------------------------------------------------------------------------------------- plain handlers
 
 def test_plain_function_handlers_follow_the_same_reply_rules(caplog: pytest.LogCaptureFixture) -> None:
-    async def main() -> None:
-        server = RemotingServer("127.0.0.1", 0)
-        seen: list[str] = []
+    seen: list[str] = []
 
-        def answer(conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
-            return req.make_response(ext_fields={"got": req.ext_fields.get("k", "")})
+    def answer(conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
+        return req.make_response(ext_fields={"got": req.ext_fields.get("k", "")})
 
-        def refuse(conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
-            raise InvalidParameterError("queueId is missing")
+    def refuse(conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
+        raise InvalidParameterError("queueId is missing")
 
-        def crash(conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
-            raise KeyError("boom")
+    def crash(conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
+        raise KeyError("boom")
 
-        def silent(conn: RemotingConnection, req: RemotingCommand) -> None:
-            seen.append(req.ext_fields["k"])
+    def silent(conn: RemotingConnection, req: RemotingCommand) -> None:
+        seen.append(req.ext_fields["k"])
 
-        def later(conn: RemotingConnection, req: RemotingCommand) -> Awaitable[RemotingCommand]:
-            async def finish() -> RemotingCommand:
-                await asyncio.sleep(0.01)
-                if req.ext_fields.get("fail"):
-                    raise InvalidParameterError("late refusal")
-                return req.make_response(ext_fields={"late": "yes"})
-            return finish()
-        for code, handler in ((1, answer), (2, refuse), (3, crash), (4, silent), (5, later)):
-            server.register(code, handler)
-        await server.start()
-        client = RemotingClient()
-        try:
-            invoke = client.invoke
-            addr = server.address
-            assert (await invoke(addr, RemotingCommand.request(1, {"k": "v"}), 5)).ext_fields == {"got": "v"}
-            resp = await invoke(addr, RemotingCommand.request(2), 5)
-            assert (resp.code, resp.remark) == (ResponseCode.INVALID_PARAMETER, "queueId is missing")
-            with caplog.at_level(logging.ERROR):
-                resp = await invoke(addr, RemotingCommand.request(3), 5)
-            assert resp.code == ResponseCode.SYSTEM_ERROR and "boom" in (resp.remark or "")
-            assert "handler for request code 3" in caplog.text and "KeyError" in caplog.text
-            with pytest.raises(RemotingTimeoutError):  # None: no reply
-                await invoke(addr, RemotingCommand.request(4, {"k": "a"}), 0.3)
-            assert (await invoke(addr, RemotingCommand.request(5), 5)).ext_fields == {"late": "yes"}
-            resp = await invoke(addr, RemotingCommand.request(5, {"fail": 1}), 5)
-            assert (resp.code, resp.remark) == (ResponseCode.INVALID_PARAMETER, "late refusal")
-            await client.invoke_oneway(addr, RemotingCommand.request(4, {"k": "b"}))
-            await client.invoke_oneway(addr, RemotingCommand.request(1, {"k": "oneway gets no reply"}))
-            assert (await invoke(addr, RemotingCommand.request(1, {"k": "after"}), 5)).ext_fields == {"got": "after"}
-            assert seen == ["a", "b"]
-            assert len(server.connections) == 1
-        finally:
-            await client.close()
-            await server.close()
-    run(main)
+    def later(conn: RemotingConnection, req: RemotingCommand) -> Awaitable[RemotingCommand]:
+        async def finish() -> RemotingCommand:
+            await asyncio.sleep(0.01)
+            if req.ext_fields.get("fail"):
+                raise InvalidParameterError("late refusal")
+            return req.make_response(ext_fields={"late": "yes"})
+        return finish()
+
+    async def check(w: Wire) -> None:
+        assert (await w.call(1, {"k": "v"})).ext_fields == {"got": "v"}
+        resp = await w.call(2)
+        assert (resp.code, resp.remark) == (ResponseCode.INVALID_PARAMETER, "queueId is missing")
+        with caplog.at_level(logging.ERROR):
+            resp = await w.call(3)
+        assert resp.code == ResponseCode.SYSTEM_ERROR and "boom" in (resp.remark or "")
+        assert "handler for request code 3" in caplog.text and "KeyError" in caplog.text
+        with pytest.raises(RemotingTimeoutError):  # None: no reply
+            await w.call(4, {"k": "a"}, timeout=0.3)
+        assert (await w.call(5)).ext_fields == {"late": "yes"}
+        resp = await w.call(5, {"fail": 1})
+        assert (resp.code, resp.remark) == (ResponseCode.INVALID_PARAMETER, "late refusal")
+        await w.client.invoke_oneway(w.addr, RemotingCommand.request(4, {"k": "b"}))
+        await w.client.invoke_oneway(w.addr, RemotingCommand.request(1, {"k": "oneway gets no reply"}))
+        assert (await w.call(1, {"k": "after"})).ext_fields == {"got": "after"}
+        assert seen == ["a", "b"]
+        assert len(w.server.connections) == 1
+    over_the_wire(check, extra={1: answer, 2: refuse, 3: crash, 4: silent, 5: later})
 
 
 def test_dispatcher_handle_runs_both_kinds() -> None:
@@ -439,6 +408,14 @@ class FakeTransport(asyncio.Transport):
         return out
 
 
+def fake_connection(handlers: dict[int, Handler]) -> tuple[RemotingConnection, FakeTransport]:
+    """A connection dispatching to ``handlers``, made on a FakeTransport."""
+    conn = RemotingConnection(dispatcher=Dispatcher(handlers))  # type: ignore[arg-type]
+    transport = FakeTransport(conn)
+    conn.connection_made(transport)
+    return conn, transport
+
+
 def request_bytes(code: int, n: int, start: int = 0, **fields: object) -> bytes:
     return b"".join(encode_frame(dataclasses.replace(RemotingCommand.request(code, fields), opaque=start + i))
                     for i in range(n))
@@ -452,9 +429,7 @@ def test_answers_of_one_read_leave_in_one_write_and_task_answers_coalesce() -> N
         def plain(conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
             # a handler may hand back a response with any opaque/flag/serialize type: the transport fixes them
             return RemotingCommand(code=0, opaque=-1, remark="plain", serialize_type=SerializeType.ROCKETMQ)
-        conn = RemotingConnection(dispatcher=Dispatcher({1: plain, 2: coro}))
-        transport = FakeTransport(conn)
-        conn.connection_made(transport)
+        conn, transport = fake_connection({1: plain, 2: coro})
         conn.data_received(request_bytes(1, 100))
         assert len(transport.writes) == 1  # plain handlers: answered within data_received, one write
         frames = transport.frames()
@@ -478,9 +453,7 @@ def test_big_bodies_are_written_without_joining() -> None:
 
         def big(conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
             return req.make_response(body=body)
-        conn = RemotingConnection(dispatcher=Dispatcher({1: big}))
-        transport = FakeTransport(conn)
-        conn.connection_made(transport)
+        conn, transport = fake_connection({1: big})
         conn.data_received(request_bytes(1, 2))
         assert [len(w) for w in transport.writes][1::2] == [len(body), len(body)]
         assert [f.body for f in transport.frames()] == [body, body]
@@ -494,9 +467,7 @@ def test_paused_writing_holds_requests_stops_reading_and_blocks_senders() -> Non
         def plain(conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
             handled.append(req.opaque)
             return req.make_response()
-        conn = RemotingConnection(dispatcher=Dispatcher({1: plain}))
-        transport = FakeTransport(conn)
-        conn.connection_made(transport)
+        conn, transport = fake_connection({1: plain})
         conn.data_received(request_bytes(1, 3))
         conn.pause_writing()  # the peer stopped reading its responses
         conn.data_received(request_bytes(1, 5, start=3))
@@ -587,25 +558,18 @@ def decode_all(data: bytes) -> list[RemotingCommand]:
 
 
 def test_timeouts_of_different_lengths_each_fire_on_time() -> None:
-    async def main() -> None:
-        server, _ = await make_server()
-        client = RemotingClient()
-        try:
-            loop = asyncio.get_running_loop()
-            slow = asyncio.ensure_future(
-                client.invoke(server.address, RemotingCommand.request(SLOW, {"delay": 0.5}), 5))
-            await asyncio.sleep(0.05)
-            t0 = loop.time()
-            with pytest.raises(RemotingTimeoutError, match="within 0.2 s"):
-                await client.invoke(server.address, RemotingCommand.request(SLOW, {"delay": 3}), 0.2)
-            assert 0.15 < loop.time() - t0 < 1.0  # the shorter timeout did not wait for the longer one
-            assert (await slow).code == 0  # and the longer request is still answered
-            conn = await client.connection(server.address)
-            assert conn._pending == {}
-        finally:
-            await client.close()
-            await server.close()
-    run(main)
+    async def check(w: Wire) -> None:
+        loop = asyncio.get_running_loop()
+        slow = asyncio.ensure_future(w.call(SLOW, {"delay": 0.5}))
+        await asyncio.sleep(0.05)
+        t0 = loop.time()
+        with pytest.raises(RemotingTimeoutError, match="within 0.2 s"):
+            await w.call(SLOW, {"delay": 3}, timeout=0.2)
+        assert 0.15 < loop.time() - t0 < 1.0  # the shorter timeout did not wait for the longer one
+        assert (await slow).code == 0  # and the longer request is still answered
+        conn = await w.client.connection(w.addr)
+        assert conn._pending == {}
+    over_the_wire(check)
 
 
 def test_close_cancels_awaitables_of_plain_handlers_only_once_they_run() -> None:
@@ -623,9 +587,7 @@ def test_close_cancels_awaitables_of_plain_handlers_only_once_they_run() -> None
                 finally:
                     events.append("cleaned up")
             return rest()
-        conn = RemotingConnection(dispatcher=Dispatcher({1: counted}))
-        transport = FakeTransport(conn)
-        conn.connection_made(transport)
+        conn, transport = fake_connection({1: counted})
         conn.data_received(request_bytes(1, 2))
         conn.connection_lost(None)  # before the tasks ran
         for _ in range(5):
