@@ -127,29 +127,54 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1]) if parts[-1] == "__init__" else ".".join(parts)
 
 
-def _imported(path: Path) -> list[tuple[str, int]]:
-    """(module, line) for every sluice import in a file, wherever it stands."""
-    module = _module_name(path)
+FILES = {_module_name(p): p for p in sorted(SRC.rglob("*.py"))}
+
+
+def _raw_imports(module: str) -> list[tuple[str, str | None, str | None, int]]:
+    """(module, name, as-name, line) for every import in a module's file, wherever it stands
+    (inside functions and under TYPE_CHECKING too); relative imports made absolute."""
+    path = FILES[module]
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    found = []
+    found: list[tuple[str, str | None, str | None, int]] = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            found += [(a.name, node.lineno) for a in node.names]
+            found += [(a.name, None, a.asname, node.lineno) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(anchor + ([node.module] if node.module else []))
-            for alias in node.names:
-                # `from sluice import X`: X is a submodule, or a name of the lazy face (resolved to its home).
-                if base == "sluice":
-                    if alias.name == "__version__":
-                        continue
-                    target = f"sluice.{alias.name}" if alias.name in RANK else sluice._HOME[alias.name]
-                    found.append((target, node.lineno))
-                else:
-                    found.append((base, node.lineno))
-    return sorted({(m, line) for m, line in found if m == "sluice" or m.startswith("sluice.")}, key=lambda f: f[1])
+            found += [(base, a.name, a.asname, node.lineno) for a in node.names]
+    return found
+
+
+def _face(package: str) -> dict[str, str]:
+    """What a package's __init__ serves: public name -> the module it is imported from (lazily or not)."""
+    return {asname or name: base for base, name, asname, _ in _raw_imports(package)
+            if name is not None and base.startswith("sluice.")}
+
+
+FACES = {m: _face(m) for m, p in FILES.items() if p.name == "__init__.py" and m != "sluice"}
+
+
+def _imported(module: str) -> list[tuple[str, int]]:
+    """(module, line) for every sluice module a module imports: submodules by their own name, a name from a
+    package's face by the module that defines it; the bare face ``sluice`` (for __version__) is left out."""
+    found = set()
+    for base, name, _, line in _raw_imports(module):
+        if not base.startswith("sluice"):
+            continue
+        if name is None or f"{base}.{name}" in FILES:
+            target = f"{base}.{name}" if name is not None else base
+        elif base == "sluice":
+            if name == "__version__":
+                continue
+            target = f"sluice.{name}" if name in RANK else sluice._HOME[name]
+        else:
+            target = FACES.get(base, {}).get(name, base)
+        if target != "sluice":
+            found.add((target, line))
+    return sorted(found, key=lambda t: t[1])
 
 
 def _allowed(source: str, target: str) -> bool:
@@ -170,23 +195,58 @@ def _allowed(source: str, target: str) -> bool:
 
 def test_every_import_in_the_source_follows_the_layers() -> None:
     bad = []
-    for path in sorted(SRC.rglob("*.py")):
-        source = _module_name(path)
+    for source, path in FILES.items():
         if source == "sluice":
             continue  # the face itself names what it serves
-        for target, line in _imported(path):
+        for target, line in _imported(source):
             if not _allowed(source, target):
                 bad.append(f"{path.relative_to(SRC.parent)}:{line}: {source} imports {target}")
     assert bad == [], "imports against the layers:\n" + "\n".join(bad)
 
 
+def test_no_import_circles() -> None:
+    """No module reaches itself through imports (counting those in functions and under TYPE_CHECKING):
+    a part a module builds takes a narrow interface, not the module that builds it."""
+    graph = {m: {t for t, _ in _imported(m) if t in FILES and t != m} for m in FILES if m != "sluice"}
+    circles, index, low, stack, on_stack = [], {}, {}, [], set()
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for module in graph:
+        if module not in index:
+            visit(module)
+    lines = []
+    for circle in sorted(circles):
+        lines.append(" <-> ".join(circle))
+        lines += [f"    {FILES[m].relative_to(SRC.parent)}:{line}: imports {t}"
+                  for m in circle for t, line in _imported(m) if t in circle]
+    assert circles == [], "import circles:\n" + "\n".join(lines)
+
+
 def test_the_leaves_import_nothing_from_sluice() -> None:
     for leaf in LEAVES:
-        path = SRC.joinpath(*leaf.split(".")[1:]).with_suffix(".py")
-        assert _imported(path) == [], leaf
+        assert _imported(leaf) == [], leaf
 
 
 def test_every_package_has_a_rank() -> None:
-    packages = {p.stem if p.suffix == ".py" else p.name for p in SRC.iterdir()
-                if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").exists()}
+    packages = {m.split(".")[1] for m in FILES if m != "sluice"}
     assert packages <= set(RANK), packages - set(RANK)

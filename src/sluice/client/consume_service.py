@@ -39,7 +39,7 @@ from sluice.message import MessageExt
 from sluice.protocol import properties as P
 
 if TYPE_CHECKING:
-    from sluice.client.push_consumer import AsyncPushConsumer
+    from sluice.client.push_view import PushConsumerView
 
 __all__ = ["ConcurrentConsumeService", "OrderlyConsumeService", "Listener", "call_listener"]
 
@@ -60,7 +60,7 @@ def call_listener(listener: Listener, msgs: list[MessageExt]) -> bool:
 
 
 class _Service:
-    def __init__(self, consumer: AsyncPushConsumer, listener: Listener) -> None:
+    def __init__(self, consumer: PushConsumerView, listener: Listener) -> None:
         self.consumer = consumer
         self.listener = listener
         opts = consumer.options

@@ -43,7 +43,7 @@ from sluice.protocol.offset_table import decode_offset_table
 
 if TYPE_CHECKING:
     from sluice.client.instance import ClientInstance
-    from sluice.client.push_consumer import AsyncPushConsumer
+    from sluice.client.push_view import PushConsumerView
 
 __all__ = ["RebalanceService", "Rebalancer", "resolve_strategy"]
 
@@ -67,7 +67,7 @@ def resolve_strategy(strategy: str | Callable[..., Any]) -> Callable[[str, Seque
 class Rebalancer:
     """The queue table of one push consumer and the rules to change it."""
 
-    def __init__(self, consumer: AsyncPushConsumer) -> None:
+    def __init__(self, consumer: PushConsumerView) -> None:
         self.consumer = consumer
         self.process_queues: dict[MessageQueue, ProcessQueue] = {}
         self.strategy = resolve_strategy(consumer.options.allocate_strategy)
@@ -368,7 +368,7 @@ class RebalanceService:
 
     def __init__(self, inst: ClientInstance) -> None:
         self.inst = inst
-        self.consumers: dict[str, AsyncPushConsumer] = {}
+        self.consumers: dict[str, PushConsumerView] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._later: asyncio.TimerHandle | None = None
@@ -383,13 +383,13 @@ class RebalanceService:
             svc = cls._services[inst] = cls(inst)
         return svc
 
-    def attach(self, consumer: AsyncPushConsumer) -> None:
+    def attach(self, consumer: PushConsumerView) -> None:
         self.consumers[consumer.group] = consumer
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run(), name="sluice-rebalance")
         self.wakeup()
 
-    async def detach(self, consumer: AsyncPushConsumer) -> None:
+    async def detach(self, consumer: PushConsumerView) -> None:
         if self.consumers.get(consumer.group) is consumer:
             del self.consumers[consumer.group]
         if not self.consumers and self._task is not None:

@@ -29,7 +29,7 @@ from sluice.client.results import MessageQueue, queue_sort_key
 from sluice.protocol import fields
 
 if TYPE_CHECKING:
-    from sluice.client.push_consumer import AsyncPushConsumer
+    from sluice.client.push_view import PushConsumerView
 
 __all__ = ["consumer_running_info", "encode_running_info"]
 
@@ -61,7 +61,7 @@ def _queue_info(commit_offset: int, pq: ProcessQueue) -> dict[str, Any]:
     }
 
 
-def consumer_running_info(consumer: AsyncPushConsumer) -> tuple[dict[str, Any], dict[MessageQueue, dict[str, Any]]]:
+def consumer_running_info(consumer: PushConsumerView) -> tuple[dict[str, Any], dict[MessageQueue, dict[str, Any]]]:
     """(the document without ``mqTable``, the queue table); call on the consumer's event loop."""
     o = consumer.options
     data = consumer.consumer_data()
