@@ -26,7 +26,7 @@ import sluice.store.encode as E
 import sluice.store.index as I
 from sluice.protocol import properties as P
 from sluice.protocol.record import decode_record
-from sluice.store.crc import crc32
+from sluice.format import crc32
 from sluice.store.types import StoreMessage
 
 C = sluice.speedups.C

@@ -212,7 +212,7 @@ static PyObject *encode_wire_batch(PyObject *self, PyObject *args)
     Py_ssize_t end = dv.len, pos = 0, total = 0, n = 0;
     const Py_ssize_t tlen = PyBytes_GET_SIZE(topic_part), ilen = PyBytes_GET_SIZE(inh);
     const unsigned char *ib = (const unsigned char *)PyBytes_AS_STRING(inh);
-    if (PyBytes_GET_SIZE(born_b) != 8 || PyBytes_GET_SIZE(store_b) != 8 || (sysflag & TRAN_MASK)
+    if (PyBytes_GET_SIZE(born_b) != HOST_V4_SIZE || PyBytes_GET_SIZE(store_b) != HOST_V4_SIZE || (sysflag & TRAN_MASK)
         || sysflag < INT32_MIN || sysflag > INT32_MAX || queue_id < 0 || queue_id > INT32_MAX
         || reconsume < INT32_MIN || reconsume > INT32_MAX)
         goto unusual;

@@ -70,26 +70,26 @@ int body_crc(PyObject *crc32, const unsigned char *p, Py_ssize_t n, uint32_t *ou
     return 0;
 }
 
-/* The 88 bytes before the body of a record with IPv4 hosts (sluice.protocol.record's layout); queue
+/* The HEAD_V4 bytes before the body of a record with IPv4 hosts (sluice.format's layout); queue
  * offset, physical offset and store timestamp are zero: CommitLog.append patches them in. */
 void write_head(unsigned char *p, Py_ssize_t size, uint32_t crc, int64_t queue_id, int32_t flag,
                        int32_t sysflag, int64_t born_ts, const unsigned char *born, const unsigned char *store,
                 int32_t reconsume, int64_t prepared, Py_ssize_t body_len)
 {
     put_u32(p, (uint32_t)size);
-    put_u32(p + 4, 0xDAA320A7u); /* MAGIC_V1 */
-    put_u32(p + 8, crc);
-    put_u32(p + 12, (uint32_t)queue_id);
-    put_u32(p + 16, (uint32_t)flag);
-    memset(p + 20, 0, 16);
-    put_u32(p + 36, (uint32_t)sysflag);
-    put_u64(p + 40, (uint64_t)born_ts);
-    memcpy(p + 48, born, 8);
-    memset(p + 56, 0, 8);
-    memcpy(p + 64, store, 8);
-    put_u32(p + 72, (uint32_t)reconsume);
-    put_u64(p + 76, (uint64_t)prepared);
-    put_u32(p + 84, (uint32_t)body_len);
+    put_u32(p + 4, MAGIC_V1);
+    put_u32(p + POS_BODYCRC, crc);
+    put_u32(p + POS_QUEUEID, (uint32_t)queue_id);
+    put_u32(p + POS_FLAG, (uint32_t)flag);
+    memset(p + POS_QUEUEOFFSET, 0, 16); /* queue offset, physical offset */
+    put_u32(p + POS_SYSFLAG, (uint32_t)sysflag);
+    put_u64(p + POS_BORNTIMESTAMP, (uint64_t)born_ts);
+    memcpy(p + POS_BORNHOST, born, HOST_V4_SIZE);
+    memset(p + POS_STORETIMESTAMP_V4, 0, 8);
+    memcpy(p + POS_STOREHOST_V4, store, HOST_V4_SIZE);
+    put_u32(p + POS_RECONSUMETIMES_V4, (uint32_t)reconsume);
+    put_u64(p + POS_RECONSUMETIMES_V4 + 4, (uint64_t)prepared);
+    put_u32(p + POS_BODYLENGTH_V4, (uint32_t)body_len);
 }
 
 /* Split ``name \x01 value \x02`` pairs of ``s`` into ``d``; a part shorter than 3 characters, or with no

@@ -70,7 +70,7 @@ static PyObject *index_entries(PyObject *self, PyObject *args)
         long sf = PyLong_AsLong(PyList_GET_ITEM(sysflags, i));
         if (sf == -1 && PyErr_Occurred())
             goto done;
-        if ((sf & TRAN_MASK) == TRAN_MASK)
+        if ((sf & TRAN_MASK) == TRAN_ROLLBACK)
             continue; /* rolled back: never indexed */
         long long phy = PyLong_AsLongLong(PyList_GET_ITEM(phys, i));
         if (phy == -1 && PyErr_Occurred())

@@ -11,14 +11,15 @@ static int record_ok(const unsigned char *rec, Py_ssize_t size, int64_t at, PyOb
     if (size < 8)
         return 0;
     uint32_t total = get_u32(rec), magic = get_u32(rec + 4);
-    if ((magic != MAGIC_V1 && magic != MAGIC_V2) || (Py_ssize_t)total != size || size < 36)
+    if ((magic != MAGIC_V1 && magic != MAGIC_V2) || (Py_ssize_t)total != size || size < POS_SYSFLAG)
         return 0;
-    if ((int64_t)get_u64(rec + 28) != at)
+    if ((int64_t)get_u64(rec + POS_PHYSICALOFFSET) != at)
         return 0;
-    if (size < 40)
+    if (size < POS_BORNTIMESTAMP)
         return 0;
-    uint32_t sysflag = get_u32(rec + 36);
-    Py_ssize_t p = 48 + ((sysflag & 0x10) ? 20 : 8) + 8 + ((sysflag & 0x20) ? 20 : 8) + 12;
+    uint32_t sysflag = get_u32(rec + POS_SYSFLAG);
+    Py_ssize_t p = POS_BORNHOST + ((sysflag & FLAG_BORNHOST_V6) ? HOST_V6_SIZE : HOST_V4_SIZE) + 8
+                   + ((sysflag & FLAG_STOREHOST_V6) ? HOST_V6_SIZE : HOST_V4_SIZE) + 12;
     if (p + 4 > size)
         return 0;
     int32_t body_len = (int32_t)get_u32(rec + p);
@@ -27,7 +28,7 @@ static int record_ok(const unsigned char *rec, Py_ssize_t size, int64_t at, PyOb
     uint32_t crc;
     if (body_crc(crc32, rec + p + 4, body_len, &crc) < 0)
         return -1;
-    return crc == (get_u32(rec + 8) & 0x7FFFFFFFu);
+    return crc == (get_u32(rec + POS_BODYCRC) & 0x7FFFFFFFu);
 }
 
 static int append_int(PyObject *list, long long v) { return append_new(list, PyLong_FromLongLong(v)); }
@@ -59,7 +60,7 @@ static PyObject *gather_units(PyObject *self, PyObject *args)
                           &PyList_Type, &physl, &PyList_Type, &sizesl, &mask))
         return NULL;
     PyObject *out = NULL;
-    Py_ssize_t nunits = uv.len / 20, u = first, nbytes = 0, taken = 0;
+    Py_ssize_t nunits = uv.len / CQ_UNIT_SIZE, u = first, nbytes = 0, taken = 0;
     if (mask != Py_None) {
         if (PyObject_GetBuffer(mask, &kv, PyBUF_SIMPLE) < 0) {
             PyBuffer_Release(&uv);
@@ -85,7 +86,7 @@ static PyObject *gather_units(PyObject *self, PyObject *args)
         limit = file_start + mv.len;
     Buf runs = {NULL, 0, 0}; /* (offset, size) of each record taken, for the copy */
     for (; u < nunits; u++) {
-        const unsigned char *unit = units + u * 20;
+        const unsigned char *unit = units + u * CQ_UNIT_SIZE;
         int64_t at = (int64_t)get_u64(unit);
         int32_t size = (int32_t)get_u32(unit + 8);
         if (size <= 0 || size == PAD_SIZE || (wanted && !wanted[u]))
@@ -141,13 +142,13 @@ done:
 
 /* MessageExt's fields, in the order decode_messages fills them. The class is a slots dataclass: each
  * field is a member descriptor (T_OBJECT_EX) at an offset in the instance, which C sets directly (a
- * dataclass __init__ of 17 fields is Python code, ~2 us). Any other layout: the Python path. */
-static const char *ext_fields[] = {
+ * dataclass __init__ of 17 fields is Python code). Any other layout: the Python path, which is why
+ * sluice.speedups.check_message_ext holds these names against MessageExt's slots (and a test does). */
+const char *sluice_ext_fields[] = {
     "topic", "body", "properties", "queue_id", "queue_offset", "commitlog_offset", "msg_id", "offset_msg_id",
     "sysflag", "flag", "born_timestamp", "born_host", "store_timestamp", "store_host", "reconsume_times",
     "body_crc", "store_size",
 };
-#define N_EXT_FIELDS 17
 static PyTypeObject *ext_type; /* borrowed identity only, compared by pointer */
 static Py_ssize_t ext_offsets[N_EXT_FIELDS];
 
@@ -159,7 +160,7 @@ static int ext_layout(PyTypeObject *cls)
         return 0;
     Py_ssize_t offs[N_EXT_FIELDS];
     for (int i = 0; i < N_EXT_FIELDS; i++) {
-        PyObject *d = PyDict_GetItemString(cls->tp_dict, ext_fields[i]);
+        PyObject *d = PyDict_GetItemString(cls->tp_dict, sluice_ext_fields[i]);
         if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type))
             return 0;
         PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
@@ -214,25 +215,25 @@ static PyObject *decode_messages(PyObject *self, PyObject *args)
     static const char hex[] = "0123456789ABCDEF";
     while (pos < end) {
         const unsigned char *r = buf + pos;
-        if (end - pos < 91)
+        if (end - pos < MIN_RECORD_SIZE)
             goto unusual;
         int32_t total = (int32_t)get_u32(r);
-        uint32_t magic = get_u32(r + 4), sysflag = get_u32(r + 36);
-        if (magic != MAGIC_V1 || total < 91 || total > end - pos || (sysflag & HOST_V6_BITS))
+        uint32_t magic = get_u32(r + 4), sysflag = get_u32(r + POS_SYSFLAG);
+        if (magic != MAGIC_V1 || total < MIN_RECORD_SIZE || total > end - pos || (sysflag & HOST_V6_BITS))
             goto unusual;
-        int32_t body_len = (int32_t)get_u32(r + 84);
-        if (body_len < 0 || 88 + (Py_ssize_t)body_len + 3 > total)
+        int32_t body_len = (int32_t)get_u32(r + POS_BODYLENGTH_V4);
+        if (body_len < 0 || HEAD_V4 + (Py_ssize_t)body_len + 3 > total)
             goto unusual;
-        Py_ssize_t tpos = 88 + body_len, tlen = r[tpos];
+        Py_ssize_t tpos = HEAD_V4 + body_len, tlen = r[tpos];
         if (tpos + 1 + tlen + 2 > total)
             goto unusual;
         Py_ssize_t ppos = tpos + 1 + tlen, plen = get_u16(r + ppos);
         if (ppos + 2 + plen != total)
             goto unusual;
-        uint32_t crc = get_u32(r + 8);
+        uint32_t crc = get_u32(r + POS_BODYCRC);
         if (check_crc) {
             uint32_t actual;
-            if (body_crc(crc32, r + 88, body_len, &actual) < 0)
+            if (body_crc(crc32, r + HEAD_V4, body_len, &actual) < 0)
                 goto done;
             if (actual != crc)
                 goto unusual;
@@ -250,8 +251,8 @@ static PyObject *decode_messages(PyObject *self, PyObject *args)
             last_tp = r + tpos + 1;
         }
         f[0] = Py_NewRef(last_topic);
-        f[1] = PyBytes_FromStringAndSize((const char *)r + 88, body_len);
-        if (f[1] != NULL && (sysflag & 0x1)) { /* COMPRESSED: inflated as the producer gave it */
+        f[1] = PyBytes_FromStringAndSize((const char *)r + HEAD_V4, body_len);
+        if (f[1] != NULL && (sysflag & FLAG_COMPRESSED)) { /* COMPRESSED: inflated as the producer gave it */
             PyObject *raw = f[1];
             f[1] = PyObject_CallOneArg(inflate, raw);
             Py_DECREF(raw);
@@ -269,22 +270,22 @@ static PyObject *decode_messages(PyObject *self, PyObject *args)
         }
         char id[32];
         for (int k = 0; k < 8; k++) { /* offset msg id: store host (ip, port) then commit-log offset */
-            id[2 * k] = hex[r[64 + k] >> 4];
-            id[2 * k + 1] = hex[r[64 + k] & 0xF];
-            id[16 + 2 * k] = hex[r[28 + k] >> 4];
-            id[16 + 2 * k + 1] = hex[r[28 + k] & 0xF];
+            id[2 * k] = hex[r[POS_STOREHOST_V4 + k] >> 4];
+            id[2 * k + 1] = hex[r[POS_STOREHOST_V4 + k] & 0xF];
+            id[16 + 2 * k] = hex[r[POS_PHYSICALOFFSET + k] >> 4];
+            id[16 + 2 * k + 1] = hex[r[POS_PHYSICALOFFSET + k] & 0xF];
         }
         f[7] = PyUnicode_FromStringAndSize(id, 32);
-        f[3] = PyLong_FromLong((int32_t)get_u32(r + 12));
-        f[4] = PyLong_FromLongLong((int64_t)get_u64(r + 20));
-        f[5] = PyLong_FromLongLong((int64_t)get_u64(r + 28));
+        f[3] = PyLong_FromLong((int32_t)get_u32(r + POS_QUEUEID));
+        f[4] = PyLong_FromLongLong((int64_t)get_u64(r + POS_QUEUEOFFSET));
+        f[5] = PyLong_FromLongLong((int64_t)get_u64(r + POS_PHYSICALOFFSET));
         f[8] = PyLong_FromLong((int32_t)sysflag);
-        f[9] = PyLong_FromLong((int32_t)get_u32(r + 16));
-        f[10] = PyLong_FromLongLong((int64_t)get_u64(r + 40));
-        f[11] = host_tuple(r + 48, born_bytes, &last_born);
-        f[12] = PyLong_FromLongLong((int64_t)get_u64(r + 56));
-        f[13] = host_tuple(r + 64, store_bytes, &last_store);
-        f[14] = PyLong_FromLong((int32_t)get_u32(r + 72));
+        f[9] = PyLong_FromLong((int32_t)get_u32(r + POS_FLAG));
+        f[10] = PyLong_FromLongLong((int64_t)get_u64(r + POS_BORNTIMESTAMP));
+        f[11] = host_tuple(r + POS_BORNHOST, born_bytes, &last_born);
+        f[12] = PyLong_FromLongLong((int64_t)get_u64(r + POS_STORETIMESTAMP_V4));
+        f[13] = host_tuple(r + POS_STOREHOST_V4, store_bytes, &last_store);
+        f[14] = PyLong_FromLong((int32_t)get_u32(r + POS_RECONSUMETIMES_V4));
         f[15] = PyLong_FromLong((int32_t)crc);
         f[16] = PyLong_FromLong(total);
         if (!bad && f[2] != NULL) {

@@ -105,7 +105,7 @@ static int append_get(PyObject *list, PyObject *props, PyObject *name)
 PyDoc_STRVAR(encode_batch_doc,
 "encode_batch(msgs, topic, queue_id, topic_part, store_host, max_body, host_bytes, crc32, transient)\n"
 "    -> (buf, sizes, sysflags, props, tags, keys, uniq) | None\n\n"
-"sluice.store.encode._encode_columns in C, for messages of one topic and queue with IPv4 hosts and no\n"
+"sluice.store.encode.encode_batch's loop in C, for messages of one topic and queue with IPv4 hosts and no\n"
 "transactional flag (and empty properties allowed). ``store_host`` is the 8-byte IPv4 store host,\n"
 "``host_bytes(host)`` gives (bytes, is_v6) for a born host, ``crc32(body)`` the body CRC. None for\n"
 "anything else, or anything invalid: encode_batch's loop then encodes or refuses it precisely.");
@@ -118,7 +118,7 @@ static PyObject *encode_batch(PyObject *self, PyObject *args)
                           &PyBytes_Type, &topic_part, &PyBytes_Type, &store_b, &max_body, &host_bytes, &crc32,
                           &transient))
         return NULL;
-    if (PyBytes_GET_SIZE(store_b) != 8) {
+    if (PyBytes_GET_SIZE(store_b) != HOST_V4_SIZE) {
         PyErr_SetString(PyExc_ValueError, "store_host must be the 8 bytes of an IPv4 host and port");
         return NULL;
     }
@@ -185,7 +185,7 @@ static PyObject *encode_batch(PyObject *self, PyObject *args)
                 if (hb == NULL)
                     goto unusual;
                 if (!PyTuple_Check(hb) || PyTuple_GET_SIZE(hb) != 2 || !PyBytes_Check(PyTuple_GET_ITEM(hb, 0))
-                    || PyBytes_GET_SIZE(PyTuple_GET_ITEM(hb, 0)) != 8) { /* IPv6: 20 bytes */
+                    || PyBytes_GET_SIZE(PyTuple_GET_ITEM(hb, 0)) != HOST_V4_SIZE) { /* IPv6: HOST_V6_SIZE */
                     Py_DECREF(hb);
                     goto unusual;
                 }
@@ -194,7 +194,7 @@ static PyObject *encode_batch(PyObject *self, PyObject *args)
             }
             Py_XSETREF(last_host, Py_NewRef(attr));
         }
-        memcpy(r->born, PyBytes_AS_STRING(born_obj), 8);
+        memcpy(r->born, PyBytes_AS_STRING(born_obj), HOST_V4_SIZE);
         GET(s_properties);
         if (!PyDict_CheckExact(attr))
             goto unusual;
@@ -335,8 +335,8 @@ static PyObject *patch_records(PyObject *self, PyObject *args)
             return NULL;
         }
         PyList_SET_ITEM(phys, i, o);
-        put_u64(p + rel + 20, (uint64_t)(first_qoff + i));
-        put_u64(p + rel + 28, (uint64_t)at);
+        put_u64(p + rel + POS_QUEUEOFFSET, (uint64_t)(first_qoff + i));
+        put_u64(p + rel + POS_PHYSICALOFFSET, (uint64_t)at);
         put_u64(p + rel + t, (uint64_t)now);
         rel += size;
     }

@@ -21,13 +21,38 @@
 #include <stdint.h>
 #include <string.h>
 
+/* The stored formats, as sluice/format.py (their owner) documents them. Every constant here is also
+ * in the module's FORMAT dict (module.c), which sluice.speedups compares with sluice.format.C_FORMAT at
+ * import: an extension built against another layout is refused, loudly. */
 #define MAGIC_V1 0xDAA320A7u
 #define MAGIC_V2 0xDAA320ABu
-#define HEAD_V4 88       /* a record's fixed part with two IPv4 hosts, body length included */
-#define MAX_PROPS 32767  /* properties length is a signed short */
+#define BLANK_MAGIC 0xCBD43194u
+#define MIN_RECORD_SIZE 91 /* IPv4 hosts, empty body, topic and properties */
+#define HEAD_V4 88         /* a record's fixed part with two IPv4 hosts, body length included */
+#define POS_BODYCRC 8
+#define POS_QUEUEID 12
+#define POS_FLAG 16
+#define POS_QUEUEOFFSET 20
+#define POS_PHYSICALOFFSET 28
+#define POS_SYSFLAG 36
+#define POS_BORNTIMESTAMP 40
+#define POS_BORNHOST 48
+#define POS_STORETIMESTAMP_V4 56 /* positions after the born host hold for IPv4 hosts only */
+#define POS_STOREHOST_V4 64
+#define POS_RECONSUMETIMES_V4 72
+#define POS_BODYLENGTH_V4 84
+#define HOST_V4_SIZE 8  /* address, port */
+#define HOST_V6_SIZE 20
+#define FLAG_COMPRESSED 0x1
+#define FLAG_BORNHOST_V6 0x10
+#define FLAG_STOREHOST_V6 0x20
+#define HOST_V6_BITS (FLAG_BORNHOST_V6 | FLAG_STOREHOST_V6)
 #define TRAN_MASK 0xC
-#define HOST_V6_BITS 0x30
-#define PAD_SIZE 0x7FFFFFFF /* a consume-queue unit that pads a file holds no message */
+#define TRAN_PREPARED 0x4
+#define TRAN_ROLLBACK 0xC
+#define MAX_PROPS 32767          /* properties length is a signed short */
+#define CQ_UNIT_SIZE 20          /* consume-queue unit: offset int64, size int32, tag code int64 */
+#define PAD_SIZE 0x7FFFFFFF      /* a consume-queue unit that pads a file holds no message */
 
 static inline void put_u16(unsigned char *p, uint32_t v) { p[0] = (unsigned char)(v >> 8); p[1] = (unsigned char)v; }
 
@@ -81,6 +106,10 @@ int sluice_intern_names(void);
 /* Interned attribute and property names, made once at import (common.c). */
 extern PyObject *s_topic, *s_queue_id, *s_body, *s_properties, *s_flag, *s_sysflag, *s_born_timestamp,
     *s_born_host, *s_reconsume_times, *s_prepared_tx_offset, *s_TAGS, *s_KEYS, *s_UNIQ_KEY;
+
+/* reads.c: the MessageExt fields decode_messages sets, exported as MESSAGE_EXT_FIELDS (module.c) */
+extern const char *sluice_ext_fields[];
+#define N_EXT_FIELDS 17
 
 /* The functions of each file, added to the module by module.c. */
 extern PyMethodDef sluice_batches_methods[], sluice_records_methods[], sluice_index_methods[],

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -30,9 +29,8 @@ from typing import NamedTuple
 
 from sluice.protocol import properties as P
 from sluice.protocol.msgid import create_offset_msg_id
-from sluice.errors import CorruptRecordError
-from sluice.protocol.record import BLANK_MAGIC
-from sluice.store.commitlog import CommitLog, ParsedRecord, parse_record
+from sluice.format import CORRUPT, ParsedRecord, RecordWalk
+from sluice.store.commitlog import CommitLog
 from sluice.store import MessageStore, PutResult, StoreMessage
 
 __all__ = ["DedupWindow", "Original", "DEDUP_PROPERTY"]
@@ -41,7 +39,6 @@ log = logging.getLogger(__name__)
 
 #: Marks a stored message whose UNIQ_KEY went through the check (found again by the restart rebuild).
 DEDUP_PROPERTY = "SLUICE_DEDUP"
-_TOTAL_MAGIC = struct.Struct(">iI")
 _REAL_TOPIC = "REAL_TOPIC"  # a delayed message's own topic (it is stored in the schedule topic first)
 
 
@@ -210,15 +207,10 @@ def _walk(cl: CommitLog, start: int, on_record: Callable[[ParsedRecord], None]) 
     for f in cl.segments():
         if f.end <= start or f.start >= end:
             continue
-        mm, rel, limit = f.mm, max(0, start - f.start), min(f.end, end) - f.start
-        while rel + 8 <= limit:
-            total, magic = _TOTAL_MAGIC.unpack_from(mm, rel)
-            if total <= 0 or magic == BLANK_MAGIC:
-                break
-            try:
-                rec = parse_record(mm, rel, check_crc=False)
-            except CorruptRecordError as exc:
-                log.warning("dedup rebuild stopped at commit-log offset %d: %s", f.start + rel, exc)
-                return
+        walk = RecordWalk(f.mm, max(0, start - f.start), min(f.end, end) - f.start, check_crc=False,
+                          where=str(f.path), window=True)
+        for rec in walk:
             on_record(rec)
-            rel += rec.total_size
+        if walk.stop == CORRUPT:
+            log.warning("dedup rebuild stopped at commit-log offset %d: %s", f.start + walk.pos, walk.error)
+            return

@@ -16,13 +16,11 @@ from sluice.transport.client import RemotingClient
 from sluice.protocol.codes import RequestCode, ResponseCode
 from sluice.protocol.command import RemotingCommand
 from sluice.protocol.record import iter_records
-from sluice.speedups import C
+from sluice.format import crc32
+from sluice.speedups import C, check_message_ext
 from sluice.client.results import MessageQueue
 
-try:  # the store's choice (sluice.store.crc), without loading the store into the SDK
-    from isal.isal_zlib import crc32
-except ImportError:  # pragma: no cover - the dependency is declared; this keeps a bare install working
-    from zlib import crc32
+check_message_ext(MessageExt)  # C's decode_messages sets these slots: a renamed one must fail here, not go slow
 
 __all__ = ["BrokerAPI", "decode_messages"]
 

@@ -1,70 +1,68 @@
-"""The commit-log record: RocketMQ 4.x layout, big-endian (MessageExtEncoder / MessageDecoder).
+"""The commit-log record as the SDK sees it: encode one, decode one, decode a pull body.
 
+The layout (field table, structs, positions, flags, CRC) is sluice.format's,
+which owns it; the names below are re-exported from there for the codec's users.
 A pull response body is these records back to back, exactly as stored, so the
 same decoder serves the store, the broker and every client.
-
-Layout for IPv4 hosts (offsets in bytes)::
-
-    0 TOTALSIZE 4 | 4 MAGIC 4 | 8 BODYCRC 4 | 12 QUEUEID 4 | 16 FLAG 4 | 20 QUEUEOFFSET 8
-    28 PHYSICALOFFSET 8 | 36 SYSFLAG 4 | 40 BORNTIMESTAMP 8 | 48 BORNHOST 4+4
-    56 STORETIMESTAMP 8 | 64 STOREHOST 4+4 | 72 RECONSUMETIMES 4 | 76 PREPARED_TX_OFFSET 8
-    84 BODYLEN 4 + body | TOPICLEN 1 + topic | PROPLEN 2 + properties
-
-An IPv6 born host (sysflag 0x10) or store host (0x20) takes 16+4 bytes instead of 4+4.
 """
 from __future__ import annotations
 
 import ipaddress
 import re
-import struct
 import zlib
+from struct import error as StructError
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 
 from sluice.errors import CorruptRecordError, MessageIllegalError
+from sluice.format import (
+    BLANK_MAGIC,
+    END_FILE_MIN_BLANK_LENGTH,
+    FLAG_BORNHOST_V6,
+    FLAG_COMPRESSED,
+    FLAG_MULTI_TAGS,
+    FLAG_STOREHOST_V6,
+    FLAG_TRANSACTION_COMMIT,
+    FLAG_TRANSACTION_PREPARED,
+    FLAG_TRANSACTION_ROLLBACK,
+    HEAD,
+    I32,
+    I64,
+    IP4_PORT,
+    MAGIC_V1,
+    MAGIC_V2,
+    MAX_PROPERTIES_LENGTH,
+    MAX_TOPIC_LENGTH,
+    MIN_RECORD_SIZE,
+    POS_BODYCRC,
+    POS_BORNHOST,
+    POS_BORNTIMESTAMP,
+    POS_FLAG,
+    POS_MAGIC,
+    POS_PHYSICALOFFSET,
+    POS_QUEUEID,
+    POS_QUEUEOFFSET,
+    POS_SYSFLAG,
+    POS_TOTALSIZE,
+    TAIL,
+    U16,
+    U32,
+    body_crc,
+    store_timestamp_pos,
+)
 
-MAGIC_V1 = 0xDAA320A7
-MAGIC_V2 = 0xDAA320AB
-BLANK_MAGIC = 0xCBD43194
-END_FILE_MIN_BLANK_LENGTH = 8
-
-# SYSFLAG bits (MessageSysFlag.java)
-FLAG_COMPRESSED = 0x1
-FLAG_MULTI_TAGS = 0x2
-FLAG_TRANSACTION_PREPARED = 0x4
-FLAG_TRANSACTION_COMMIT = 0x8
-FLAG_TRANSACTION_ROLLBACK = 0xC
-FLAG_BORNHOST_V6 = 0x10
-FLAG_STOREHOST_V6 = 0x20
+__all__ = [
+    "BLANK_MAGIC", "END_FILE_MIN_BLANK_LENGTH", "FLAG_BORNHOST_V6", "FLAG_COMPRESSED", "FLAG_MULTI_TAGS",
+    "FLAG_STOREHOST_V6", "FLAG_TRANSACTION_COMMIT", "FLAG_TRANSACTION_PREPARED", "FLAG_TRANSACTION_ROLLBACK",
+    "MAGIC_V1", "MAGIC_V2", "MAX_TOPIC_LENGTH", "POS_BODYCRC", "POS_BORNHOST", "POS_BORNTIMESTAMP", "POS_FLAG",
+    "POS_MAGIC", "POS_PHYSICALOFFSET", "POS_QUEUEID", "POS_QUEUEOFFSET", "POS_SYSFLAG", "POS_TOTALSIZE",
+    "DEFAULT_MAX_BODY", "RecordView", "body_crc", "check_topic", "decode_record", "decompress_body",
+    "encode_record", "iter_records", "store_timestamp_pos",
+]
 
 DEFAULT_MAX_BODY = 4 * 1024 * 1024
-MAX_TOPIC_LENGTH = 127
 _TOPIC_RE = re.compile(r"[A-Za-z0-9_%|-]+")
-
-# Fixed positions (valid whatever the host sizes, since they come before the hosts).
-POS_TOTALSIZE = 0
-POS_MAGIC = 4
-POS_BODYCRC = 8
-POS_QUEUEID = 12
-POS_FLAG = 16
-POS_QUEUEOFFSET = 20
-POS_PHYSICALOFFSET = 28
-POS_SYSFLAG = 36
-POS_BORNTIMESTAMP = 40
-POS_BORNHOST = 48
-
-_HEAD = struct.Struct(">iIiiiqqiq")  # totalsize..borntimestamp: 48 bytes
-_I32 = struct.Struct(">i")
-_U32 = struct.Struct(">I")
-_I64 = struct.Struct(">q")
-_U16 = struct.Struct(">H")
-_IP4_PORT = struct.Struct(">BBBBi")
-
-
-def body_crc(body: bytes) -> int:
-    """RocketMQ keeps CRC32(body) & 0x7FFFFFFF."""
-    return zlib.crc32(body) & 0x7FFFFFFF
 
 
 def check_topic(topic: str) -> None:
@@ -80,12 +78,7 @@ def check_topic(topic: str) -> None:
 @lru_cache(maxsize=1024)  # a broker sees few distinct hosts; parsing an address costs more than the rest
 def _host_bytes(host: tuple[str, int]) -> tuple[bytes, bool]:
     ip = ipaddress.ip_address(host[0])
-    return ip.packed + _I32.pack(host[1]), ip.version == 6
-
-
-def store_timestamp_pos(sysflag: int) -> int:
-    """Where STORETIMESTAMP sits: after a born host of 8 (IPv4) or 20 (IPv6) bytes."""
-    return POS_BORNHOST + (20 if sysflag & FLAG_BORNHOST_V6 else 8)
+    return ip.packed + I32.pack(host[1]), ip.version == 6
 
 
 def encode_record(
@@ -115,32 +108,33 @@ def encode_record(
         raise MessageIllegalError(f"message body is {len(body)} bytes; the limit is {max_body}")
     topic_b = topic.encode()
     props_b = properties.encode("utf-8")
-    if len(props_b) > 32767:
-        raise MessageIllegalError(f"properties are {len(props_b)} bytes encoded; the limit is 32767")
+    if len(props_b) > MAX_PROPERTIES_LENGTH:
+        raise MessageIllegalError(
+            f"properties are {len(props_b)} bytes encoded; the limit is {MAX_PROPERTIES_LENGTH}")
     born_b, born_v6 = _host_bytes(born_host)
     store_b, store_v6 = _host_bytes(store_host)
     sysflag = (sysflag & ~(FLAG_BORNHOST_V6 | FLAG_STOREHOST_V6)) | (FLAG_BORNHOST_V6 if born_v6 else 0) | (
         FLAG_STOREHOST_V6 if store_v6 else 0
     )
-    total = 48 + len(born_b) + 8 + len(store_b) + 4 + 8 + 4 + len(body) + 1 + len(topic_b) + 2 + len(props_b)
+    total = POS_BORNHOST + len(born_b) + 8 + len(store_b) + TAIL.size + len(body) + 1 + len(topic_b) + 2 + len(props_b)
     out = bytearray(total)
-    _HEAD.pack_into(out, 0, total, MAGIC_V1, body_crc(body), queue_id, flag, queue_offset, physical_offset,
+    HEAD.pack_into(out, 0, total, MAGIC_V1, body_crc(body), queue_id, flag, queue_offset, physical_offset,
                     sysflag, born_timestamp)
-    p = 48
+    p = POS_BORNHOST
     out[p:p + len(born_b)] = born_b
     p += len(born_b)
-    _I64.pack_into(out, p, store_timestamp)
+    I64.pack_into(out, p, store_timestamp)
     p += 8
     out[p:p + len(store_b)] = store_b
     p += len(store_b)
-    struct.pack_into(">iqi", out, p, reconsume_times, prepared_tx_offset, len(body))
-    p += 16
+    TAIL.pack_into(out, p, reconsume_times, prepared_tx_offset, len(body))
+    p += TAIL.size
     out[p:p + len(body)] = body
     p += len(body)
     out[p] = len(topic_b)
     out[p + 1:p + 1 + len(topic_b)] = topic_b
     p += 1 + len(topic_b)
-    _U16.pack_into(out, p, len(props_b))
+    U16.pack_into(out, p, len(props_b))
     out[p + 2:] = props_b
     return out
 
@@ -171,9 +165,9 @@ class RecordView:
 def _read_host(buf, p: int, v6: bool) -> tuple[tuple[str, int], int]:
     if v6:
         ip = str(ipaddress.IPv6Address(bytes(buf[p:p + 16])))
-        return (ip, _I32.unpack_from(buf, p + 16)[0]), p + 20
+        return (ip, I32.unpack_from(buf, p + 16)[0]), p + 20
     # IPv4 is every record real clients write; formatting the 4 bytes is ~10x cheaper than ipaddress.
-    a, b, c, d, port = _IP4_PORT.unpack_from(buf, p)
+    a, b, c, d, port = IP4_PORT.unpack_from(buf, p)
     return (f"{a}.{b}.{c}.{d}", port), p + 8
 
 
@@ -185,19 +179,19 @@ def decode_record(buf, pos: int = 0, *, check_crc: bool = True, where: str | Non
     end = len(buf)
     if pos + 8 > end:
         raise CorruptRecordError("record header runs past the end of the data", path=where, offset=pos)
-    total, magic, crc, qid, flag, qoff, phys, sysflag, born_ts = _HEAD.unpack_from(buf, pos) if pos + 48 <= end else (
-        _I32.unpack_from(buf, pos)[0], _U32.unpack_from(buf, pos + 4)[0], 0, 0, 0, 0, 0, 0, 0)
+    total, magic, crc, qid, flag, qoff, phys, sysflag, born_ts = HEAD.unpack_from(buf, pos) if pos + HEAD.size <= end \
+        else (I32.unpack_from(buf, pos)[0], U32.unpack_from(buf, pos + 4)[0], 0, 0, 0, 0, 0, 0, 0)
     if magic not in (MAGIC_V1, MAGIC_V2):
         raise CorruptRecordError(f"bad magic code 0x{magic:08X}", path=where, offset=pos)
-    if total < 91 or pos + total > end:
+    if total < MIN_RECORD_SIZE or pos + total > end:
         raise CorruptRecordError(f"record size {total} does not fit", path=where, offset=pos)
     try:
-        p = pos + 48
+        p = pos + POS_BORNHOST
         born_host, p = _read_host(buf, p, bool(sysflag & FLAG_BORNHOST_V6))
-        store_ts = _I64.unpack_from(buf, p)[0]
+        store_ts = I64.unpack_from(buf, p)[0]
         store_host, p = _read_host(buf, p + 8, bool(sysflag & FLAG_STOREHOST_V6))
-        reconsume, prepared, body_len = struct.unpack_from(">iqi", buf, p)
-        p += 16
+        reconsume, prepared, body_len = TAIL.unpack_from(buf, p)
+        p += TAIL.size
         if body_len < 0 or p + body_len > pos + total:
             raise CorruptRecordError(f"body length {body_len} runs past the record", path=where, offset=pos)
         body = bytes(buf[p:p + body_len])
@@ -206,15 +200,15 @@ def decode_record(buf, pos: int = 0, *, check_crc: bool = True, where: str | Non
             tlen = buf[p]
             p += 1
         else:
-            tlen = _U16.unpack_from(buf, p)[0]
+            tlen = U16.unpack_from(buf, p)[0]
             p += 2
         topic = bytes(buf[p:p + tlen]).decode()
         p += tlen
-        plen = _U16.unpack_from(buf, p)[0]
+        plen = U16.unpack_from(buf, p)[0]
         p += 2
         props = bytes(buf[p:p + plen]).decode("utf-8")
         p += plen
-    except (struct.error, IndexError, UnicodeDecodeError, ValueError) as e:
+    except (StructError, IndexError, UnicodeDecodeError, ValueError) as e:
         raise CorruptRecordError(f"record does not decode: {e}", path=where, offset=pos) from None
     if p != pos + total:
         raise CorruptRecordError(f"record fields take {p - pos} bytes, its size says {total}", path=where, offset=pos)

@@ -12,8 +12,9 @@ checks that the record at its start says it is at that offset; when the
 consume queues are gone, splits fall back to whole segments (still correct,
 less parallel).
 
-Decoding. A task walks record starts with one struct read per record, then
-gathers every fixed-width field for a batch with numpy over the mapped file
+Decoding. A task walks record starts with sluice.format's RecordWalk (one
+struct read per record), then gathers every fixed-width field for a batch with
+numpy over the mapped file, at sluice.format's positions
 and builds Arrow arrays (properties become a map<string,string> with Arrow
 compute kernels); only bodies, topics and property strings are sliced per
 record.
@@ -23,7 +24,6 @@ from __future__ import annotations
 import fcntl
 import mmap
 import os
-import struct
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,14 +32,20 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sluice import format as F
 from sluice.errors import CorruptRecordError, InvalidParameterError
-from sluice.protocol.record import BLANK_MAGIC, FLAG_BORNHOST_V6, FLAG_COMPRESSED, FLAG_STOREHOST_V6, MAGIC_V1, MAGIC_V2
-from sluice.store.consumequeue import CQ_DTYPE, PAD_SIZE
+from sluice.format import (
+    CORRUPT,
+    FLAG_BORNHOST_V6,
+    FLAG_COMPRESSED,
+    FLAG_STOREHOST_V6,
+    HOST_V4_SIZE,
+    HOST_V6_SIZE,
+    crc32,
+)
+from sluice.store.consumequeue import CQ_DTYPE, CQ_UNIT_SIZE, PAD_SIZE
 
-_TM = struct.Struct(">iI")
-_Q = struct.Struct(">q")
-_TRAN_MASK = 0xC
-_NOT_QUEUED = (0x4, 0xC)  # prepared, rolled back: consumers never see them
+_NOT_QUEUED = np.array(F.NOT_QUEUED)  # prepared, rolled back: consumers never see them
 
 #: Columns of both Sluice sources (the broker's and the store files').
 SCHEMA_DDL = (
@@ -85,7 +91,7 @@ def queue_boundaries(root: str | os.PathLike[str]) -> tuple[np.ndarray, int]:
             if not (f.is_file() and f.name.isdigit()):
                 continue
             raw = f.read_bytes()
-            units = np.frombuffer(raw[: len(raw) - len(raw) % CQ_DTYPE.itemsize], dtype=CQ_DTYPE)
+            units = np.frombuffer(raw[: len(raw) - len(raw) % CQ_UNIT_SIZE], dtype=CQ_DTYPE)
             real = (units["size"] > 0) & (units["size"] != PAD_SIZE)
             offs = units["offset"][real].astype(np.int64)
             if len(offs):
@@ -115,11 +121,12 @@ def _is_record_start(path: Path, rel: int, absolute: int) -> bool:
     """Whether the bytes at ``rel`` of ``path`` are a record that says it is at ``absolute``."""
     with open(path, "rb") as f:
         f.seek(rel)
-        head = f.read(36)
-    if len(head) < 36:
+        head = f.read(F.POS_SYSFLAG)
+    if len(head) < F.POS_SYSFLAG:
         return False
-    total, magic = _TM.unpack_from(head, 0)
-    return magic in (MAGIC_V1, MAGIC_V2) and total >= 91 and _Q.unpack_from(head, 28)[0] == absolute
+    total, magic = F.TOTAL_MAGIC.unpack_from(head, 0)
+    return (magic in (F.MAGIC_V1, F.MAGIC_V2) and total >= F.MIN_RECORD_SIZE
+            and F.I64.unpack_from(head, F.POS_PHYSICALOFFSET)[0] == absolute)
 
 
 def plan_splits(root: str | os.PathLike[str], split_bytes: int = 64 * 1024 * 1024) -> list[Split]:
@@ -211,7 +218,7 @@ def _hosts(buf: np.ndarray, pos: np.ndarray, v6: np.ndarray, mv: memoryview) -> 
     vals = v4.to_pylist()
     for i in np.flatnonzero(v6).tolist():
         p = int(pos[i])
-        vals[i] = f"{ipaddress.ip_address(bytes(mv[p:p + 16]))}:{struct.unpack_from('>i', mv, p + 16)[0]}"
+        vals[i] = f"{ipaddress.ip_address(bytes(mv[p:p + 16]))}:{F.I32.unpack_from(mv, p + 16)[0]}"
     return pa.array(vals, pa.string())
 
 
@@ -279,30 +286,26 @@ class SegmentReader:
         pos = sp.start - sp.segment
         stop = min(sp.end - sp.segment, size)
         if pos + 8 <= size:
-            total, magic = _TM.unpack_from(mm, pos)
-            if magic in (MAGIC_V1, MAGIC_V2) and pos + 36 <= size and _Q.unpack_from(mm, pos + 28)[0] != sp.start:
+            magic = F.U32.unpack_from(mm, pos + F.POS_MAGIC)[0]
+            if (magic in (F.MAGIC_V1, F.MAGIC_V2) and pos + F.POS_SYSFLAG <= size
+                    and F.I64.unpack_from(mm, pos + F.POS_PHYSICALOFFSET)[0] != sp.start):
                 raise CorruptRecordError(f"split start {sp.start} is not a record boundary", path=sp.path,
                                          offset=pos)
+        # Record starts from the one walker (magic and size checked); the rest is checked per batch below.
+        walk = F.RecordWalk(mm, pos, size, where=sp.path)
         starts: list[int] = []
-        unpack = _TM.unpack_from
-        while pos < stop:
-            if pos + 8 > size:
-                raise CorruptRecordError("truncated record header at segment end", path=sp.path, offset=pos)
-            total, magic = unpack(mm, pos)
-            if magic == MAGIC_V1 or magic == MAGIC_V2:
-                if total < 91 or pos + total > size:
-                    raise CorruptRecordError(f"record size {total} does not fit", path=sp.path, offset=pos)
-                starts.append(pos)
-                pos += total
-                if len(starts) >= self.batch_rows:
-                    batch = self._decode(mm, starts)
-                    if batch is not None:
-                        yield batch
-                    starts = []
-                continue
-            if magic == BLANK_MAGIC or (total == 0 and magic == 0):
-                break  # end of the segment's records / of the written data
-            raise CorruptRecordError(f"bad magic code 0x{magic:08X}", path=sp.path, offset=pos)
+        for p in walk.positions():
+            if p >= stop:
+                break
+            starts.append(p)
+            if len(starts) >= self.batch_rows:
+                batch = self._decode(mm, starts)
+                if batch is not None:
+                    yield batch
+                starts = []
+        else:
+            if walk.stop == CORRUPT and walk.pos < stop:
+                raise walk.error  # type: ignore[misc]
         if starts:
             batch = self._decode(mm, starts)
             if batch is not None:
@@ -319,19 +322,20 @@ class SegmentReader:
 
     def _decode_rows(self, buf: np.ndarray, mv: memoryview, pos: np.ndarray) -> pa.RecordBatch | None:
         sp = self.split
-        total = _be(buf, pos, 4, ">i4").astype(np.int64)
-        magic = _be(buf, pos + 4, 4, ">u4")
-        sysflag = _be(buf, pos + 36, 4, ">i4")
-        visible = ~np.isin(sysflag & _TRAN_MASK, _NOT_QUEUED)
-        bh = np.where(sysflag & FLAG_BORNHOST_V6, 20, 8)
-        sh = np.where(sysflag & FLAG_STOREHOST_V6, 20, 8)
-        store_ts_at = pos + 48 + bh
+        # sluice.format's field table, vectorised: host sizes from SYSFLAG, then the positions after them
+        total = _be(buf, pos + F.POS_TOTALSIZE, 4, ">i4").astype(np.int64)
+        magic = _be(buf, pos + F.POS_MAGIC, 4, ">u4")
+        sysflag = _be(buf, pos + F.POS_SYSFLAG, 4, ">i4")
+        visible = ~np.isin(sysflag & F.TRANSACTION_MASK, _NOT_QUEUED)
+        bh = np.where(sysflag & FLAG_BORNHOST_V6, HOST_V6_SIZE, HOST_V4_SIZE)
+        sh = np.where(sysflag & FLAG_STOREHOST_V6, HOST_V6_SIZE, HOST_V4_SIZE)
+        store_ts_at = pos + F.POS_BORNHOST + bh
         store_host_at = store_ts_at + 8
-        rec_at = store_host_at + sh
+        rec_at = store_host_at + sh  # RECONSUMETIMES
         body_len = _be(buf, rec_at + 12, 4, ">i4").astype(np.int64)
         body_at = rec_at + 16
         body_end = body_at + body_len
-        v2 = magic == MAGIC_V2
+        v2 = magic == F.MAGIC_V2
         if (body_len < 0).any() or (body_end + 3 > pos + total).any():
             bad = int(np.flatnonzero((body_len < 0) | (body_end + 3 > pos + total))[0])
             raise CorruptRecordError("body length runs past the record", path=sp.path, offset=int(pos[bad]))
@@ -343,7 +347,7 @@ class SegmentReader:
         if (props_at + plen != pos + total).any():
             bad = int(np.flatnonzero(props_at + plen != pos + total)[0])
             raise CorruptRecordError("record fields do not add up to its size", path=sp.path, offset=int(pos[bad]))
-        phys = _be(buf, pos + 28, 8, ">i8")
+        phys = _be(buf, pos + F.POS_PHYSICALOFFSET, 8, ">i8")
         seg_pos = pos + sp.segment
         if (phys != seg_pos).any():
             bad = int(np.flatnonzero(phys != seg_pos)[0])
@@ -369,9 +373,9 @@ class SegmentReader:
         n = len(pos)
         b_starts, b_ends = body_at.tolist(), body_end.tolist()
         if self.check_crc:
-            crc = _be(buf, pos + 8, 4, ">i4") & 0x7FFFFFFF
+            crc = _be(buf, pos + F.POS_BODYCRC, 4, ">i4") & 0x7FFFFFFF
             for i, (s, e) in enumerate(zip(b_starts, b_ends)):
-                if zlib.crc32(mv[s:e]) & 0x7FFFFFFF != crc[i]:
+                if crc32(mv[s:e]) & 0x7FFFFFFF != crc[i]:
                     raise CorruptRecordError("body CRC mismatch", path=sp.path, offset=s)
         compressed = (sysflag & FLAG_COMPRESSED) != 0
         if compressed.any():
@@ -391,18 +395,19 @@ class SegmentReader:
             offset_ids = pa.array([create_offset_msg_id(h.rsplit(":", 1)[0], int(h.rsplit(":", 1)[1]), int(p))
                                    for h, p in zip(hosts, phys.tolist())], pa.string())
         else:
-            raw = np.concatenate([buf[store_host_at[:, None] + np.arange(8)], buf[(pos + 28)[:, None] + np.arange(8)]],
+            raw = np.concatenate([buf[store_host_at[:, None] + np.arange(8)],
+                                  buf[(pos + F.POS_PHYSICALOFFSET)[:, None] + np.arange(8)]],
                                  axis=1)
             offset_ids = _hex_ids(raw)
         uniq = pc.map_lookup(props, "UNIQ_KEY", "last")
         msg_id = pc.coalesce(uniq, offset_ids)
-        born_ts = _be(buf, pos + 40, 8, ">i8") * 1000
+        born_ts = _be(buf, pos + F.POS_BORNTIMESTAMP, 8, ">i8") * 1000
         store_ts = _be(buf, store_ts_at, 8, ">i8") * 1000
         cols = [
             topic,
             pa.nulls(n, pa.string()) if self.broker is None else pa.array([self.broker] * n, pa.string()),
-            pa.array(_be(buf, pos + 12, 4, ">i4")),
-            pa.array(_be(buf, pos + 20, 8, ">i8")),
+            pa.array(_be(buf, pos + F.POS_QUEUEID, 4, ">i4")),
+            pa.array(_be(buf, pos + F.POS_QUEUEOFFSET, 8, ">i8")),
             pa.array(phys),
             msg_id,
             offset_ids,
@@ -412,7 +417,7 @@ class SegmentReader:
             body,
             pa.array(born_ts, pa.timestamp("us", tz="UTC")),
             pa.array(store_ts, pa.timestamp("us", tz="UTC")),
-            _hosts(buf, pos + 48, (sysflag & FLAG_BORNHOST_V6) != 0, mv),
+            _hosts(buf, pos + F.POS_BORNHOST, (sysflag & FLAG_BORNHOST_V6) != 0, mv),
             pa.array(_be(buf, rec_at, 4, ">i4")),
         ]
         return pa.RecordBatch.from_arrays(cols, schema=ARROW_SCHEMA)

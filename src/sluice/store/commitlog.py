@@ -1,6 +1,6 @@
 """The commit log: every record of every topic, appended to fixed-size segments.
 
-Records use RocketMQ's 4.x layout (sluice.protocol.record). A segment that
+Records use RocketMQ's 4.x layout (sluice.format owns it). A segment that
 cannot hold the next record plus 8 bytes ends with the blank marker
 ``[int remaining][int BLANK_MAGIC]`` and the record goes to the next segment,
 so a record never spans two files. Zeros where a record's size should be mark
@@ -15,8 +15,7 @@ from __future__ import annotations
 import struct
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from collections import deque
 from itertools import accumulate, repeat
 from operator import add, sub
@@ -24,122 +23,47 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sluice.errors import CorruptRecordError, StoreError
-from sluice.protocol.record import (
+from sluice.format import (
+    BLANK,
     BLANK_MAGIC,
+    END,
     END_FILE_MIN_BLANK_LENGTH,
-    FLAG_BORNHOST_V6,
-    FLAG_STOREHOST_V6,
+    I32,
+    I64,
     MAGIC_V1,
     MAGIC_V2,
+    MIN_RECORD_SIZE,
     POS_QUEUEOFFSET,
+    POS_SYSFLAG,
+    QUEUE_PHYS,
+    TOTAL_MAGIC,
+    ParsedRecord,
+    RecordWalk,
+    parse_record,
+    store_timestamp_pos,
+    verify_record_bytes,
 )
 from sluice.speedups import C
-from sluice.store.crc import crc32
 from sluice.store.mapped import MappedFile, MappedFileQueue
 from sluice.store.warm import Warmer
 
 if TYPE_CHECKING:
     from sluice.store.dispatch_columns import PutRun
 
-_HEAD = struct.Struct(">iIiiiqqi")  # totalsize, magic, bodycrc, queueid, flag, queueoffset, physicaloffset, sysflag
-_QP = struct.Struct(">qq")  # queueoffset, physicaloffset: contiguous at byte 20
-_I64 = struct.Struct(">q")
-_I32 = struct.Struct(">i")
-_U16 = struct.Struct(">H")
-_BLANK = struct.Struct(">iI")
-_TOTAL_MAGIC = struct.Struct(">iI")
+# The record decoders live with the layout in sluice.format; these names stay importable from here.
+__all__ = ["CommitLog", "ParsedRecord", "parse_record", "verify_record_bytes", "MIN_RECORD_SIZE",
+           "MAX_PENDING_BATCHES", "WARM_AHEAD"]
 
-#: the smallest possible record (IPv4 hosts, empty body, topic and properties)
-MIN_RECORD_SIZE = 91
+_QP = QUEUE_PHYS
+_I64 = I64
+_I32 = I32
+_BLANK = TOTAL_MAGIC
+_TOTAL_MAGIC = TOTAL_MAGIC
+
 #: how many appended batches may wait for dispatch with their metadata (beyond that, dispatch parses the log)
 MAX_PENDING_BATCHES = 8192
 #: how far ahead of the write position the warmer keeps pages in the page cache (warm.py)
 WARM_AHEAD = 16 * 1024 * 1024
-
-
-@dataclass(slots=True)
-class ParsedRecord:
-    """The fields dispatch and recovery need, read without building a full RecordView."""
-
-    total_size: int
-    queue_id: int
-    queue_offset: int
-    physical_offset: int
-    sysflag: int
-    store_timestamp: int
-    topic: str
-    properties: str
-
-
-def store_ts_pos(sysflag: int) -> int:
-    return 56 if not sysflag & FLAG_BORNHOST_V6 else 68
-
-
-def parse_record(buf: bytes | bytearray, pos: int, *, check_crc: bool, where: str | None = None,
-                 base: int = 0) -> ParsedRecord:
-    """Parse the record at ``pos`` of ``buf``; raise CorruptRecordError unless it is whole and valid.
-
-    ``base`` is the file offset of ``buf[0]`` (for error positions only).
-    """
-    end = len(buf)
-    if pos + 40 > end:
-        raise CorruptRecordError("record header runs past the end of the data", path=where, offset=base + pos)
-    total, magic, crc, qid, _flag, qoff, phys, sysflag = _HEAD.unpack_from(buf, pos)
-    if magic != MAGIC_V1 and magic != MAGIC_V2:
-        raise CorruptRecordError(f"bad magic code 0x{magic:08X}", path=where, offset=base + pos)
-    if total < MIN_RECORD_SIZE or pos + total > end:
-        raise CorruptRecordError(f"record size {total} does not fit", path=where, offset=base + pos)
-    bh = 20 if sysflag & FLAG_BORNHOST_V6 else 8
-    sh = 20 if sysflag & FLAG_STOREHOST_V6 else 8
-    store_ts = _I64.unpack_from(buf, pos + 48 + bh)[0]
-    p = pos + 48 + bh + 8 + sh + 12
-    rec_end = pos + total
-    try:
-        body_len = _I32.unpack_from(buf, p)[0]
-        p += 4
-        if body_len < 0 or p + body_len > rec_end:
-            raise CorruptRecordError(f"body length {body_len} runs past the record", path=where, offset=base + pos)
-        body_at = p
-        p += body_len
-        if magic == MAGIC_V1:
-            tlen = buf[p]
-            p += 1
-        else:
-            tlen = _U16.unpack_from(buf, p)[0]
-            p += 2
-        topic = bytes(buf[p:p + tlen]).decode()
-        p += tlen
-        plen = _U16.unpack_from(buf, p)[0]
-        p += 2
-        props = bytes(buf[p:p + plen]).decode("utf-8")
-        p += plen
-    except (struct.error, IndexError, UnicodeDecodeError) as e:
-        raise CorruptRecordError(f"record does not decode: {e}", path=where, offset=base + pos) from None
-    if p != rec_end:
-        raise CorruptRecordError(f"record fields take {p - pos} bytes, its size says {total}",
-                                 path=where, offset=base + pos)
-    if check_crc and crc32(buf[body_at:body_at + body_len]) & 0x7FFFFFFF != crc:
-        raise CorruptRecordError("body CRC mismatch", path=where, offset=base + pos)
-    return ParsedRecord(total, qid, qoff, phys, sysflag, store_ts, topic, props)
-
-
-def verify_record_bytes(rec: bytes, offset: int, *, where: str | None = None, file_offset: int = 0) -> None:
-    """Cheap check of one record about to be served: magic, size, own position, body CRC."""
-    total, magic = _TOTAL_MAGIC.unpack_from(rec, 0)
-    if (magic != MAGIC_V1 and magic != MAGIC_V2) or total != len(rec):
-        raise CorruptRecordError(f"bad magic 0x{magic:08X} or size {total} (expected {len(rec)})",
-                                 path=where, offset=file_offset)
-    if _I64.unpack_from(rec, 28)[0] != offset:
-        raise CorruptRecordError(f"record does not say it is at commit-log offset {offset}",
-                                 path=where, offset=file_offset)
-    crc = _I32.unpack_from(rec, 8)[0]
-    sysflag = _I32.unpack_from(rec, 36)[0]
-    p = 48 + (20 if sysflag & FLAG_BORNHOST_V6 else 8) + 8 + (20 if sysflag & FLAG_STOREHOST_V6 else 8) + 12
-    body_len = _I32.unpack_from(rec, p)[0]
-    if body_len < 0 or p + 4 + body_len > total:
-        raise CorruptRecordError(f"body length {body_len} runs past the record", path=where, offset=file_offset)
-    if crc32(rec[p + 4:p + 4 + body_len]) & 0x7FFFFFFF != crc & 0x7FFFFFFF:
-        raise CorruptRecordError("body CRC mismatch", path=where, offset=file_offset)
 
 
 def _queue_offsets(queued: Sequence[bool], qoff: int) -> tuple[list[int], int]:
@@ -338,13 +262,14 @@ class CommitLog:
         if f is None:
             return None
         try:
-            sysflag = _I32.unpack_from(f.mm, offset - f.start + 36)[0]
-            return _I64.unpack_from(f.mm, offset - f.start + store_ts_pos(sysflag))[0]
+            sysflag = _I32.unpack_from(f.mm, offset - f.start + POS_SYSFLAG)[0]
+            return _I64.unpack_from(f.mm, offset - f.start + store_timestamp_pos(sysflag))[0]
         except (ValueError, struct.error):
             return None
 
     # ---- recovery --------------------------------------------------------------------------------
-    def scan(self, start: int, *, check_crc: bool = True, on_record=None) -> tuple[int, CorruptRecordError | None]:
+    def scan(self, start: int, *, check_crc: bool = True, on_record: Callable[[ParsedRecord], None] | None = None,
+             ) -> tuple[int, CorruptRecordError | None]:
         """Walk records from ``start`` (a record boundary) to the end of the written data.
 
         Returns (offset just after the last valid record, the error that stopped the walk or None).
@@ -355,34 +280,17 @@ class CommitLog:
             f = self.queue.find(pos)
             if f is None:
                 return pos, None
-            data = f.mm[pos - f.start:]  # one copy per segment; recovery and check only
-            rel = 0
-            where = str(f.path)
             base = pos - f.start
-            while True:
-                if rel + 8 > len(data):
-                    if rel == len(data):
-                        break  # exactly full: next segment
-                    return f.start + base + rel, CorruptRecordError(
-                        "truncated record header at segment end", path=where, offset=base + rel)
-                total, magic = _TOTAL_MAGIC.unpack_from(data, rel)
-                if total == 0 and magic == 0:
-                    return f.start + base + rel, None
-                if magic == BLANK_MAGIC:
-                    if total != len(data) - rel:
-                        return f.start + base + rel, CorruptRecordError(
-                            f"blank marker says {total} bytes, {len(data) - rel} remain", path=where, offset=base + rel)
-                    break
-                try:
-                    rec = parse_record(data, rel, check_crc=check_crc, where=where, base=base)
-                except CorruptRecordError as e:
-                    return f.start + base + rel, e
-                if rec.physical_offset != f.start + base + rel:
-                    return f.start + base + rel, CorruptRecordError(
-                        f"record says it is at {rec.physical_offset}", path=where, offset=base + rel)
-                if on_record is not None:
+            data = f.mm[base:]  # one copy per segment; recovery and check only
+            walk = RecordWalk(data, check_crc=check_crc, where=str(f.path), file_offset=base, log_offset=pos)
+            if on_record is None:
+                for _ in walk:
+                    pass
+            else:
+                for rec in walk:
                     on_record(rec)
-                rel += rec.total_size
+            if walk.stop not in (END, BLANK):  # zeros (the end of the written data) or damage
+                return pos + walk.pos, walk.error
             pos = f.end
 
     def truncate(self, offset: int) -> None:

@@ -1,6 +1,6 @@
 """Consume queues: per topic and queue, 20-byte units pointing into the commit log.
 
-Unit layout (big-endian, RocketMQ's ConsumeQueue)::
+Unit layout (big-endian, RocketMQ's ConsumeQueue; sluice.format owns it)::
 
     0 commitlog offset (int64) | 8 size (int32) | 12 tag code (int64)
 
@@ -18,14 +18,15 @@ from pathlib import Path
 
 import numpy as np
 
+from sluice.format import CQ_PAD_SIZE, CQ_UNIT_FIELDS, CQ_UNIT_SIZE
 from sluice.store.mapped import MappedFileQueue
 
 log = logging.getLogger(__name__)
 
-CQ_UNIT_SIZE = 20
-CQ_DTYPE = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tag", ">i8")])
+#: a unit as numpy reads it (sluice.format.CQ_UNIT_FIELDS)
+CQ_DTYPE = np.dtype(list(CQ_UNIT_FIELDS))
 assert CQ_DTYPE.itemsize == CQ_UNIT_SIZE
-PAD_SIZE = 0x7FFFFFFF
+PAD_SIZE = CQ_PAD_SIZE
 
 
 class ConsumeQueue:

@@ -1,6 +1,7 @@
 """ConsumeQueueExt: per-queue variable-size units holding a message's filter bitmap (RocketMQ 4.x).
 
-A unit, big-endian (rocketmq-facts b.5)::
+A unit, big-endian (store/src/main/java/org/apache/rocketmq/store/ConsumeQueueExt.java; sluice.format owns
+the layout)::
 
     size short (20 + bitMapSize) | tagsCode long | msgStoreTime long | bitMapSize short | bitmap bytes
 
@@ -29,6 +30,19 @@ from pathlib import Path
 import numpy as np
 
 from sluice.errors import InvalidParameterError, StoreError
+from sluice.format import (
+    EXT_END_BLANK,
+    EXT_MAX_ADDR,
+    EXT_MAX_UNIT_SIZE,
+    EXT_MIN_UNIT_SIZE,
+    EXT_SIZE,
+    EXT_UNIT_HEAD,
+    EXT_UNIT_HEAD_FIELDS,
+    LONG_MIN,
+    ext_decorate as decorate,
+    ext_undecorate as undecorate,
+    is_ext_address,
+)
 
 __all__ = [
     "ConsumeQueueExt", "ExtUnit", "ExtBatch", "decorate", "undecorate", "is_ext_address",
@@ -37,33 +51,17 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-UNIT_HEAD = struct.Struct(">hqqh")
-SIZE = struct.Struct(">h")
-assert UNIT_HEAD.size == 20 and SIZE.size == 2
-_HEAD_DTYPE = np.dtype([("size", ">i2"), ("tags", ">i8"), ("time", ">i8"), ("bm", ">i2")])
+UNIT_HEAD = EXT_UNIT_HEAD
+SIZE = EXT_SIZE
+_HEAD_DTYPE = np.dtype(list(EXT_UNIT_HEAD_FIELDS))
 assert _HEAD_DTYPE.itemsize == UNIT_HEAD.size
 
-MIN_UNIT_SIZE = 20
-MAX_UNIT_SIZE = 32767  # the size field is a signed short
-END_BLANK = 4  # room a file always keeps after its last unit, for the -1 end marker
-LONG_MIN = -(1 << 63)
-MAX_ADDR = -(1 << 31) - 1  # Integer.MIN_VALUE - 1: the highest address
+MIN_UNIT_SIZE = EXT_MIN_UNIT_SIZE
+MAX_UNIT_SIZE = EXT_MAX_UNIT_SIZE
+END_BLANK = EXT_END_BLANK
+MAX_ADDR = EXT_MAX_ADDR
 MAX_REAL_OFFSET = MAX_ADDR - LONG_MIN
 _SIGN = np.uint64(1 << 63)
-
-
-def decorate(offset: int) -> int:
-    """The address of the unit at byte ``offset`` of the ext log (offset + Long.MIN_VALUE)."""
-    return offset + LONG_MIN
-
-
-def undecorate(address: int) -> int:
-    return address - LONG_MIN
-
-
-def is_ext_address(code: int) -> bool:
-    """True when a consume-queue tag-code slot holds an ext address rather than a tag code."""
-    return code <= MAX_ADDR
 
 
 def is_ext_address_array(codes: np.ndarray) -> np.ndarray:

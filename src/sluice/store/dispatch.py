@@ -10,7 +10,6 @@ feeds the key index. Readers see a message once its unit is written.
 from __future__ import annotations
 
 import logging
-import struct
 import threading
 import time
 from collections import defaultdict
@@ -18,10 +17,9 @@ from collections import defaultdict
 import numpy as np
 
 from sluice.errors import CorruptRecordError, SluiceError
-from sluice.filter.tagcode import tag_code
+from sluice.format import BLANK, CORRUPT, PARTIAL, RecordWalk, is_queued, tag_code
 from sluice.protocol import properties as P
-from sluice.protocol.record import BLANK_MAGIC
-from sluice.store.commitlog import CommitLog, parse_record
+from sluice.store.commitlog import CommitLog
 from sluice.store.consumequeue import CQ_DTYPE, ConsumeQueueTable
 from sluice.store.dispatch_columns import DispatchBatch, PutRun, index_requests, index_runs, write_units
 from sluice.store.ext_files import ExtTable
@@ -30,18 +28,10 @@ from sluice.store.types import Dispatcher, DispatchRequest
 
 log = logging.getLogger(__name__)
 
-_TOTAL_MAGIC = struct.Struct(">iI")
 #: while appends keep coming, the dispatch thread looks for more this often instead of being woken
 BUSY_POLL_S = 0.001
-_TRAN_MASK = 0xC
-_TRAN_PREPARED = 0x4
-_TRAN_ROLLBACK = 0xC
 
-
-def is_queued(sysflag: int) -> bool:
-    """Prepared and rolled-back transactional messages get no consume-queue unit (as in RocketMQ)."""
-    t = sysflag & _TRAN_MASK
-    return t != _TRAN_PREPARED and t != _TRAN_ROLLBACK
+__all__ = ["DispatchService", "is_queued", "BUSY_POLL_S"]  # is_queued: sluice.format's, kept importable here
 
 
 class DispatchService:
@@ -131,34 +121,34 @@ class DispatchService:
             first = cl.queue.min_offset
             return [], first if start < first else start
         data, seg_end = cl.read_span(start, self.batch_bytes)
-        out: list[DispatchRequest] = []
-        rel, n = 0, len(data)
-        while rel + 8 <= n:
-            total, magic = _TOTAL_MAGIC.unpack_from(data, rel)
-            if magic == BLANK_MAGIC:
-                return out, seg_end
-            if total <= 0:
-                break
-            if rel + total > n:
-                if rel == 0:  # a record larger than one batch: read exactly it
-                    data = cl.read_span(start, total)[0]
-                    n = len(data)
-                    if total > n:
-                        break
-                else:
-                    break
-            rec = parse_record(data, rel, check_crc=False, where="commitlog", base=start)
-            props = P.decode_properties(rec.properties)
-            out.append(DispatchRequest(
-                rec.topic, rec.queue_id, rec.queue_offset, rec.physical_offset, total,
-                tag_code(props.get(P.TAGS)), props, rec.store_timestamp,
-                P.split_keys(props.get(P.KEYS)), props.get(P.UNIQ_KEY), rec.sysflag))
-            rel += total
-        if rel == 0 and start < cl.write_pos:
+        walk = RecordWalk(data, check_crc=False, where="commitlog", file_offset=start, window=True)
+        out = self._requests(walk)
+        if walk.stop == PARTIAL and not out and walk.want:  # a record larger than one batch: read exactly it
+            data = cl.read_span(start, walk.want)[0]
+            walk = RecordWalk(data, check_crc=False, where="commitlog", file_offset=start, window=True)
+            out = self._requests(walk)
+        if walk.stop == BLANK:
+            return out, seg_end
+        if walk.stop == CORRUPT and not out:
+            raise walk.error  # type: ignore[misc]
+        if walk.pos == 0 and start < cl.write_pos:
             # Written data where no record starts: say so (dispatch.error, logged) instead of spinning silently.
             raise CorruptRecordError(f"no record at commit-log offset {start} below the write position "
                                      f"{cl.write_pos}", path="commitlog", offset=start)
-        return out, start + rel
+        return out, start + walk.pos
+
+    @staticmethod
+    def _requests(walk: RecordWalk) -> list[DispatchRequest]:
+        """One DispatchRequest per record of the walk (dispatch replaying the log, not the append path)."""
+        decode, split, tags, keys, uniq = P.decode_properties, P.split_keys, P.TAGS, P.KEYS, P.UNIQ_KEY
+        out: list[DispatchRequest] = []
+        for rec in walk:
+            props = decode(rec.properties)
+            out.append(DispatchRequest(
+                rec.topic, rec.queue_id, rec.queue_offset, rec.physical_offset, rec.total_size,
+                tag_code(props.get(tags)), props, rec.store_timestamp, split(props.get(keys)), props.get(uniq),
+                rec.sysflag))
+        return out
 
     def _dispatch(self, batch: list[DispatchRequest] | DispatchBatch) -> None:
         if isinstance(batch, DispatchBatch):

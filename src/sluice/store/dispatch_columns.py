@@ -21,7 +21,9 @@ from itertools import chain
 
 import numpy as np
 
-from sluice.filter.tagcode import tag_code
+from sluice.format import FLAG_TRANSACTION_ROLLBACK as _TRAN_ROLLBACK
+from sluice.format import TRANSACTION_MASK as _TRAN_MASK
+from sluice.format import is_queued, tag_code
 from sluice.protocol import properties as P
 from sluice.speedups import C
 from sluice.store.consumequeue import CQ_DTYPE, ConsumeQueueTable
@@ -30,10 +32,6 @@ from sluice.store.keyhash import key_hashes, prefix_hash
 from sluice.store.types import DispatchRequest
 
 __all__ = ["PutRun", "DispatchBatch", "write_units", "index_runs", "index_requests"]
-
-_TRAN_MASK = 0xC
-_TRAN_PREPARED = 0x4
-_TRAN_ROLLBACK = 0xC
 
 
 @dataclass(slots=True)
@@ -98,11 +96,6 @@ class DispatchBatch:
         return self._requests
 
 
-def _queued(sysflag: int) -> bool:
-    t = sysflag & _TRAN_MASK
-    return t != _TRAN_PREPARED and t != _TRAN_ROLLBACK
-
-
 def write_units(queues: ConsumeQueueTable, runs: list[PutRun]) -> None:
     """Consume-queue units straight from the runs' columns: one numpy array and one put per queue."""
     groups: dict[tuple[str, int], list[PutRun]] = {}
@@ -121,7 +114,7 @@ def write_units(queues: ConsumeQueueTable, runs: list[PutRun]) -> None:
             qoffs = list(chain.from_iterable(r.qoffs for r in rs))
         else:
             rows = [(p, s, tag_code(t), q) for r in rs
-                    for p, s, t, q, f in zip(r.phys, r.sizes, r.tags, r.qoffs, r.sysflags) if _queued(f)]
+                    for p, s, t, q, f in zip(r.phys, r.sizes, r.tags, r.qoffs, r.sysflags) if is_queued(f)]
             if not rows:
                 continue
             phys, sizes, tags, qoffs = (list(c) for c in zip(*rows))

@@ -30,7 +30,7 @@ from pathlib import Path
 import orjson
 
 from sluice.errors import CorruptRecordError, FlushDiskTimeoutError, StoreError
-from sluice.filter.tagcode import tag_code
+from sluice.format import tag_code
 from sluice.message import MessageExt
 from sluice.protocol import properties as P
 from sluice.protocol.msgid import decode_offset_msg_id, offset_msg_id_prefix

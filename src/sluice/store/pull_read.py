@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from sluice.errors import CorruptRecordError
+from sluice.format import crc32
 from sluice.protocol import properties as P
 from sluice.speedups import C
 from sluice.store.commitlog import parse_record, verify_record_bytes
 from sluice.store.consumequeue import CQ_DTYPE, CQ_UNIT_SIZE, PAD_SIZE, ConsumeQueue
-from sluice.store.crc import crc32
 from sluice.store.ext_files import plan_units, resolve_units
 from sluice.store.types import GetMessageResult, GetMessageStatus, MessageFilter
 
