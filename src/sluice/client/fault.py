@@ -33,7 +33,8 @@ class LatencyTable:
     isolation_latency: int
 
 
-#: facts f.4: the 4.9.7 table (Sluice speaks 4.x, so it is the default) and HEAD's.
+#: MQFaultStrategy's tables (client/src/main/java/org/apache/rocketmq/client/latency/MQFaultStrategy.java):
+#: 4.9.7's (Sluice speaks 4.x, so it is the default) and HEAD's.
 LATENCY_TABLES: dict[str, LatencyTable] = {
     "4.9": LatencyTable((50, 100, 550, 1000, 2000, 3000, 15000),
                         (0, 0, 30000, 60000, 120000, 180000, 600000), 30000),

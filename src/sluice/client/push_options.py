@@ -1,7 +1,8 @@
 """What a push consumer's listener returns, where a new group starts, and the push consumer's options.
 
-Every default is RocketMQ's DefaultMQPushConsumer / ClientConfig value unless
-its comment says otherwise (rocketmq-facts f.1).
+Every default is RocketMQ's value unless its comment says otherwise
+(client/src/main/java/org/apache/rocketmq/client/consumer/DefaultMQPushConsumer.java,
+client/src/main/java/org/apache/rocketmq/client/ClientConfig.java).
 """
 from __future__ import annotations
 

@@ -571,8 +571,8 @@ class _MultiGen(_Gen):
         code = super().test(node, tail)
         # A property compared with an integer literal is parsed once per message; one that does not parse
         # is _BAD, whose comparison raises (the expression's "no match"). Where this term not being TRUE
-        # already means no match (``tail``), test for _BAD instead: an exception costs ~1 µs, and data
-        # that does not parse would pay it in every such expression of every message.
+        # already means no match (``tail``), test for _BAD instead: raising is dear, and data that does
+        # not parse would pay for it in every such expression of every message.
         if tail and isinstance(node, Compare) and isinstance(node.left, Prop) and isinstance(node.right, Const) \
                 and node.right.jtype in ("I", "L"):
             v = self.var[node.left.name]

@@ -10,7 +10,8 @@ Grammar (SelectorParser.java), lowest precedence first::
     unary:= '+' unary | '-' unary | NOT unary | primary
     primary := literal | identifier | '(' or ')'
 
-RocketMQ's compile-time checks (facts a.3) are made as nodes are built. Unlike
+RocketMQ's compile-time checks (filter/src/main/java/org/apache/rocketmq/filter/parser/SelectorParser.jj,
+filter/.../expression/ComparisonExpression.java) are made as nodes are built. Unlike
 RocketMQ the whole input must be consumed: a token after a complete expression
 is an error pointing at it.
 """
