@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sluice.errors import InvalidParameterError
-from sluice.protocol import fields as F
+from sluice.protocol import fields
 from sluice.protocol import headers as H
 
 HEADER_CLASSES = [c for c in vars(H).values()
@@ -40,9 +40,9 @@ def outcome(fn, *args):
 @settings(max_examples=60, deadline=None, derandomize=True)
 @given(data=st.data())
 def test_generated_reader_equals_the_generic_loop(cls, data) -> None:
-    wires = [f.wire for f in F._plan(cls)]
+    wires = [f.wire for f in fields._plan(cls)]
     ext = data.draw(st.dictionaries(st.sampled_from(wires + ["extra"]), raw_values, max_size=len(wires) + 1))
-    got, want = outcome(cls.from_ext, ext), outcome(F._from_ext_generic, cls, ext)
+    got, want = outcome(cls.from_ext, ext), outcome(fields._from_ext_generic, cls, ext)
     assert got == want
     if got[0] == "ok":  # equal and fully built: every field set, hashable like one made by __init__
         assert hash(got[1]) == hash(want[1])
