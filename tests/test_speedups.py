@@ -303,3 +303,71 @@ def test_offset_msg_ids_refuses_outside_its_domain(prefix, offsets, exc):
     # Commit-log offsets are 0..2**63-1 and the prefix is a host's hex: anything else raises, never differs.
     with pytest.raises(exc):
         C.offset_msg_ids(prefix, offsets)
+
+
+# ---- what the extension was compiled with: sluice.format's layout, MessageExt's slots ------------------------
+
+def test_compiled_format_equals_sluice_format():
+    from sluice.format import C_FORMAT
+
+    assert C.FORMAT == C_FORMAT
+
+
+def test_a_stale_build_is_refused_at_import_not_dropped():
+    """An extension compiled with another layout makes ``import sluice.speedups`` fail (it is not set to None)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, types\n"
+            "import sluice.format as F\n"
+            "fake = types.ModuleType('sluice._speedups')\n"
+            "fake.FORMAT = dict(F.C_FORMAT, MIN_RECORD_SIZE=F.MIN_RECORD_SIZE + 1)\n"
+            "sys.modules['sluice._speedups'] = fake\n"
+            "try:\n"
+            "    import sluice.speedups\n"
+            "except ImportError as e:\n"
+            "    print(type(e).__name__, e)\n"
+            "else:\n"
+            "    print('imported', sluice.speedups.C)\n")
+    env = {k: v for k, v in os.environ.items() if k != "SLUICE_NO_EXTENSIONS"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    assert out.startswith("FormatMismatchError") and "MIN_RECORD_SIZE: C 92 vs Python 91" in out
+
+
+def test_check_format_names_every_difference():
+    from sluice.format import C_FORMAT
+    from sluice.speedups import FormatMismatchError, check_format
+
+    check_format(dict(C_FORMAT))
+    bad = dict(C_FORMAT, POS_SYSFLAG=40, EXTRA=1)
+    del bad["MAGIC_V2"]
+    with pytest.raises(FormatMismatchError, match="EXTRA.*MAGIC_V2.*POS_SYSFLAG"):
+        check_format(bad)
+
+
+def test_message_ext_has_every_slot_decode_messages_sets():
+    from sluice.message import MessageExt
+    from sluice.speedups import check_message_ext
+
+    check_message_ext(MessageExt)
+    assert set(C.MESSAGE_EXT_FIELDS) <= set(MessageExt.__slots__)
+
+
+def test_a_renamed_message_ext_slot_fails_loudly():
+    """Renaming a MessageExt field without the C side would only turn the C decoder off: it must raise."""
+    import dataclasses
+
+    from sluice.message import MessageExt
+    from sluice.speedups import FormatMismatchError, check_message_ext
+
+    names = [f.name if f.name != "store_size" else "stored_size" for f in dataclasses.fields(MessageExt)]
+    renamed = dataclasses.make_dataclass("MessageExt", names, slots=True)
+    with pytest.raises(FormatMismatchError, match="store_size"):
+        check_message_ext(renamed)
+    # and the C decoder indeed declines such a class (the silent slowdown the check prevents)
+    from sluice.format import crc32
+    from sluice.protocol.record import encode_record
+
+    body = bytes(encode_record(topic="T", body=b"x", properties="a\x01b\x02"))
+    assert C.decode_messages(body, True, crc32, MessageExt, bytes) is not None
+    assert C.decode_messages(body, True, crc32, renamed, bytes) is None
