@@ -34,8 +34,8 @@ del _HOME["__version__"]
 
 # `import sluice; sluice.filter.compile_selector(...)` worked while the face imported eagerly: keep it.
 _SUBMODULES = frozenset({
-    "admin", "broker", "cli", "client", "demo", "embedded", "errors", "filter", "message", "namesrv", "persist",
-    "protocol", "spark", "speedups", "store", "transport",
+    "admin", "broker", "cli", "client", "demo", "embedded", "errors", "filter", "format", "message", "namesrv",
+    "persist", "protocol", "spark", "speedups", "store", "transport",
 })
 
 
