@@ -23,7 +23,7 @@ from sluice.protocol.batch import BatchEntry, encode_batch
 from sluice.protocol.codes import RequestCode, ResponseCode
 from sluice.protocol.command import FLAG_ONEWAY, RemotingCommand, error_for_response
 from sluice.protocol.msgid import new_unique_id
-from sluice.protocol.record import FLAG_COMPRESSED
+from sluice.format import FLAG_COMPRESSED
 
 __all__ = [
     "DEFAULT_COMPRESS_LEVEL", "DEFAULT_COMPRESS_OVER", "DEFAULT_MAX_MESSAGE_SIZE", "PreparedSend",

@@ -54,12 +54,6 @@ if TYPE_CHECKING:
 __all__ = ["CommitLog", "ParsedRecord", "parse_record", "verify_record_bytes", "MIN_RECORD_SIZE",
            "MAX_PENDING_BATCHES", "WARM_AHEAD"]
 
-_QP = QUEUE_PHYS
-_I64 = I64
-_I32 = I32
-_BLANK = TOTAL_MAGIC
-_TOTAL_MAGIC = TOTAL_MAGIC
-
 #: how many appended batches may wait for dispatch with their metadata (beyond that, dispatch parses the log)
 MAX_PENDING_BATCHES = 8192
 #: how far ahead of the write position the warmer keeps pages in the page cache (warm.py)
@@ -157,8 +151,9 @@ class CommitLog:
                     phys = list(accumulate(sizes, initial=wpos))
                     phys.pop()
                     rels = list(map(sub, phys, repeat(wpos)))
-                    deque(map(_QP.pack_into, repeat(buf), map(add, rels, repeat(POS_QUEUEOFFSET)), qoffs, phys), 0)
-                    deque(map(_I64.pack_into, repeat(buf), map(add, rels, ts_positions), repeat(now)), 0)
+                    deque(map(QUEUE_PHYS.pack_into, repeat(buf), map(add, rels, repeat(POS_QUEUEOFFSET)), qoffs,
+                              phys), 0)
+                    deque(map(I64.pack_into, repeat(buf), map(add, rels, ts_positions), repeat(now)), 0)
                 f.write(wpos - f.start, buf)
             else:
                 phys, end = self._append_rolling(f, buf, sizes, qoffs, ts_positions, now, wpos)
@@ -183,12 +178,12 @@ class CommitLog:
             if wpos + n + END_FILE_MIN_BLANK_LENGTH > f.end:
                 if rel > chunk_start:
                     f.write(chunk_phys - f.start, memoryview(buf)[chunk_start:rel])
-                f.write(wpos - f.start, _BLANK.pack(f.end - wpos, BLANK_MAGIC))
+                f.write(wpos - f.start, TOTAL_MAGIC.pack(f.end - wpos, BLANK_MAGIC))
                 wpos = f.end
                 f = self._writable_file(wpos)
                 chunk_start, chunk_phys = rel, wpos
-            _QP.pack_into(buf, rel + POS_QUEUEOFFSET, q, wpos)
-            _I64.pack_into(buf, rel + t, now)
+            QUEUE_PHYS.pack_into(buf, rel + POS_QUEUEOFFSET, q, wpos)
+            I64.pack_into(buf, rel + t, now)
             phys.append(wpos)
             wpos += n
             rel += n
@@ -221,7 +216,7 @@ class CommitLog:
         if f is None or offset + 8 > self.write_pos:
             return None
         try:
-            total, magic = _TOTAL_MAGIC.unpack_from(f.mm, offset - f.start)
+            total, magic = TOTAL_MAGIC.unpack_from(f.mm, offset - f.start)
         except (ValueError, struct.error):
             return None
         if magic not in (MAGIC_V1, MAGIC_V2):
@@ -237,7 +232,7 @@ class CommitLog:
         if f is None:
             return None
         try:
-            total = _I32.unpack_from(f.mm, offset - f.start)[0]
+            total = I32.unpack_from(f.mm, offset - f.start)[0]
             if not MIN_RECORD_SIZE <= total <= min(f.end, self.write_pos) - offset:
                 return None
             data = f.read(offset - f.start, total)
@@ -262,8 +257,8 @@ class CommitLog:
         if f is None:
             return None
         try:
-            sysflag = _I32.unpack_from(f.mm, offset - f.start + POS_SYSFLAG)[0]
-            return _I64.unpack_from(f.mm, offset - f.start + store_timestamp_pos(sysflag))[0]
+            sysflag = I32.unpack_from(f.mm, offset - f.start + POS_SYSFLAG)[0]
+            return I64.unpack_from(f.mm, offset - f.start + store_timestamp_pos(sysflag))[0]
         except (ValueError, struct.error):
             return None
 
