@@ -7,22 +7,25 @@ GET_CONSUME_STATS); docs/broker.md shows the shapes.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import orjson
 
+from sluice.broker.consumers import ConsumerManager
+from sluice.broker.filter_data import ConsumerFilterManager
 from sluice.broker.filter_lag import consume_stats_extras
-from sluice.broker.topics import TopicConfig
+from sluice.broker.locks import RebalanceLockManager
+from sluice.broker.offsets import ConsumerOffsetManager
+from sluice.broker.pool import BlockingPool
+from sluice.broker.sub_conflicts import SubscriptionGuard
+from sluice.broker.topics import TopicConfig, TopicConfigManager
 from sluice.errors import SluiceError, TopicNotExistError
 from sluice.protocol import headers as H
 from sluice.protocol.bodies import (LockBatchRequestBody, LockBatchResponseBody, MessageQueue,
                                     UnlockBatchRequestBody, decode_body, encode_body)
-from sluice.protocol.codes import RequestCode
 from sluice.protocol.command import RemotingCommand
+from sluice.store import MessageStore
 from sluice.transport.connection import RemotingConnection
-
-if TYPE_CHECKING:
-    from sluice.broker.controller import BrokerController
 
 __all__ = ["AdminProcessor", "CONSUMER_NOT_ONLINE"]
 
@@ -30,59 +33,60 @@ CONSUMER_NOT_ONLINE = 206  # ResponseCode.CONSUMER_NOT_ONLINE
 
 
 class AdminProcessor:
-    def __init__(self, broker: BrokerController) -> None:
-        self.broker = broker
-
-    def register(self) -> None:
-        server = self.broker
-        R = RequestCode
-        for code, fn in ((R.UPDATE_AND_CREATE_TOPIC, self.create_topic), (R.DELETE_TOPIC_IN_BROKER, self.delete_topic),
-                         (R.GET_ALL_TOPIC_CONFIG, self.all_topic_config),
-                         (R.GET_BROKER_RUNTIME_INFO, self.runtime_info), (R.GET_TOPIC_STATS_INFO, self.topic_stats),
-                         (R.GET_CONSUME_STATS, self.consume_stats),
-                         (R.GET_CONSUMER_CONNECTION_LIST, self.consumer_connections),
-                         (R.LOCK_BATCH_MQ, self.lock_batch), (R.UNLOCK_BATCH_MQ, self.unlock_batch)):
-            server.register(code, fn)
+    def __init__(self, *, cluster_name: str, broker_name: str, store: MessageStore, pool: BlockingPool,
+                 topics: TopicConfigManager, topics_changed: Callable[[], None], offsets: ConsumerOffsetManager,
+                 consumers: ConsumerManager, locks: RebalanceLockManager, filter_data: ConsumerFilterManager,
+                 sub_guard: SubscriptionGuard, runtime_info: Callable[[], dict[str, object]]) -> None:
+        self.cluster_name = cluster_name
+        self.broker_name = broker_name
+        self.store = store
+        self.pool = pool
+        self.topics = topics
+        self.topics_changed = topics_changed
+        self.offsets = offsets
+        self.consumers = consumers
+        self.locks = locks
+        self.filter_data = filter_data
+        self.sub_guard = sub_guard
+        self._runtime_info = runtime_info
 
     # ---- topics ------------------------------------------------------------------------------------
     async def create_topic(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         h = H.CreateTopicRequestHeader.from_command(request)
-        if h.topic == self.broker.config.cluster_name:
+        if h.topic == self.cluster_name:
             raise SluiceError(f"the topic[{h.topic}] is conflict with the cluster name")
-        self.broker.topics.update(TopicConfig(
+        self.topics.update(TopicConfig(
             h.topic, h.read_queue_nums, h.write_queue_nums, h.perm, h.topic_filter_type,
             h.topic_sys_flag or 0, h.order))
-        self.broker.topics_changed()
+        self.topics_changed()
         return request.make_response()
 
     async def delete_topic(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         h = H.DeleteTopicRequestHeader.from_command(request)
-        b = self.broker
-        b.topics.delete(h.topic)
-        for group in b.offsets.groups_of_topic(h.topic):
-            b.offsets.remove(group, h.topic)
-        b.topics_changed()
+        self.topics.delete(h.topic)
+        for group in self.offsets.groups_of_topic(h.topic):
+            self.offsets.remove(group, h.topic)
+        self.topics_changed()
         return request.make_response()
 
     async def all_topic_config(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
-        return request.make_response(body=orjson.dumps(self.broker.topics.to_wire()))
+        return request.make_response(body=orjson.dumps(self.topics.to_wire()))
 
     # ---- statistics --------------------------------------------------------------------------------
     async def runtime_info(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
-        table = {k: str(v) for k, v in self.broker.runtime_info().items()}
+        table = {k: str(v) for k, v in self._runtime_info().items()}
         return request.make_response(body=orjson.dumps({"table": table}))
 
     async def topic_stats(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         h = H.GetTopicStatsInfoRequestHeader.from_command(request)
-        b = self.broker
-        cfg = b.topics.get(h.topic)
+        cfg = self.topics.get(h.topic)
         if cfg is None:
             raise TopicNotExistError(f"topic[{h.topic}] not exist")
-        body = await b.run_blocking(self._topic_stats, cfg)
+        body = await self.pool.run(self._topic_stats, cfg)
         return request.make_response(body=orjson.dumps(body))
 
     def _topic_stats(self, cfg: TopicConfig) -> dict:
-        store, name = self.broker.store, self.broker.config.broker_name
+        store, name = self.store, self.broker_name
         entries = []
         for qid in range(cfg.write_queue_nums):
             lo, hi = store.get_min_offset(cfg.topic_name, qid), store.get_max_offset(cfg.topic_name, qid)
@@ -92,7 +96,7 @@ class AdminProcessor:
         return {"offsetTable": entries}
 
     def _store_time(self, topic: str, qid: int, offset: int) -> int:
-        store = self.broker.store
+        store = self.store
         cq = store.queues.get(topic, qid)
         if cq is None or offset < 0:
             return 0
@@ -103,38 +107,37 @@ class AdminProcessor:
 
     async def consume_stats(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         h = H.GetConsumeStatsRequestHeader.from_command(request)
-        b = self.broker
-        topics = {h.topic} if h.topic else set(b.offsets.topics_of_group(h.consumer_group))
-        info = b.consumers.get(h.consumer_group)
+        topics = {h.topic} if h.topic else set(self.offsets.topics_of_group(h.consumer_group))
+        info = self.consumers.get(h.consumer_group)
         if not h.topic and info is not None:
             topics |= set(info.subscriptions)
-        body = await b.run_blocking(self._consume_stats, h.consumer_group, sorted(topics))
+        body = await self.pool.run(self._consume_stats, h.consumer_group, sorted(topics))
         return request.make_response(body=orjson.dumps(body))
 
     def _consume_stats(self, group: str, topics: list[str]) -> dict:
-        b = self.broker
+        store = self.store
         entries = []
         total_lag = 0
         for topic in topics:
-            cfg = b.topics.get(topic)
+            cfg = self.topics.get(topic)
             if cfg is None:
                 continue
-            committed = b.offsets.offsets_of(group, topic)
+            committed = self.offsets.offsets_of(group, topic)
             for qid in range(cfg.write_queue_nums):
-                hi = b.store.get_max_offset(topic, qid)
+                hi = store.get_max_offset(topic, qid)
                 consumer = committed.get(qid, -1)
-                lag = max(0, hi - max(consumer, 0)) if consumer >= 0 else hi - b.store.get_min_offset(topic, qid)
+                lag = max(0, hi - max(consumer, 0)) if consumer >= 0 else hi - store.get_min_offset(topic, qid)
                 total_lag += lag
                 last = self._store_time(topic, qid, consumer - 1) if consumer > 0 else 0
-                entries.append({"topic": topic, "brokerName": b.config.broker_name, "queueId": qid,
+                entries.append({"topic": topic, "brokerName": self.broker_name, "queueId": qid,
                                 "brokerOffset": hi, "consumerOffset": consumer, "lag": lag, "lastTimestamp": last})
         # Filter-aware lag per entry, filter metrics and subscription conflicts (broker/filter_lag.py).
         return {"offsetTable": entries, "consumeTps": 0.0, "totalLag": total_lag,
-                **consume_stats_extras(b, group, entries)}
+                **consume_stats_extras(store, self.consumers, self.filter_data, self.sub_guard, group, entries)}
 
     async def consumer_connections(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         h = H.GetConsumeStatsRequestHeader.from_command(request)
-        info = self.broker.consumers.get(h.consumer_group)
+        info = self.consumers.get(h.consumer_group)
         if info is None or not info.channels:
             raise SluiceError(f"the consumer group[{h.consumer_group}] not online", code=CONSUMER_NOT_ONLINE)
         body = {
@@ -149,12 +152,12 @@ class AdminProcessor:
     async def lock_batch(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         body = decode_body(LockBatchRequestBody, request.body)
         keys = {(mq.topic, mq.broker_name, mq.queue_id): mq for mq in body.mq_set}
-        got = self.broker.locks.try_lock_batch(body.consumer_group, keys, body.client_id)
+        got = self.locks.try_lock_batch(body.consumer_group, keys, body.client_id)
         ok = [MessageQueue(topic=t, broker_name=bn, queue_id=q) for (t, bn, q) in sorted(got)]
         return request.make_response(body=encode_body(LockBatchResponseBody(lock_ok_mq_set=ok)))
 
     async def unlock_batch(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         body = decode_body(UnlockBatchRequestBody, request.body)
-        self.broker.locks.unlock_batch(body.consumer_group, [(mq.topic, mq.broker_name, mq.queue_id)
+        self.locks.unlock_batch(body.consumer_group, [(mq.topic, mq.broker_name, mq.queue_id)
                                                             for mq in body.mq_set], body.client_id)
         return request.make_response()

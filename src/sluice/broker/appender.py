@@ -1,36 +1,67 @@
-"""Group commit at the broker: sends that arrive together go to the store in one append per queue.
+"""The broker's one road to the store: :meth:`Appender.put`, for sends, consumer retries and delayed deliveries.
 
-Handlers call :meth:`Appender.put`; the messages of every request for the same
-topic/queue seen in one event-loop iteration are appended with one
-``put_messages`` call, and each request gets its own slice of the results. If
-the merged call is refused (one request holds an illegal message; the store
-validates everything before writing anything), the requests are appended one
-by one so only the bad one fails.
+One call, whatever the request: a message list or a batch body encoded
+already (``store.encode.encode_batch_body``), checked against a duplicate
+window or not, waited for durably or not. Every write reaches the store in
+:meth:`Appender._write`, and every durable wait in one pool job per loop
+iteration.
 
-The append runs on the event loop itself: it copies bytes into the mapped
-commit log and never waits for the disk, and a hop to a pool thread and back
-cost more than the append (and made the loop and the pool fight for the GIL).
-With ``--flush sync`` the replies then wait for durability: one pool job per
-loop iteration waits for the store's group commit to cover every append of
-that iteration, so all of them share its fsyncs and none blocks the loop.
+* **Merged.** Single messages, and every message list under ``sync``, wait
+  for the end of the event-loop iteration: the lists of every request for the
+  same topic/queue seen in that iteration are appended with one
+  ``put_messages`` call, and each request gets its own slice of the results.
+  If the merged call is refused (one request holds an illegal message; the
+  store validates everything before writing anything), the requests are
+  appended one by one so only the bad one fails.
+* **At once.** A list of several messages, or an encoded batch, without
+  ``sync``: appended before ``put`` returns (no future, no loop iteration; the
+  store's errors propagate to the caller).
+* **Durable.** With ``sync`` the results are handed back once the store's
+  group commit covers them: one pool job per loop iteration waits for the
+  highest end appended in it, so all of them share its fsyncs and none blocks
+  the loop.
+* **Checked.** With a ``dedup`` window, replayed UNIQ_KEYs are answered with
+  their originals and only the rest is written, by the rules above (dedup.py).
+
+Appends run on the event loop itself: they copy bytes into the mapped commit
+log (or its page cache) and never wait for the disk, and a hop to a pool thread
+and back costs more than the append. Dispatch runs on the loop after the
+appends of an iteration (``store.dispatch.drive_externally``).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
+from typing import TYPE_CHECKING
 
 from sluice.errors import SluiceError
 from sluice.store import MessageStore, PutResult, StoreMessage
 from sluice.store.encode import EncodedBatch
 
-__all__ = ["Appender"]
+if TYPE_CHECKING:
+    from sluice.broker.dedup import DedupWindow
+
+__all__ = ["Appender", "Payload", "Stored", "stored"]
 
 log = logging.getLogger(__name__)
 
+#: What a request stores: its messages, or its batch body encoded to records already.
+Payload = list[StoreMessage] | EncodedBatch
+#: (the queue the messages are in as the request asked: a delayed message is diverted to a schedule
+#: queue but reported in its own; a pure replay names its originals' queue, results in order).
+Stored = tuple[int, list[PutResult]]
+Prepare = Callable[[list[StoreMessage]], None]
+
 Key = tuple[str, int]
-_Pending = list[tuple[list[StoreMessage], asyncio.Future[list[PutResult]]]]
+_Waiting = tuple[list[StoreMessage], int, bool, "asyncio.Future[Stored]"]  # messages, queue asked, sync, reply
 _Outcome = list[PutResult] | BaseException
+
+
+async def stored(result: Stored | Awaitable[Stored]) -> Stored:
+    """:meth:`Appender.put`'s result, awaited when it had to wait (for callers that may wait anyway)."""
+    return result if type(result) is tuple else await result  # type: ignore[misc]
 
 
 class Appender:
@@ -38,43 +69,76 @@ class Appender:
         self.store = store
         self.executor = executor
         self.max_messages_per_job = max_messages_per_job
-        self._pending: dict[Key, _Pending] = {}
-        self._scheduled = False
+        #: The store's flush mode: the default of ``put(sync=...)``.
+        self.sync_flush: bool = store.sync_flush
+        self._merging: dict[Key, list[_Waiting]] = {}
+        self._merge_scheduled = False
         self._dispatch_scheduled = False
-        self.jobs = 0
-        self.requests = 0
+        self.jobs = 0  # store calls
+        self.requests = 0  # requests those calls wrote
+        self.messages = 0  # messages written
 
-    async def put(self, msgs: list[StoreMessage]) -> list[PutResult]:
-        """Append one request's messages (all for one topic/queue); results in order, once durable."""
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[list[PutResult]] = loop.create_future()
-        self._pending.setdefault((msgs[0].topic, msgs[0].queue_id), []).append((msgs, fut))
-        if not self._scheduled:
-            self._scheduled = True
-            loop.call_soon(self._submit)  # after the other handlers ready in this iteration
-        return await fut
+    def put(self, topic: str, queue_id: int, payload: Payload, *, dedup: DedupWindow | None = None,
+            sync: bool | None = None, prepare: Prepare | None = None) -> Stored | Awaitable[Stored]:
+        """Store one request's messages (all for ``topic``/``queue_id`` as asked); see the module doc.
 
-    def put_now(self, msgs: list[StoreMessage]) -> list[PutResult]:
-        """Append one request's messages right away, for a broker with asynchronous flush: nothing to wait
-        for, so no future and no loop iteration (batches gain most; the store's errors propagate)."""
-        return self._appended(self.store.put_messages(msgs, wait_durable=False))
+        ``sync`` (default: the store's flush mode) hands the results back only once they are durable;
+        ``dedup`` checks each UNIQ_KEY against that window (message lists only); ``prepare`` is applied
+        in place to the messages about to be written, after the duplicate check (the schedule service's
+        divert of delayed messages). Returns the results at once when nothing had to wait, otherwise an
+        awaitable of them (see :func:`stored`)."""
+        if sync is None:
+            sync = self.sync_flush
+        if dedup is not None:
+            return self._put_checked(dedup, topic, queue_id, payload, sync, prepare)  # type: ignore[arg-type]
+        return self._put(topic, queue_id, payload, sync, prepare)
 
-    def put_encoded(self, topic: str, queue_id: int, enc: EncodedBatch) -> list[PutResult]:
-        """put_now for a batch encoded already (encode.encode_batch_body)."""
-        return self._appended(self.store.put_encoded(topic, queue_id, enc, wait_durable=False))
-
-    def _appended(self, results: list[PutResult]) -> list[PutResult]:
+    def _put(self, topic: str, queue_id: int, payload: Payload, sync: bool,
+             prepare: Prepare | None) -> Stored | asyncio.Future[Stored]:
+        if type(payload) is list:
+            if prepare is not None:
+                prepare(payload)
+            if sync or len(payload) == 1:
+                return self._merge(payload, queue_id, sync)
+            m = payload[0]
+            results = self._write(m.topic, m.queue_id, payload)
+        else:
+            results = self._write(topic, queue_id, payload)
         self.jobs += 1
         self.requests += 1
-        self._dispatch_soon()
-        return results
+        if sync:
+            fut: asyncio.Future[Stored] = asyncio.get_running_loop().create_future()
+            self._when_durable([(fut, queue_id)], [results])
+            return fut
+        return queue_id, results
 
-    # ---- dispatch on the loop (store.dispatch.drive_externally) ------------------------------------
-    def _dispatch_soon(self) -> None:
-        """Dispatch this iteration's appends once the loop gets to it (after the replies went out)."""
-        if not self._dispatch_scheduled:
+    async def _put_checked(self, window: DedupWindow, topic: str, queue_id: int, msgs: list[StoreMessage],
+                           sync: bool, prepare: Prepare | None) -> Stored:
+        if type(msgs) is not list:
+            raise TypeError("a duplicate check needs the request's messages, not an encoded batch")
+
+        async def write(batch: list[StoreMessage]) -> list[PutResult]:
+            return (await stored(self._put(topic, queue_id, batch, sync, prepare)))[1]
+
+        originals = await window.put(topic, msgs, write)
+        first = originals[0].queue_id
+        if all(o.queue_id == first for o in originals):
+            queue_id = first  # a pure replay names the queue its originals are in
+        return queue_id, [o.result for o in originals]
+
+    # ---- the store -----------------------------------------------------------------------------------
+    def _write(self, topic: str, queue_id: int, payload: Payload) -> list[PutResult]:
+        """Every append of the broker: never waits for the disk (durability is waited for separately)."""
+        if not self._dispatch_scheduled:  # dispatch this iteration's appends once the replies went out
             self._dispatch_scheduled = True
             asyncio.get_running_loop().call_soon(self._dispatch)
+        store = self.store
+        if type(payload) is list:
+            results = store.put_messages(payload, wait_durable=False)
+        else:
+            results = store.put_encoded(topic, queue_id, payload, wait_durable=False)  # type: ignore[arg-type]
+        self.messages += len(results)
+        return results
 
     def _dispatch(self) -> None:
         self._dispatch_scheduled = False
@@ -86,32 +150,51 @@ class Appender:
         except Exception:  # the thread's next poll meets it again and records it
             log.exception("dispatch on the event loop failed; the dispatch thread takes over")
 
+    def _when_durable(self, replies: list[tuple[asyncio.Future[Stored], int]], outcomes: list[_Outcome]) -> None:
+        """Hand the outcomes to their futures once the group commit covers the appends (one pool job)."""
+        ends = [r[-1].commitlog_offset + r[-1].size for r in outcomes if r and not isinstance(r, BaseException)]
+        if not ends:
+            _deliver(replies, outcomes)
+            return
+        job = asyncio.get_running_loop().run_in_executor(self.executor, self.store.wait_durable, max(ends))
+        job.add_done_callback(lambda j: _confirm(j, replies, outcomes))
+
+    # ---- merging the requests of one loop iteration -------------------------------------------------
+    def _merge(self, msgs: list[StoreMessage], queue_id: int, sync: bool) -> asyncio.Future[Stored]:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Stored] = loop.create_future()
+        self._merging.setdefault((msgs[0].topic, msgs[0].queue_id), []).append((msgs, queue_id, sync, fut))
+        if not self._merge_scheduled:
+            self._merge_scheduled = True
+            loop.call_soon(self._submit)  # after the other handlers ready in this iteration
+        return fut
+
     def _submit(self) -> None:
-        self._scheduled = False
-        pending, self._pending = self._pending, {}
-        durable_end = -1
-        to_confirm: list[tuple[_Pending, list[_Outcome]]] = []
-        for group in pending.values():
+        self._merge_scheduled = False
+        merging, self._merging = self._merging, {}
+        durable: list[tuple[asyncio.Future[Stored], int]] = []
+        durable_outcomes: list[_Outcome] = []
+        for group in merging.values():
             for chunk in self._chunks(group):
                 self.jobs += 1
                 self.requests += len(chunk)
-                outcomes = self._append([m for m, _ in chunk])
-                self._dispatch_soon()
-                if self.store.sync_flush:
-                    ends = [r[-1].commitlog_offset + r[-1].size for r in outcomes
-                            if r and not isinstance(r, BaseException)]
-                    if ends:
-                        durable_end = max(durable_end, *ends)
-                        to_confirm.append((chunk, outcomes))
-                        continue
-                _deliver(chunk, outcomes)
-        if to_confirm:
-            job = asyncio.get_running_loop().run_in_executor(self.executor, self.store.wait_durable, durable_end)
-            job.add_done_callback(lambda j: _confirm(j, to_confirm))
+                outcomes = self._append([m for m, *_ in chunk])
+                now: list[tuple[asyncio.Future[Stored], int]] = []
+                now_outcomes: list[_Outcome] = []
+                for (_, qid, sync, fut), outcome in zip(chunk, outcomes):
+                    if sync and not isinstance(outcome, BaseException):
+                        durable.append((fut, qid))
+                        durable_outcomes.append(outcome)
+                    else:
+                        now.append((fut, qid))
+                        now_outcomes.append(outcome)
+                _deliver(now, now_outcomes)
+        if durable:
+            self._when_durable(durable, durable_outcomes)
 
-    def _chunks(self, group: _Pending) -> list[_Pending]:
-        out: list[_Pending] = []
-        cur: _Pending = []
+    def _chunks(self, group: list[_Waiting]) -> list[list[_Waiting]]:
+        out: list[list[_Waiting]] = []
+        cur: list[_Waiting] = []
         n = 0
         for item in group:
             if cur and n + len(item[0]) > self.max_messages_per_job:
@@ -125,20 +208,21 @@ class Appender:
 
     def _append(self, requests: list[list[StoreMessage]]) -> list[_Outcome]:
         """One store call for all, or one per request if the merged one is refused."""
-        put = self.store.put_messages
+        m = requests[0][0]
+        topic, qid = m.topic, m.queue_id
         if len(requests) == 1:
             try:
-                return [put(requests[0], wait_durable=False)]
+                return [self._write(topic, qid, requests[0])]
             except Exception as exc:
                 return [exc]
         merged = [m for msgs in requests for m in msgs]
         try:
-            results = put(merged, wait_durable=False)
+            results = self._write(topic, qid, merged)
         except SluiceError:
             out: list[_Outcome] = []
             for msgs in requests:
                 try:
-                    out.append(put(msgs, wait_durable=False))
+                    out.append(self._write(topic, qid, msgs))
                 except Exception as exc:
                     out.append(exc)
             return out
@@ -152,23 +236,23 @@ class Appender:
         return out2
 
 
-def _deliver(chunk: _Pending, outcomes: list[_Outcome]) -> None:
-    for (_, fut), outcome in zip(chunk, outcomes):
+def _deliver(replies: list[tuple[asyncio.Future[Stored], int]], outcomes: list[_Outcome]) -> None:
+    for (fut, qid), outcome in zip(replies, outcomes):
         if fut.done():  # the request was cancelled (its connection closed) meanwhile
             continue
         if isinstance(outcome, BaseException):
             fut.set_exception(outcome)
         else:
-            fut.set_result(outcome)
+            fut.set_result((qid, outcome))
 
 
-def _confirm(job: asyncio.Future[None], waiting: list[tuple[_Pending, list[_Outcome]]]) -> None:
+def _confirm(job: asyncio.Future[None], replies: list[tuple[asyncio.Future[Stored], int]],
+             outcomes: list[_Outcome]) -> None:
     """The group commit covered the appends (or timed out: each request then gets the error)."""
-    exc = None if job.cancelled() else job.exception()
-    for chunk, outcomes in waiting:
-        if job.cancelled():
-            for _, fut in chunk:
-                if not fut.done():
-                    fut.cancel()
-            continue
-        _deliver(chunk, outcomes if exc is None else [o if isinstance(o, BaseException) else exc for o in outcomes])
+    if job.cancelled():
+        for fut, _ in replies:
+            if not fut.done():
+                fut.cancel()
+        return
+    exc = job.exception()
+    _deliver(replies, outcomes if exc is None else [o if isinstance(o, BaseException) else exc for o in outcomes])

@@ -36,16 +36,18 @@ from typing import TYPE_CHECKING
 import numpy as np
 import orjson
 
+from sluice.broker.consumers import ConsumerManager
+from sluice.broker.filter_data import ConsumerFilterManager
+from sluice.broker.pool import BlockingPool
 from sluice.errors import BackfillRefusedError, InvalidParameterError
 from sluice.filter import compile_selector
-from sluice.protocol.codes import RequestCode
 from sluice.protocol.command import RemotingCommand
 from sluice.transport.connection import RemotingConnection
 from sluice.spark.backfill import HEADER, MAGIC, VERSION, selector_hash
 
 if TYPE_CHECKING:
-    from sluice.broker.controller import BrokerController
     from sluice.broker.filtering import SelectorFilter
+    from sluice.store import MessageStore
 
 __all__ = ["BackfillManager", "QueueBackfill", "BackfillProcessor", "DIR_NAME"]
 
@@ -104,10 +106,13 @@ def _parse(raw: bytes | np.ndarray, where: str) -> tuple[bytes, int, int, int]:
 
 
 class BackfillManager:
-    def __init__(self, broker: BrokerController) -> None:
-        self.broker = broker
-        self.root = Path(broker.config.store) / DIR_NAME
-        self.max_bytes = broker.config.backfill_max_bytes
+    def __init__(self, store_root: Path, *, max_bytes: int, store: MessageStore, consumers: ConsumerManager,
+                 filter_data: ConsumerFilterManager) -> None:
+        self.root = Path(store_root) / DIR_NAME
+        self.max_bytes = max_bytes
+        self.store = store
+        self.consumers = consumers
+        self.filter_data = filter_data
         self.table: dict[Key, QueueBackfill] = {}
 
     @property
@@ -135,7 +140,7 @@ class BackfillManager:
             except (BackfillRefusedError, ValueError, OSError) as exc:
                 log.warning("ignoring backfill file %s: %s", path, exc)
                 continue
-            cq = self.broker.store.queues.get(topic, bf.queue_id)
+            cq = self.store.queues.get(topic, bf.queue_id)
             if cq is None or bf.end <= cq.min_offset:
                 del bf
                 path.unlink(missing_ok=True)  # retention removed everything it covers
@@ -145,12 +150,11 @@ class BackfillManager:
             log.info("backfill bitmaps restored: %d queues, %d bytes", len(self.table), self.held_bytes)
 
     def _live_expression(self, group: str, topic: str) -> tuple[str, str] | None:
-        b = self.broker
-        info = b.consumers.get(group)
+        info = self.consumers.get(group)
         sub = info.subscriptions.get(topic) if info is not None else None
         if sub is not None:
             return sub.expression_type, sub.expression
-        fd = b.filter_data.get(topic, group)
+        fd = self.filter_data.get(topic, group)
         if fd is not None and not fd.is_dead:
             return fd.expression_type, fd.expression
         return None
@@ -172,7 +176,7 @@ class BackfillManager:
         if live is not None and live != (etype, expression):
             raise BackfillRefusedError(f"{where}: group {group!r} now subscribes {live[0]} {live[1]!r} on "
                                        f"{topic!r}; the bitmap answers for {etype} {expression!r}")
-        cq = self.broker.store.queues.get(topic, queue_id)
+        cq = self.store.queues.get(topic, queue_id)
         if cq is None:
             raise BackfillRefusedError(f"{where}: this broker has no queue {queue_id} of topic {topic!r}")
         if end > cq.max_offset:
@@ -231,11 +235,9 @@ class BackfillManager:
 
 
 class BackfillProcessor:
-    def __init__(self, broker: BrokerController) -> None:
-        self.broker = broker
-
-    def register(self) -> None:
-        self.broker.register(RequestCode.PUT_FILTER_BACKFILL, self.handle)
+    def __init__(self, *, backfills: BackfillManager, pool: BlockingPool) -> None:
+        self.backfills = backfills
+        self.pool = pool
 
     async def handle(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         ext = request.ext_fields
@@ -246,11 +248,11 @@ class BackfillProcessor:
             raise InvalidParameterError(f"queueId {ext.get('queueId')!r} is not a number") from None
         if not group or not topic:
             raise InvalidParameterError("PUT_FILTER_BACKFILL needs consumerGroup and topic")
-        mgr: BackfillManager = self.broker.backfills
+        mgr = self.backfills
         if not request.body:
             n = mgr.remove(group, topic, queue_id)
             return request.make_response(body=orjson.dumps({"removed": n}))
-        bf = await self.broker.run_blocking(mgr.put, group, topic, queue_id, ext.get("expressionType", "SQL92"),
+        bf = await self.pool.run(mgr.put, group, topic, queue_id, ext.get("expressionType", "SQL92"),
                                             ext.get("expression", ""), request.body)
         mgr.install(bf)
         return request.make_response(body=orjson.dumps(

@@ -11,21 +11,21 @@ GET_CONSUMER_LIST_BY_GROUP (38) and CHECK_CLIENT_CONFIG (46) complete the set.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
+from sluice.broker.consumers import ConsumerManager
+from sluice.broker.filter_data import ConsumerFilterManager
 from sluice.broker.filtering import CompiledSubscription, compile_subscription_data
-from sluice.broker.topics import retry_topic
+from sluice.broker.sub_conflicts import SubscriptionGuard
+from sluice.broker.topics import TopicConfigManager, retry_topic
 from sluice.errors import InvalidParameterError, SluiceError
-from sluice.protocol import fields as F
-from sluice.protocol.bodies import ConsumerData, ConsumerListBody, HeartbeatData, SubscriptionData, decode_body, encode_body, \
-    loads_lenient
-from sluice.protocol.codes import RequestCode, ResponseCode
+from sluice.protocol.bodies import (ConsumerData, ConsumerListBody, HeartbeatData, SubscriptionData, decode_body,
+                                    encode_body, loads_lenient)
+from sluice.protocol.codes import ResponseCode
 from sluice.protocol.command import RemotingCommand
-from sluice.transport.connection import RemotingConnection
+from sluice.protocol.fields import from_jsonable
 from sluice.protocol.headers import GetConsumerListByGroupRequestHeader, UnregisterClientRequestHeader
-
-if TYPE_CHECKING:
-    from sluice.broker.controller import BrokerController
+from sluice.transport.connection import RemotingConnection
 
 __all__ = ["ClientManageProcessor"]
 
@@ -33,18 +33,18 @@ CLIENT_ID = "client_id"  # key in RemotingConnection.attributes
 
 
 class ClientManageProcessor:
-    def __init__(self, broker: BrokerController) -> None:
-        self.broker = broker
-
-    def register(self) -> None:
-        server = self.broker
-        server.register(RequestCode.HEART_BEAT, self.heartbeat)
-        server.register(RequestCode.UNREGISTER_CLIENT, self.unregister_client)
-        server.register(RequestCode.GET_CONSUMER_LIST_BY_GROUP, self.consumer_list)
-        server.register(RequestCode.CHECK_CLIENT_CONFIG, self.check_client_config)
+    def __init__(self, *, consumers: ConsumerManager, topics: TopicConfigManager, topics_changed: Callable[[], None],
+                 filter_data: ConsumerFilterManager, sub_guard: SubscriptionGuard,
+                 enable_property_filter: bool) -> None:
+        self.consumers = consumers
+        self.topics = topics
+        self.topics_changed = topics_changed
+        self.filter_data = filter_data
+        self.sub_guard = sub_guard
+        self.enable_property_filter = enable_property_filter
 
     async def heartbeat(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
-        b = self.broker
+        consumers, topics = self.consumers, self.topics
         hb = decode_body(HeartbeatData, request.body)
         if not hb.client_id:
             raise InvalidParameterError("heartbeat without clientID")
@@ -53,38 +53,38 @@ class ClientManageProcessor:
         for cd in hb.consumer_data_set:
             if not cd.group_name:
                 raise InvalidParameterError("heartbeat consumer data without groupName")
-            subs = [compile_subscription_data(sd, enable_property_filter=b.config.enable_property_filter)
+            subs = [compile_subscription_data(sd, enable_property_filter=self.enable_property_filter)
                     for sd in cd.subscription_data_set]
             compiled.append((cd, subs))
         # Members of a group must subscribe alike (sub_conflicts.py): refuse before registering anything.
         for cd, subs in compiled:
-            info = b.consumers.get(cd.group_name)
-            b.sub_guard.check_heartbeat(cd.group_name, hb.client_id,
+            info = consumers.get(cd.group_name)
+            self.sub_guard.check_heartbeat(cd.group_name, hb.client_id,
                                         [(s.topic, s.expression_type, s.expression, s.sub_version) for s in subs],
                                         info.channels if info is not None else ())
         conn.attributes[CLIENT_ID] = hb.client_id
         created = False
         for cd, subs in compiled:
             rt = retry_topic(cd.group_name)
-            if b.topics.get(rt) is None:
-                b.topics.create_retry_or_dlq(rt, 1)
+            if topics.get(rt) is None:
+                topics.create_retry_or_dlq(rt, 1)
                 created = True
-            b.consumers.register_consumer(
+            consumers.register_consumer(
                 cd.group_name, hb.client_id, conn, language=request.language, version=request.version,
                 consume_type=cd.consume_type, message_model=cd.message_model,
                 consume_from_where=cd.consume_from_where, subscriptions=subs)
-            b.filter_data.register_group(cd.group_name, [(s.topic, s.expression_type, s.expression, s.sub_version,
-                                                          s.filter.selector) for s in subs])
+            self.filter_data.register_group(cd.group_name, [(s.topic, s.expression_type, s.expression,
+                                                             s.sub_version, s.filter.selector) for s in subs])
         for pd in hb.producer_data_set:
-            b.consumers.register_producer(pd.group_name, hb.client_id, conn, language=request.language,
-                                          version=request.version)
+            consumers.register_producer(pd.group_name, hb.client_id, conn, language=request.language,
+                                        version=request.version)
         if created:
-            b.topics_changed()
+            self.topics_changed()
         return request.make_response()
 
     async def unregister_client(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         h = UnregisterClientRequestHeader.from_command(request)
-        consumers = self.broker.consumers
+        consumers = self.consumers
         if h.consumer_group:
             consumers.unregister_consumer(h.consumer_group, h.client_id)
         if h.producer_group:
@@ -93,7 +93,7 @@ class ClientManageProcessor:
 
     async def consumer_list(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         h = GetConsumerListByGroupRequestHeader.from_command(request)
-        info = self.broker.consumers.get(h.consumer_group)
+        info = self.consumers.get(h.consumer_group)
         if info is None or not info.channels:
             raise SluiceError(f"no consumer for this group, {h.consumer_group}")
         return request.make_response(body=encode_body(ConsumerListBody(consumer_id_list=info.client_ids())))
@@ -104,6 +104,6 @@ class ClientManageProcessor:
         doc = loads_lenient(request.body)
         if not isinstance(doc, dict) or not isinstance(doc.get("subscriptionData"), dict):
             raise InvalidParameterError("CHECK_CLIENT_CONFIG body needs a subscriptionData object")
-        sd = F.from_jsonable(SubscriptionData, doc["subscriptionData"], "subscriptionData")
-        compile_subscription_data(sd, enable_property_filter=self.broker.config.enable_property_filter)
+        sd = from_jsonable(SubscriptionData, doc["subscriptionData"], "subscriptionData")
+        compile_subscription_data(sd, enable_property_filter=self.enable_property_filter)
         return request.make_response(ResponseCode.SUCCESS)

@@ -6,7 +6,7 @@ RocketMQ's BrokerConfig / MessageStoreConfig where one exists.
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +65,7 @@ class BrokerConfig:
     #: With long polling off, a pull is held this long at most (shortPollingTimeMills).
     short_polling_ms: int = 1000
     #: Serve pulls on the event loop: they read page-cache-resident mmap and take no store lock, and a
-    #: thread hop costs more than the read (~40% less broker CPU per message in benchmarks/produce_pull.py).
+    #: thread hop costs more than the read (figures: docs/broker.md, benchmarks/produce_pull.py).
     #: Turn off when cold reads from a slow disk would stall other connections. Sends always use the pool.
     pull_on_event_loop: bool = True
     #: Held pulls are re-checked this often besides being woken by arrivals (PullRequestHoldService: 5 s).
@@ -141,6 +141,3 @@ class BrokerConfig:
         if isinstance(values.get("namesrv"), str):
             values["namesrv"] = parse_namesrv_list(values["namesrv"])
         return cls(**values).validate()
-
-    def with_(self, **changes: Any) -> BrokerConfig:
-        return replace(self, **changes).validate()

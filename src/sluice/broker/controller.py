@@ -7,52 +7,58 @@
     ...
     await broker.stop()           # graceful: see stop()
 
-Everything request-related runs on one asyncio loop; blocking store calls go
-to a thread pool (``run_blocking``), so a synchronous flush or a cold page
-never stalls other connections. Background tasks on the loop: namesrv
+The controller builds every collaborator itself and hands each processor the
+ones it uses; the request codes and their handlers come from one table
+(requests.py). Everything request-related runs on one asyncio loop; blocking
+store calls go to a thread pool (``pool``), so a synchronous flush or a cold
+page never stalls other connections. Background tasks on the loop: namesrv
 registration (every ``register_namesrv_period_ms`` and at once on topic
-changes), offset persistence, and the 120 s client-expiry scan.
+changes), offset and filter-data persistence, and the 120 s client-expiry scan.
 """
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
 from sluice import __version__
 from sluice.broker.admin import AdminProcessor
-from sluice.broker.offset_reset import AdminExtProcessor
 from sluice.broker.appender import Appender
 from sluice.broker.backfill import BackfillManager, BackfillProcessor
-from sluice.broker.client_manage import CLIENT_ID, ClientManageProcessor
+from sluice.broker.bitmap import CalcBitmapDispatcher
+from sluice.broker.client_manage import ClientManageProcessor
 from sluice.broker.config import BrokerConfig
 from sluice.broker.consumers import ConsumerManager
 from sluice.broker.dedup import DedupWindow
-from sluice.broker.filter_admin import FilterAdminProcessor, install_filtering, persist_filter_data_loop
+from sluice.broker.filter_admin import FilterAdminProcessor, persist_filter_data_loop
+from sluice.broker.filter_data import ConsumerFilterManager
 from sluice.broker.locks import RebalanceLockManager
 from sluice.broker.longpoll import HoldService
+from sluice.broker.offset_reset import OffsetResetProcessor
 from sluice.broker.offsets import ConsumerOffsetManager
+from sluice.broker.pool import BlockingPool
 from sluice.broker.pull import PullProcessor
 from sluice.broker.queries import QueryProcessor
+from sluice.broker.requests import ROUTES, Route
 from sluice.broker.retry import RetryProcessor
 from sluice.broker.schedule import ScheduleService
 from sluice.broker.send import SendProcessor
+from sluice.broker.sub_conflicts import SubscriptionGuard
 from sluice.broker.topics import TopicConfigManager
 from sluice.errors import ServiceNotAvailableError, SluiceError
+from sluice.filter import BloomFilter
 from sluice.namesrv.client import NamesrvClient
 from sluice.protocol import bodies as B
-from sluice.transport.client import RemotingClient
 from sluice.protocol.codes import RequestCode, ResponseCode
 from sluice.protocol.command import RemotingCommand
+from sluice.store import MessageStore, StoreConfig
+from sluice.transport.client import RemotingClient
 from sluice.transport.connection import RemotingConnection, RequestHandler
 from sluice.transport.server import RemotingServer
-from sluice.store import MessageStore, StoreConfig
 
 __all__ = ["BrokerController"]
 
@@ -87,46 +93,109 @@ def _pick_port(host: str) -> int:
 
 
 class BrokerController:
+    config: BrokerConfig
+    host: str
+    port: int
+    address: str  #: ip:port written into message ids and registrations
+    store: MessageStore
+    pool: BlockingPool  #: blocking store calls, off the loop
+    topics: TopicConfigManager
+    offsets: ConsumerOffsetManager
+    locks: RebalanceLockManager
+    consumers: ConsumerManager
+    filter_data: ConsumerFilterManager
+    sub_guard: SubscriptionGuard
+    bitmap_dispatcher: CalcBitmapDispatcher | None  #: None with enable_calc_filter_bitmap off
+    hold: HoldService
+    dedup: DedupWindow
+    appender: Appender
+    schedule: ScheduleService
+    backfills: BackfillManager
+    send_processor: SendProcessor
+    pull_processor: PullProcessor
+    retry_processor: RetryProcessor
+    #: code -> its row of requests.ROUTES, for every code registered with the server
+    routes: dict[int, Route]
+    server: RemotingServer
+    remoting: RemotingClient
+    namesrv: NamesrvClient | None
+    started_at: float
+
     def __init__(self, config: BrokerConfig) -> None:
-        self.config = config.validate()
+        self.config = config = config.validate()
         host, port = config.host_port
         if port == 0:  # the store needs the real port for message ids before the server binds
             port = _pick_port(host)
         self.host, self.port = host, port
         self.address = f"{_advertised_ip(host)}:{port}"
         root = Path(config.store)
-        self.store = MessageStore(root, StoreConfig(
+        self.store = store = MessageStore(root, StoreConfig(
             flush_mode=config.flush,  # type: ignore[arg-type]
             commitlog_file_size=config.commitlog_file_size, max_message_size=config.max_message_size,
             retention_hours=config.retention_hours, store_host=(_advertised_ip(host), port)))
-        self.topics = TopicConfigManager(root / "config", auto_create=config.auto_create_topic,
-                                         default_queue_nums=config.default_topic_queue_nums)
-        self.offsets = ConsumerOffsetManager(root / "config")
+        self.pool = pool = BlockingPool(STORE_THREADS)
+        self.topics = topics = TopicConfigManager(root / "config", auto_create=config.auto_create_topic,
+                                                  default_queue_nums=config.default_topic_queue_nums)
+        self.offsets = offsets = ConsumerOffsetManager(root / "config")
         self.locks = RebalanceLockManager(config.rebalance_lock_max_live_ms)
-        self.consumers = ConsumerManager(channel_expiry_s=CHANNEL_EXPIRY_S, on_change=self._consumer_ids_changed)
-        self.hold = HoldService(self.store.get_max_offset, check_interval_s=config.long_polling_check_ms / 1000.0)
-        # Filtering first: its bitmap dispatcher must precede every other dispatcher (filter_admin.py).
-        install_filtering(self)
-        self.store.add_dispatcher(self.hold)
-        self.executor = ThreadPoolExecutor(max_workers=STORE_THREADS, thread_name_prefix="sluice-broker-store")
-        self.appender = Appender(self.store, self.executor)
-        self.store.dispatch.drive_externally()  # every append happens on the loop, which dispatches after it
+        self.consumers = consumers = ConsumerManager(channel_expiry_s=CHANNEL_EXPIRY_S,
+                                                     on_change=self._consumer_ids_changed)
+        # Filtering first: the bitmap dispatcher must precede every other dispatcher, so records replayed by
+        # recovery get bitmaps too (docs/filtering.md).
+        bloom = BloomFilter(config.max_error_rate_of_bloom_filter, config.expect_consumer_num_use_filter)
+        self.filter_data = fm = ConsumerFilterManager(root / "config", bloom=bloom,
+                                                      clean_span_ms=config.filter_data_clean_time_span_ms)
+        fm.load()
+        self.sub_guard = sub_guard = SubscriptionGuard()
+        self.bitmap_dispatcher = CalcBitmapDispatcher(fm) if config.enable_calc_filter_bitmap else None
+        if self.bitmap_dispatcher is not None:
+            store.add_dispatcher(self.bitmap_dispatcher)
+        self.hold = hold = HoldService(store.get_max_offset, check_interval_s=config.long_polling_check_ms / 1000.0)
+        store.add_dispatcher(hold)
+        self.appender = appender = Appender(store, pool.executor)
+        store.dispatch.drive_externally()  # every append happens on the loop, which dispatches after it
         self.dedup = DedupWindow(max_keys=config.dedup_window_keys, window_ms=int(config.dedup_window_seconds * 1000),
                                  prefixes=config.dedup_producer_group_prefixes)
+        # Delay levels and deliver-at (schedule.py); its divert applies to sends and retries.
+        self.schedule = ScheduleService(root / "config", message_delay_level=config.message_delay_level,
+                                        retention_hours=config.retention_hours, store=store, pool=pool,
+                                        topics=topics, appender=appender)
+        # Bitmaps from `sluice spark backfill` (backfill.py).
+        self.backfills = backfills = BackfillManager(root, max_bytes=config.backfill_max_bytes, store=store,
+                                                     consumers=consumers, filter_data=fm)
         self.server = RemotingServer(host, port)
         self.remoting = RemotingClient()
         self.namesrv = NamesrvClient(config.namesrv, remoting=self.remoting) if config.namesrv else None
-        self.send_processor = SendProcessor(self)
-        self.pull_processor = PullProcessor(self)
-        for proc in (self.send_processor, self.pull_processor, ClientManageProcessor(self), QueryProcessor(self),
-                     AdminProcessor(self), AdminExtProcessor(self)):
-            proc.register()
-        FilterAdminProcessor(self).register()
-        self.backfills = BackfillManager(self)  # bitmaps from `sluice spark backfill` (backfill.py)
-        BackfillProcessor(self).register()
-        self.schedule = ScheduleService(self, root / "config")  # delay levels and deliver-at (schedule.py)
-        self.retry_processor = RetryProcessor(self)
-        self.retry_processor.register()
+
+        changed = self.topics_changed
+        self.send_processor = SendProcessor(
+            topics=topics, topics_changed=changed, appender=appender, dedup=self.dedup, divert=self.schedule.divert,
+            max_reconsume_times=config.max_reconsume_times, store_host=store.config.store_host,
+            max_message_size=store.config.max_message_size)
+        self.pull_processor = PullProcessor(
+            config=config, store=store, pool=pool, topics=topics, offsets=offsets, consumers=consumers,
+            filter_data=fm, sub_guard=sub_guard, backfills=backfills, hold=hold)
+        self.retry_processor = RetryProcessor(
+            store=store, pool=pool, topics=topics, topics_changed=changed, appender=appender,
+            divert=self.schedule.divert, max_reconsume_times=config.max_reconsume_times)
+        processors: list[object] = [
+            self.send_processor, self.pull_processor, self.retry_processor,
+            ClientManageProcessor(consumers=consumers, topics=topics, topics_changed=changed, filter_data=fm,
+                                  sub_guard=sub_guard, enable_property_filter=config.enable_property_filter),
+            QueryProcessor(store=store, pool=pool, offsets=offsets),
+            AdminProcessor(cluster_name=config.cluster_name, broker_name=config.broker_name, store=store, pool=pool,
+                           topics=topics, topics_changed=changed, offsets=offsets, consumers=consumers,
+                           locks=self.locks, filter_data=fm, sub_guard=sub_guard, runtime_info=self.runtime_info),
+            OffsetResetProcessor(broker_name=config.broker_name, store=store, pool=pool, topics=topics,
+                                 offsets=offsets, consumers=consumers),
+            FilterAdminProcessor(filter_data=fm, consumers=consumers, sub_guard=sub_guard),
+            BackfillProcessor(backfills=backfills, pool=pool),
+        ]
+        by_class = {type(p): p for p in processors}
+        self.routes = {}
+        for route in ROUTES:
+            self.server.register(route.code, self._guard(getattr(by_class[route.processor], route.method)))
+            self.routes[int(route.code)] = route
         self.server.on_connection_close(self._connection_closed)
         self.started_at = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -138,10 +207,7 @@ class BrokerController:
         self._stopping = False
         self._stopped = False
 
-    # ---- handler registration (processors call this instead of the server directly) ---------------
-    def register(self, code: int, handler: RequestHandler) -> None:
-        self.server.register(code, self._guard(handler))
-
+    # ---- request handling ----------------------------------------------------------------------------
     def _guard(self, handler: RequestHandler) -> RequestHandler:
         """Refuse work while stopping, count requests in flight (a stop drains them), log refusals.
 
@@ -197,17 +263,16 @@ class BrokerController:
 
     async def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking store call on the broker's thread pool."""
-        loop = self._loop or asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, functools.partial(fn, *args))
+        return await self.pool.run(fn, *args)
 
     # ---- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         t0 = time.monotonic()
-        await self._loop.run_in_executor(self.executor, self.store.start)
+        await self.pool.run(self.store.start)
         rep = self.store.recovery_report
         log.info("store %s open in %.2f s (%s)", self.config.store, time.monotonic() - t0, rep)
-        await self._loop.run_in_executor(self.executor, self.backfills.load)
+        await self.pool.run(self.backfills.load)
         self.hold.start()
         # Opted-in sends wait for the replay window's rebuild from the commit log's tail; others do not.
         self._tasks.append(self._loop.create_task(self._rebuild_dedup(), name="dedup-rebuild"))
@@ -217,7 +282,7 @@ class BrokerController:
             self._loop.create_task(self._every(self.config.persist_offsets_interval_ms / 1000.0, self._persist_offsets),
                                    name="persist-offsets"),
             self._loop.create_task(self._every(EXPIRY_SCAN_S, self._expire_clients), name="client-expiry"),
-            self._loop.create_task(persist_filter_data_loop(self), name="persist-filter-data"),
+            self._loop.create_task(persist_filter_data_loop(self.filter_data, self.pool), name="persist-filter-data"),
         ]
         self.schedule.start()
         if self.namesrv is not None:
@@ -245,7 +310,7 @@ class BrokerController:
             await asyncio.sleep(0.01)
         await self.server.close()
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, functools.partial(self.executor.shutdown, wait=True))
+        await loop.run_in_executor(None, self.pool.shutdown)
         try:
             self.offsets.persist(force=True)
         except OSError:
@@ -372,7 +437,7 @@ class BrokerController:
             "brokerAddr": self.address,
             "bootTimestamp": int(self.started_at * 1000),
             "runtime": f"{time.time() - self.started_at:.0f} s" if self.started_at else "0 s",
-            "msgPutTotalTodayNow": self.send_processor.sent_messages,
+            "msgPutTotalTodayNow": self.appender.messages,  # every message stored, as RocketMQ's putMessageTimesTotal
             "msgGetTotalTodayNow": self.pull_processor.pulled_messages,
             "pullHeldCount": self.hold.held_count,
             "pullWokenByArrival": self.hold.woken_by_arrival,
@@ -386,6 +451,3 @@ class BrokerController:
             **self.dedup.stats(),
             **{k: v for k, v in s.items()},
         }
-
-    def client_id_of(self, conn: RemotingConnection) -> str | None:
-        return conn.attributes.get(CLIENT_ID)

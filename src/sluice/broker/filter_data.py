@@ -3,11 +3,11 @@
 Per topic and group: the expression, its type, the subscription version
 (``subVersion``), born and dead time, and for SQL92 the Bloom bits of
 ``group#topic``. Registered from every heartbeat with RocketMQ's rules
-(rocketmq-facts b.7): an older or equal version never replaces a newer one, a
-newer one with a changed expression rebuilds the entry (new born time), a
-group's topics it no longer subscribes are marked dead, a group whose last
-member left is marked dead, and dead data goes after
-``filter_data_clean_time_span_ms``.
+(broker/src/main/java/org/apache/rocketmq/broker/filter/ConsumerFilterManager.java):
+an older or equal version never replaces a newer one, a newer one with a
+changed expression rebuilds the entry (new born time), a group's topics it no
+longer subscribes are marked dead, a group whose last member left is marked
+dead, and dead data goes after ``filter_data_clean_time_span_ms``.
 
 Departures from RocketMQ, on purpose:
 
@@ -86,10 +86,6 @@ class ConsumerFilterData:
     @property
     def is_dead(self) -> bool:
         return self.dead_time >= self.born_time
-
-    def is_msg_in_live(self, store_time: int) -> bool:
-        """RocketMQ's isMsgInLive (store time after born time), with LIVE_MARGIN_MS of slack."""
-        return store_time > self.born_time + LIVE_MARGIN_MS
 
     @property
     def is_sql(self) -> bool:
@@ -221,9 +217,6 @@ class ConsumerFilterManager:
 
     def sql_topics(self) -> dict[str, tuple[SqlFilterEntry, ...]]:
         return self._sql
-
-    def groups_of(self, topic: str) -> list[str]:
-        return sorted(self.table.get(topic, {}))
 
     def metrics_of(self, group: str, topic: str) -> FilterMetrics:
         m = self.metrics.get((group, topic))

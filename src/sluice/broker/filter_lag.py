@@ -11,19 +11,18 @@ bound is hit the count is a lower bound and ``filteredLagExact`` is false
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from sluice.broker.filter_data import LIVE_MARGIN_MS
+from sluice.broker.consumers import ConsumerManager
+from sluice.broker.filter_data import LIVE_MARGIN_MS, ConsumerFilterManager
 from sluice.broker.filtering import SelectorFilter
+from sluice.broker.sub_conflicts import SubscriptionGuard
 from sluice.protocol import properties as P
 from sluice.store.commitlog import parse_record
 from sluice.store.consumequeue import PAD_SIZE
-from sluice.store.ext_files import plan_units, resolve_units
-
-if TYPE_CHECKING:
-    from sluice.broker.controller import BrokerController
+from sluice.store import MessageStore
+from sluice.store.ext_files import resolve_units
 
 __all__ = ["LagBudget", "group_filter", "matching_count", "consume_stats_extras"]
 
@@ -38,14 +37,15 @@ class LagBudget:
     records: int = 20_000
 
 
-def group_filter(broker: BrokerController, group: str, topic: str) -> SelectorFilter | None:
+def group_filter(consumers: ConsumerManager, fm: ConsumerFilterManager, group: str, topic: str
+                 ) -> SelectorFilter | None:
     """The group's filter for ``topic`` without metrics (None: it takes every message).
 
     From its heartbeat subscription, else its restored filter data; raises LookupError when the broker
     knows neither."""
-    info = broker.consumers.get(group)
+    info = consumers.get(group)
     sub = info.subscriptions.get(topic) if info is not None else None
-    fd = broker.filter_data.get(topic, group)
+    fd = fm.get(topic, group)
     if sub is not None:
         base = sub.filter
     elif fd is not None and fd.selector is not None:
@@ -54,16 +54,14 @@ def group_filter(broker: BrokerController, group: str, topic: str) -> SelectorFi
         raise LookupError(topic)
     if base.passes_all:
         return None
-    fm = broker.filter_data
     if fd is not None and fd.is_sql and fd.selector is not None and fd.expression == base.selector.expression:
         return base.for_pull(None, fm.bloom, fd.bloom, fd.born_time + LIVE_MARGIN_MS)
     return base.for_pull(None)
 
 
-def matching_count(broker: BrokerController, topic: str, qid: int, start: int, end: int,
+def matching_count(store: MessageStore, topic: str, qid: int, start: int, end: int,
                    mf: SelectorFilter | None, budget: LagBudget) -> tuple[int, bool]:
     """(messages in queue offsets [start, end) that ``mf`` matches, exact?) within ``budget``."""
-    store = broker.store
     cq = store.queues.get(topic, qid)
     if cq is None or end <= start:
         return 0, True
@@ -82,7 +80,7 @@ def matching_count(broker: BrokerController, topic: str, qid: int, start: int, e
         budget.units -= len(units)
         real = (units["size"] > 0) & (units["size"] != PAD_SIZE)
         codes, batch, unresolved = resolve_units(ext, units["tag"])
-        mask, check = plan_units(mf, codes, batch, unresolved)
+        mask, check = mf.select_units(codes, batch, unresolved)
         wanted = real if mask is None else real & mask
         direct = wanted if check is None else wanted & ~check
         count += int(np.count_nonzero(direct))
@@ -101,7 +99,8 @@ def matching_count(broker: BrokerController, topic: str, qid: int, start: int, e
     return count, True
 
 
-def consume_stats_extras(broker: BrokerController, group: str, entries: list[dict]) -> dict[str, object]:
+def consume_stats_extras(store: MessageStore, consumers: ConsumerManager, fm: ConsumerFilterManager,
+                         sub_guard: SubscriptionGuard, group: str, entries: list[dict]) -> dict[str, object]:
     """Add ``filteredLag`` / ``filteredLagExact`` to each GET_CONSUME_STATS entry; return the top-level
     extras (``totalFilteredLag``, ``filterStats`` per topic, ``subscriptionConflicts``)."""
     budget = LagBudget()
@@ -111,7 +110,7 @@ def consume_stats_extras(broker: BrokerController, group: str, entries: list[dic
         topic = e["topic"]
         if topic not in filters:
             try:
-                filters[topic] = group_filter(broker, group, topic)
+                filters[topic] = group_filter(consumers, fm, group, topic)
             except LookupError as err:
                 filters[topic] = err
         mf = filters[topic]
@@ -119,13 +118,12 @@ def consume_stats_extras(broker: BrokerController, group: str, entries: list[dic
             n, exact = e["lag"], True
         else:
             consumer = e["consumerOffset"]
-            start = consumer if consumer >= 0 else broker.store.get_min_offset(topic, e["queueId"])
-            n, exact = matching_count(broker, topic, e["queueId"], start, e["brokerOffset"], mf, budget)
+            start = consumer if consumer >= 0 else store.get_min_offset(topic, e["queueId"])
+            n, exact = matching_count(store, topic, e["queueId"], start, e["brokerOffset"], mf, budget)
         e["filteredLag"] = n
         e["filteredLagExact"] = exact
         total += n
         exact_all &= exact
-    fm = broker.filter_data
     stats = {}
     for topic in sorted({e["topic"] for e in entries} | {t for (g, t) in fm.metrics if g == group}):
         fd = fm.get(topic, group)
@@ -136,4 +134,4 @@ def consume_stats_extras(broker: BrokerController, group: str, entries: list[dic
             **(m.to_wire() if m is not None else {}),
         }
     return {"totalFilteredLag": total, "totalFilteredLagExact": exact_all, "filterStats": stats,
-            "subscriptionConflicts": [c.to_wire() for c in broker.sub_guard.conflicts_of(group)]}
+            "subscriptionConflicts": [c.to_wire() for c in sub_guard.conflicts_of(group)]}

@@ -1,4 +1,4 @@
-"""Admin requests beyond admin.py: resetting a group's committed offsets (INVOKE_BROKER_TO_RESET_OFFSET, 222).
+"""Resetting a group's committed offsets (INVOKE_BROKER_TO_RESET_OFFSET, 222).
 
 RocketMQ 4.x's broker only computes the new offsets and asks the group's
 online clients to apply them (RESET_CONSUMER_CLIENT_OFFSET, 220), and refuses
@@ -17,22 +17,23 @@ offset before and after::
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 import orjson
 
+from sluice.broker.consumers import ConsumerManager
+from sluice.broker.offsets import ConsumerOffsetManager
+from sluice.broker.pool import BlockingPool
+from sluice.broker.topics import TopicConfigManager
 from sluice.errors import InvalidParameterError, SluiceError, TopicNotExistError
 from sluice.protocol import headers as H
 from sluice.protocol.bodies import MessageQueue
 from sluice.protocol.codes import RequestCode
 from sluice.protocol.command import RemotingCommand
-from sluice.transport.connection import RemotingConnection
 from sluice.protocol.offset_table import encode_fastjson_offset_table
+from sluice.store import MessageStore
+from sluice.transport.connection import RemotingConnection
 
-if TYPE_CHECKING:
-    from sluice.broker.controller import BrokerController
-
-__all__ = ["AdminExtProcessor", "RESET_TO_MAX"]
+__all__ = ["OffsetResetProcessor", "RESET_TO_MAX"]
 
 log = logging.getLogger(__name__)
 
@@ -40,17 +41,19 @@ log = logging.getLogger(__name__)
 RESET_TO_MAX = -1
 
 
-class AdminExtProcessor:
-    def __init__(self, broker: BrokerController) -> None:
-        self.broker = broker
-
-    def register(self) -> None:
-        self.broker.register(RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, self.reset_offset)
+class OffsetResetProcessor:
+    def __init__(self, *, broker_name: str, store: MessageStore, pool: BlockingPool, topics: TopicConfigManager,
+                 offsets: ConsumerOffsetManager, consumers: ConsumerManager) -> None:
+        self.broker_name = broker_name
+        self.store = store
+        self.pool = pool
+        self.topics = topics
+        self.offsets = offsets
+        self.consumers = consumers
 
     async def reset_offset(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         h = H.ResetOffsetRequestHeader.from_command(request)
-        b = self.broker
-        cfg = b.topics.get(h.topic)
+        cfg = self.topics.get(h.topic)
         if cfg is None:
             raise TopicNotExistError(f"topic[{h.topic}] not exist")
         if not h.group:
@@ -61,13 +64,13 @@ class AdminExtProcessor:
                 raise InvalidParameterError(
                     f"topic {h.topic} has queues 0..{cfg.write_queue_nums - 1}, not {h.queue_id}")
             queues = [h.queue_id]
-        entries = await b.run_blocking(self._reset, h, queues)
+        entries = await self.pool.run(self._reset, h, queues)
         notified = await self._notify_clients(h, entries)
         body = {"offsetTable": entries, "notifiedClients": notified}
         return request.make_response(body=orjson.dumps(body))
 
     def _target(self, h: H.ResetOffsetRequestHeader, qid: int) -> int:
-        store = self.broker.store
+        store = self.store
         lo, hi = store.get_min_offset(h.topic, qid), store.get_max_offset(h.topic, qid)
         if h.offset is not None:
             target = h.offset
@@ -79,17 +82,17 @@ class AdminExtProcessor:
         return min(max(target, lo), hi)
 
     def _reset(self, h: H.ResetOffsetRequestHeader, queues: list[int]) -> list[dict]:
-        b = self.broker
+        offsets = self.offsets
         out = []
         for qid in queues:
             target = self._target(h, qid)
-            old = b.offsets.query(h.group, h.topic, qid)
+            old = offsets.query(h.group, h.topic, qid)
             # Not forced: only move back (RocketMQ's rule); a queue with nothing committed takes the target.
             new = target if (h.is_force or old < 0 or target < old) else old
-            b.offsets.commit(h.group, h.topic, qid, new)
-            out.append({"topic": h.topic, "brokerName": b.config.broker_name, "queueId": qid,
+            offsets.commit(h.group, h.topic, qid, new)
+            out.append({"topic": h.topic, "brokerName": self.broker_name, "queueId": qid,
                         "offset": new, "previousOffset": old})
-        b.offsets.persist()
+        offsets.persist()
         log.info("offsets of group %s on %s reset (%s): %s", h.group, h.topic,
                  f"offset {h.offset}" if h.offset is not None else f"timestamp {h.timestamp}",
                  ", ".join(f"{e['queueId']}: {e['previousOffset']} -> {e['offset']}" for e in out))
@@ -97,7 +100,7 @@ class AdminExtProcessor:
 
     async def _notify_clients(self, h: H.ResetOffsetRequestHeader, entries: list[dict]) -> list[str]:
         """RESET_CONSUMER_CLIENT_OFFSET (oneway, as Broker2Client does) to each online member of the group."""
-        info = self.broker.consumers.get(h.group)
+        info = self.consumers.get(h.group)
         if info is None or not info.channels:
             return []
         table = {MessageQueue(topic=e["topic"], broker_name=e["brokerName"], queue_id=e["queueId"]): e["offset"]

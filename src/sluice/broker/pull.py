@@ -3,30 +3,36 @@
 The subscription comes from the pull itself when its SUBSCRIPTION flag (0x4)
 is set — every real 4.x client sets it — and otherwise from the group's last
 heartbeat or its restored filter data (``_filter``). Store statuses map to response codes exactly as RocketMQ maps them
-(rocketmq-facts e.3). A PULL_NOT_FOUND with the SUSPEND flag is held in the
+(broker/src/main/java/org/apache/rocketmq/broker/processor/PullMessageProcessor.java).
+A PULL_NOT_FOUND with the SUSPEND flag is held in the
 HoldService up to the client's suspendTimeoutMillis, then pulled once more
 and answered whatever that gives.
 """
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from sluice.broker.filter_data import LIVE_MARGIN_MS, ConsumerFilterData
+from sluice.broker.backfill import BackfillManager
+from sluice.broker.config import BrokerConfig
+from sluice.broker.consumers import ConsumerManager
+from sluice.broker.filter_data import LIVE_MARGIN_MS, ConsumerFilterData, ConsumerFilterManager
 from sluice.broker.filtering import (
     SQL92_DISABLED, CompiledSubscription, SelectorFilter, SqlFilterDisabledError, compile_subscription,
 )
-from sluice.broker.longpoll import TIMED_OUT
+from sluice.broker.longpoll import TIMED_OUT, HoldService
+from sluice.broker.offsets import ConsumerOffsetManager
+from sluice.broker.pool import BlockingPool
 from sluice.broker.retry import retry_filter
+from sluice.broker.sub_conflicts import SubscriptionGuard
+from sluice.broker.topics import TopicConfigManager
 from sluice.errors import FilterError, SluiceError, TopicNotExistError
-from sluice.protocol.codes import RequestCode, ResponseCode
+from sluice.protocol.codes import ResponseCode
 from sluice.protocol.command import RemotingCommand
-from sluice.transport.connection import RemotingConnection
 from sluice.protocol.headers import PullMessageRequestHeader
+from sluice.store import MessageStore
 from sluice.store.types import GetMessageResult, GetMessageStatus
-
-if TYPE_CHECKING:
-    from sluice.broker.controller import BrokerController
+from sluice.transport.connection import RemotingConnection
 
 __all__ = ["PullProcessor", "pull_response_code", "FLAG_COMMIT_OFFSET", "FLAG_SUSPEND", "FLAG_SUBSCRIPTION"]
 
@@ -67,13 +73,20 @@ def pull_response_code(status: GetMessageStatus, requested_offset: int) -> Respo
 
 
 class PullProcessor:
-    def __init__(self, broker: BrokerController) -> None:
-        self.broker = broker
+    def __init__(self, *, config: BrokerConfig, store: MessageStore, pool: BlockingPool, topics: TopicConfigManager,
+                 offsets: ConsumerOffsetManager, consumers: ConsumerManager, filter_data: ConsumerFilterManager,
+                 sub_guard: SubscriptionGuard, backfills: BackfillManager, hold: HoldService) -> None:
+        self.config = config
+        self.store = store
+        self.pool = pool
+        self.topics = topics
+        self.offsets = offsets
+        self.consumers = consumers
+        self.filter_data = filter_data
+        self.sub_guard = sub_guard
+        self.backfills = backfills
+        self.hold = hold
         self.pulled_messages = 0
-
-    def register(self) -> None:
-        server = self.broker
-        server.register(RequestCode.PULL_MESSAGE, self.handle)
 
     def _filter(self, h: PullMessageRequestHeader) -> SelectorFilter | None:
         """The pull's filter (None: everything passes), with the group's Bloom data where it applies.
@@ -83,15 +96,15 @@ class PullProcessor:
         otherwise the subscription comes from the group's heartbeat, or after a broker restart from the
         restored filter data. Version checks as RocketMQ's PullMessageProcessor.
         """
-        b = self.broker
-        fm = b.filter_data
+        config = self.config
+        fm = self.filter_data
         group, topic = h.consumer_group, h.topic
-        info = b.consumers.get(group)
+        info = self.consumers.get(group)
         fd = fm.get(topic, group)
         if h.sys_flag & FLAG_SUBSCRIPTION:
             sub = _compiled(topic, h.expression_type, h.subscription, h.sub_version,
-                            b.config.enable_property_filter)
-            b.sub_guard.check_pull(group, topic, sub.expression_type, sub.expression, h.sub_version,
+                            config.enable_property_filter)
+            self.sub_guard.check_pull(group, topic, sub.expression_type, sub.expression, h.sub_version,
                                    info.channels if info is not None else ())
             base = sub.filter
         else:
@@ -109,7 +122,7 @@ class PullProcessor:
                 if fd.selector is None:
                     raise FilterError(f"the filter data of group {group!r} on {topic!r} ({fd.expression_type} "
                                       f"{fd.expression!r}) does not compile: {fd.error}")
-                if fd.is_sql and not b.config.enable_property_filter:
+                if fd.is_sql and not config.enable_property_filter:
                     raise SqlFilterDisabledError(SQL92_DISABLED)
                 sub = None
                 base = SelectorFilter(fd.selector)
@@ -122,7 +135,7 @@ class PullProcessor:
         if base.passes_all:
             return None
         if base.needs_record and fd is not None and fd.is_sql and fd.selector is not None \
-                and fd.expression == base.selector.expression and b.config.enable_calc_filter_bitmap:
+                and fd.expression == base.selector.expression and config.enable_calc_filter_bitmap:
             return base.for_pull(fm.metrics_of(group, topic), fm.bloom, fd.bloom, fd.born_time + LIVE_MARGIN_MS)
         return base.for_pull(fm.metrics_of(group, topic))
 
@@ -138,33 +151,34 @@ class PullProcessor:
     def _get_now(self, h: PullMessageRequestHeader, max_msgs: int, mf: SelectorFilter | None,
                  max_bytes: int | None) -> GetMessageResult:
         # A group's backfill bitmap for this queue (broker/backfill.py), set afresh for each read.
-        mf = self.broker.backfills.attach(mf, h.consumer_group, h.topic, h.queue_id, h.queue_offset)
-        return self.broker.store.get_messages(h.topic, h.queue_id, h.queue_offset, max_msgs, mf, max_bytes)
+        mf = self.backfills.attach(mf, h.consumer_group, h.topic, h.queue_id, h.queue_offset)
+        return self.store.get_messages(h.topic, h.queue_id, h.queue_offset, max_msgs, mf, max_bytes)
 
     async def _get(self, h: PullMessageRequestHeader, max_msgs: int, mf: SelectorFilter | None,
                    max_bytes: int | None) -> GetMessageResult:
-        if self.broker.config.pull_on_event_loop:
+        if self.config.pull_on_event_loop:
             return self._get_now(h, max_msgs, mf, max_bytes)
-        return await self.broker.run_blocking(self._get_now, h, max_msgs, mf, max_bytes)
+        return await self.pool.run(self._get_now, h, max_msgs, mf, max_bytes)
 
     def handle(self, conn: RemotingConnection, request: RemotingCommand) -> Any:
         """Answered at once when the store has an answer (no task: pulls are the hottest request); a pull
         to be held, or one read on the thread pool, returns the coroutine that finishes it."""
-        b = self.broker
         h = PullMessageRequestHeader.from_command(request)
-        cfg = b.topics.get(h.topic)
+        topics = self.topics
+        cfg = topics.get(h.topic)
         if cfg is None:
             raise TopicNotExistError(f"topic[{h.topic}] not exist, apply first please!")
-        b.topics.check_readable(cfg)
+        topics.check_readable(cfg)
         if not 0 <= h.queue_id < cfg.read_queue_nums:
             raise SluiceError(f"queueId[{h.queue_id}] is illegal, topic:[{h.topic}] "
                               f"topicConfig.readQueueNums:[{cfg.read_queue_nums}] consumer:[{conn.peer}]")
-        mf = retry_filter(b, h.consumer_group, h.topic, self._filter(h))  # %RETRY%: original topics' filters
+        # %RETRY%<group>: filtered by the group's subscriptions of the original topics
+        mf = retry_filter(self.consumers, h.consumer_group, h.topic, self._filter(h))
         if h.sys_flag & FLAG_COMMIT_OFFSET:
-            b.offsets.commit(h.consumer_group, h.topic, h.queue_id, h.commit_offset)
+            self.offsets.commit(h.consumer_group, h.topic, h.queue_id, h.commit_offset)
         max_msgs = max(1, h.max_msg_nums)
         max_bytes = h.max_msg_bytes if h.max_msg_bytes and h.max_msg_bytes > 0 else None
-        if not b.config.pull_on_event_loop:
+        if not self.config.pull_on_event_loop:
             return self._wait_and_answer(request, h, max_msgs, mf, max_bytes, None)
         res = self._get_now(h, max_msgs, mf, max_bytes)
         code = pull_response_code(res.status, h.queue_offset)
@@ -177,15 +191,15 @@ class PullProcessor:
                                res: GetMessageResult | None) -> RemotingCommand:
         """Read on the thread pool (``res`` None), and hold a PULL_NOT_FOUND with the SUSPEND flag up to the
         client's suspend timeout (long polling), then pull once more."""
-        b = self.broker
         if res is None:
             res = await self._get(h, max_msgs, mf, max_bytes)
         code = pull_response_code(res.status, h.queue_offset)
         if code == _R.PULL_NOT_FOUND and h.sys_flag & FLAG_SUSPEND:
-            timeout_ms = h.suspend_timeout_millis if b.config.long_polling_enable else b.config.short_polling_ms
-            woke = await b.hold.hold(h.topic, h.queue_id, h.queue_offset, mf, max(0, timeout_ms) / 1000.0)
+            config = self.config
+            timeout_ms = h.suspend_timeout_millis if config.long_polling_enable else config.short_polling_ms
+            woke = await self.hold.hold(h.topic, h.queue_id, h.queue_offset, mf, max(0, timeout_ms) / 1000.0)
             if woke != TIMED_OUT and woke > 0:
-                await b.run_blocking(b.store.dispatch.wait_for, woke, 1.0)
+                await self.pool.run(self.store.dispatch.wait_for, woke, 1.0)
             res = await self._get(h, max_msgs, mf, max_bytes)
             code = pull_response_code(res.status, h.queue_offset)
         return self._answer(request, res, code)

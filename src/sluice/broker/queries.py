@@ -7,39 +7,28 @@ with CONSUME_FROM_LAST_OFFSET read the whole queue).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from sluice.broker.offsets import ConsumerOffsetManager
+from sluice.broker.pool import BlockingPool
 from sluice.errors import CorruptRecordError, SluiceError
 from sluice.protocol import headers as H
-from sluice.protocol.codes import RequestCode, ResponseCode
+from sluice.protocol.codes import ResponseCode
 from sluice.protocol.command import RemotingCommand
+from sluice.store import MessageStore
 from sluice.transport.connection import RemotingConnection
-
-if TYPE_CHECKING:
-    from sluice.broker.controller import BrokerController
 
 __all__ = ["QueryProcessor"]
 
 
 class QueryProcessor:
-    def __init__(self, broker: BrokerController) -> None:
-        self.broker = broker
-
-    def register(self) -> None:
-        server = self.broker
-        R = RequestCode
-        for code, fn in ((R.QUERY_CONSUMER_OFFSET, self.query_consumer_offset),
-                         (R.UPDATE_CONSUMER_OFFSET, self.update_consumer_offset),
-                         (R.GET_MAX_OFFSET, self.get_max_offset), (R.GET_MIN_OFFSET, self.get_min_offset),
-                         (R.SEARCH_OFFSET_BY_TIMESTAMP, self.search_offset),
-                         (R.GET_EARLIEST_MSG_STORETIME, self.earliest_time),
-                         (R.QUERY_MESSAGE, self.query_message), (R.VIEW_MESSAGE_BY_ID, self.view_message)):
-            server.register(code, fn)
+    def __init__(self, *, store: MessageStore, pool: BlockingPool, offsets: ConsumerOffsetManager) -> None:
+        self.store = store
+        self.pool = pool
+        self.offsets = offsets
 
     # ---- consumer offsets --------------------------------------------------------------------------
     async def query_consumer_offset(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         h = H.QueryConsumerOffsetRequestHeader.from_command(request)
-        offset = self.broker.offsets.query(h.consumer_group, h.topic, h.queue_id)
+        offset = self.offsets.query(h.consumer_group, h.topic, h.queue_id)
         if offset < 0:
             return request.make_response(
                 ResponseCode.QUERY_NOT_FOUND,
@@ -48,33 +37,33 @@ class QueryProcessor:
 
     async def update_consumer_offset(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         h = H.UpdateConsumerOffsetRequestHeader.from_command(request)
-        self.broker.offsets.commit(h.consumer_group, h.topic, h.queue_id, h.commit_offset)
+        self.offsets.commit(h.consumer_group, h.topic, h.queue_id, h.commit_offset)
         return request.make_response()
 
     # ---- queue bounds ------------------------------------------------------------------------------
     async def get_max_offset(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         h = H.GetMaxOffsetRequestHeader.from_command(request)
-        return request.make_response(ext_fields={"offset": self.broker.store.get_max_offset(h.topic, h.queue_id)})
+        return request.make_response(ext_fields={"offset": self.store.get_max_offset(h.topic, h.queue_id)})
 
     async def get_min_offset(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         h = H.GetMinOffsetRequestHeader.from_command(request)
-        return request.make_response(ext_fields={"offset": self.broker.store.get_min_offset(h.topic, h.queue_id)})
+        return request.make_response(ext_fields={"offset": self.store.get_min_offset(h.topic, h.queue_id)})
 
     async def search_offset(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         h = H.SearchOffsetRequestHeader.from_command(request)
-        off = await self.broker.run_blocking(self.broker.store.get_offset_by_timestamp, h.topic, h.queue_id,
+        off = await self.pool.run(self.store.get_offset_by_timestamp, h.topic, h.queue_id,
                                              h.timestamp)
         return request.make_response(ext_fields={"offset": off})
 
     async def earliest_time(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         h = H.GetEarliestMsgStoretimeRequestHeader.from_command(request)
-        ts = await self.broker.run_blocking(self.broker.store.get_earliest_message_time, h.topic, h.queue_id)
+        ts = await self.pool.run(self.store.get_earliest_message_time, h.topic, h.queue_id)
         return request.make_response(ext_fields={"timestamp": ts})
 
     # ---- messages ----------------------------------------------------------------------------------
     async def query_message(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         h = H.QueryMessageRequestHeader.from_command(request)
-        body, ts, phy = await self.broker.run_blocking(self._query_by_key, h)
+        body, ts, phy = await self.pool.run(self._query_by_key, h)
         fields = {"indexLastUpdateTimestamp": ts, "indexLastUpdatePhyoffset": phy}
         if not body:
             return request.make_response(ResponseCode.QUERY_NOT_FOUND,
@@ -83,7 +72,7 @@ class QueryProcessor:
         return request.make_response(ext_fields=fields, body=body)
 
     def _query_by_key(self, h: H.QueryMessageRequestHeader) -> tuple[bytes, int, int]:
-        store = self.broker.store
+        store = self.store
         end_ts = h.end_timestamp if h.end_timestamp > 0 else (1 << 63) - 1
         msgs = store.query_messages_by_key(h.topic, h.key, max(1, min(h.max_num, 64)), max(0, h.begin_timestamp),
                                            end_ts)
@@ -106,7 +95,7 @@ class QueryProcessor:
         h = H.ViewMessageRequestHeader.from_command(request)
         if h.offset < 0:
             raise SluiceError(f"can not find message by the offset {h.offset}")
-        rec = await self.broker.run_blocking(self.broker.store.read_record, h.offset)
+        rec = await self.pool.run(self.store.read_record, h.offset)
         if rec is None:
             raise SluiceError(f"can not find message by the offset {h.offset}")
         return request.make_response(body=rec)

@@ -23,24 +23,23 @@ from __future__ import annotations
 
 import logging
 import random
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import numpy as np
 
-from sluice.broker.topics import RETRY_PREFIX, dlq_topic, retry_topic
+from sluice.broker.appender import Appender, Prepare, stored
+from sluice.broker.consumers import ConsumerManager
+from sluice.broker.pool import BlockingPool
+from sluice.broker.topics import RETRY_PREFIX, TopicConfigManager, dlq_topic, retry_topic
 from sluice.errors import SluiceError
 from sluice.protocol import properties as P
-from sluice.protocol.codes import RequestCode
 from sluice.protocol.command import RemotingCommand
-from sluice.transport.connection import RemotingConnection
 from sluice.protocol.headers import ConsumerSendMsgBackRequestHeader
 from sluice.protocol.msgid import create_offset_msg_id
 from sluice.protocol.record import check_topic, decode_record
+from sluice.store import MessageStore
 from sluice.store.types import MessageFilter, StoreMessage
-
-if TYPE_CHECKING:
-    from sluice.broker.consumers import ConsumerManager
-    from sluice.broker.controller import BrokerController
+from sluice.transport.connection import RemotingConnection
 
 __all__ = ["RetryProcessor", "RetryTopicFilter", "retry_filter"]
 
@@ -51,20 +50,24 @@ BASE_RETRY_LEVEL = 3
 
 
 class RetryProcessor:
-    def __init__(self, broker: BrokerController) -> None:
-        self.broker = broker
+    def __init__(self, *, store: MessageStore, pool: BlockingPool, topics: TopicConfigManager,
+                 topics_changed: Callable[[], None], appender: Appender, divert: Prepare,
+                 max_reconsume_times: int) -> None:
+        self.store = store  # read only: the message sent back
+        self.pool = pool
+        self.topics = topics
+        self.topics_changed = topics_changed
+        self.appender = appender
+        self.divert = divert  # the retry's delay level (ScheduleService.divert)
+        self.max_reconsume_times = max_reconsume_times
         self.retried = 0
         self.dead_lettered = 0
 
-    def register(self) -> None:
-        self.broker.register(RequestCode.CONSUMER_SEND_MSG_BACK, self.handle)
-
     async def handle(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         h = ConsumerSendMsgBackRequestHeader.from_command(request)
-        b = self.broker
         rt = retry_topic(h.group)
         check_topic(rt)  # a group name that cannot make a topic name is refused here
-        data = await b.run_blocking(b.store.read_record, h.offset)
+        data = await self.pool.run(self.store.read_record, h.offset)
         if data is None:
             raise SluiceError(f"look message by offset failed, {h.offset}")
         rec = decode_record(data, check_crc=False, where=f"commit-log offset {h.offset}")
@@ -73,7 +76,7 @@ class RetryProcessor:
         offset_id = create_offset_msg_id(rec.store_host[0], rec.store_host[1], rec.physical_offset)
         props.setdefault(P.ORIGIN_MESSAGE_ID, h.origin_msg_id or props.get(P.UNIQ_KEY) or offset_id)
         props.pop(P.DELAY, None)
-        limit = h.max_reconsume_times if h.max_reconsume_times is not None else b.config.max_reconsume_times
+        limit = h.max_reconsume_times if h.max_reconsume_times is not None else self.max_reconsume_times
         created = False
         if rec.reconsume_times >= limit or h.delay_level < 0:
             topic = dlq_topic(h.group)
@@ -84,16 +87,16 @@ class RetryProcessor:
             topic = rt
             props[P.DELAY] = str(h.delay_level if h.delay_level > 0 else BASE_RETRY_LEVEL + rec.reconsume_times)
             self.retried += 1
-        cfg = b.topics.get(topic)
+        cfg = self.topics.get(topic)
         if cfg is None:
-            cfg = b.topics.create_retry_or_dlq(topic, 1)
+            cfg = self.topics.create_retry_or_dlq(topic, 1)
             created = True
-        msg = StoreMessage(topic, rec.body, random.randrange(cfg.write_queue_nums), props, rec.flag, rec.sysflag,
-                           rec.born_timestamp, rec.born_host, rec.reconsume_times + 1)
-        b.schedule.divert([msg])
-        await b.appender.put([msg])
+        queue_id = random.randrange(cfg.write_queue_nums)
+        msg = StoreMessage(topic, rec.body, queue_id, props, rec.flag, rec.sysflag, rec.born_timestamp, rec.born_host,
+                           rec.reconsume_times + 1)
+        await stored(self.appender.put(topic, queue_id, [msg], prepare=self.divert))
         if created:
-            b.topics_changed()
+            self.topics_changed()
         return request.make_response()
 
 
@@ -123,9 +126,9 @@ class RetryTopicFilter:
         return self.match_record(properties)
 
 
-def retry_filter(broker: BrokerController, group: str, topic: str,
+def retry_filter(consumers: ConsumerManager, group: str, topic: str,
                  current: MessageFilter | None) -> MessageFilter | None:
     """The filter a pull of ``topic`` uses: for the group's own retry topic, RetryTopicFilter."""
     if topic != RETRY_PREFIX + group:
         return current
-    return RetryTopicFilter(broker.consumers, group)
+    return RetryTopicFilter(consumers, group)

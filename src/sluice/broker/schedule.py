@@ -39,17 +39,16 @@ import re
 import time
 from operator import attrgetter
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from sluice.broker.topics import DLQ_PREFIX, SCHEDULE_TOPIC, TopicConfig
+from sluice.broker.appender import Appender, stored
+from sluice.broker.pool import BlockingPool
+from sluice.broker.topics import DLQ_PREFIX, SCHEDULE_TOPIC, TopicConfig, TopicConfigManager
 from sluice.errors import InvalidParameterError, MessageIllegalError, SluiceError
 from sluice.persist import read_json, write_json_atomic
 from sluice.protocol import properties as P
 from sluice.protocol.record import RecordView, check_topic, iter_records
+from sluice.store import MessageStore
 from sluice.store.types import GetMessageStatus, StoreMessage
-
-if TYPE_CHECKING:
-    from sluice.broker.controller import BrokerController
 
 __all__ = ["MAX_TIMER_DELAY_MS", "TIMER_BUCKETS", "TIMER_TOPIC", "ScheduleService", "parse_delay_levels",
            "timer_bucket", "timer_hop_ms"]
@@ -107,10 +106,14 @@ def timer_hop_ms(bucket: int, max_hop_ms: int = MAX_HOP_MS) -> int:
 class ScheduleService:
     """Diverts delayed messages on arrival (:meth:`divert`) and moves them when due (a loop task)."""
 
-    def __init__(self, broker: BrokerController, config_dir: Path) -> None:
-        self.broker = broker
-        self.levels = parse_delay_levels(broker.config.message_delay_level)
-        self.max_hop_ms = int(min(MAX_HOP_MS, broker.config.retention_hours * 3600 * 1000 / 3))
+    def __init__(self, config_dir: Path, *, message_delay_level: str, retention_hours: float, store: MessageStore,
+                 pool: BlockingPool, topics: TopicConfigManager, appender: Appender) -> None:
+        self.store = store  # read only: the schedule queues (moves go through the appender)
+        self.pool = pool
+        self.topics = topics
+        self.appender = appender
+        self.levels = parse_delay_levels(message_delay_level)
+        self.max_hop_ms = int(min(MAX_HOP_MS, retention_hours * 3600 * 1000 / 3))
         self._path = config_dir / "delayOffset.json"
         self.offsets: dict[tuple[str, int], int] = {}
         self._heads: dict[tuple[str, int], tuple[int, int]] = {}  # queue -> (head offset, due ms)
@@ -126,7 +129,7 @@ class ScheduleService:
         self._ensure_topics()
 
     def _ensure_topics(self) -> None:
-        topics = self.broker.topics
+        topics = self.topics
         n = len(self.levels)
         cfg = topics.get(SCHEDULE_TOPIC)
         if cfg is None or cfg.read_queue_nums != n:
@@ -233,7 +236,7 @@ class ScheduleService:
 
     def stats(self) -> dict[str, int]:
         """Messages waiting (not yet moved) per kind, and counters."""
-        store = self.broker.store
+        store = self.store
         waiting = {SCHEDULE_TOPIC: 0, TIMER_TOPIC: 0}
         for topic, qid in self.queues:
             waiting[topic] += max(0, store.get_max_offset(topic, qid) - self.offsets.get((topic, qid), 0))
@@ -250,7 +253,7 @@ class ScheduleService:
                         if not await self._serve(q, now):
                             break
                 if self._dirty:
-                    await self.broker.run_blocking(self.persist)
+                    await self.pool.run(self.persist)
                 heads = [due for _, due in self._heads.values()]
                 if heads:
                     sleep = max(0.0, min(TICK_S, (min(heads) - time.time() * 1000) / 1000))
@@ -276,7 +279,7 @@ class ScheduleService:
     async def _serve(self, q: tuple[str, int], now: int) -> bool:
         """Move the queue's due head messages; True when a whole batch moved (there may be more)."""
         topic, qid = q
-        store = self.broker.store
+        store = self.store
         off = self.offsets.get(q, 0)
         head = self._heads.get(q)
         if head is not None and head[0] == off and head[1] > now:
@@ -289,7 +292,7 @@ class ScheduleService:
                 self.offsets[q] = hi
                 self._dirty = True
             return False
-        res = await self.broker.run_blocking(store.get_messages, topic, qid, off, BATCH)
+        res = await self.pool.run(store.get_messages, topic, qid, off, BATCH)
         if res.status is not GetMessageStatus.FOUND:
             if res.next_begin_offset != off and res.status is not GetMessageStatus.OFFSET_FOUND_NULL:
                 log.warning("schedule queue %s/%d: %s at %d, going on at %d", topic, qid, res.status.name, off,
@@ -351,8 +354,8 @@ class ScheduleService:
         run: list[StoreMessage] = []
         for m in msgs:
             if run and (m.topic, m.queue_id) != (run[0].topic, run[0].queue_id):
-                await self.broker.appender.put(run)
+                await stored(self.appender.put(run[0].topic, run[0].queue_id, run))
                 run = []
             run.append(m)
         if run:
-            await self.broker.appender.put(run)
+            await stored(self.appender.put(run[0].topic, run[0].queue_id, run))

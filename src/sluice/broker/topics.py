@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from sluice.errors import InvalidParameterError, NoPermissionError, TopicNotExistError
@@ -180,10 +180,6 @@ class TopicConfigManager:
     def check_readable(self, cfg: TopicConfig) -> None:
         if not cfg.readable:
             raise NoPermissionError(f"topic {cfg.topic_name!r} is not readable (perm={cfg.perm})")
-
-    def with_perm(self, topic: str, perm: int) -> TopicConfig:
-        cfg = self._topics[topic]
-        return self.update(replace(cfg, perm=perm))
 
 
 __all__ = ["TopicConfig", "TopicConfigManager", "retry_topic", "dlq_topic"]

@@ -10,8 +10,9 @@ pull) never blocks the connection.
 
 The hot path is built for CPU per request, not elegance: frames written during
 one event-loop iteration leave in one ``transport.write`` (collected in
-``_wbuf``, flushed by the last writer of the iteration, a ``call_soon`` or once
-64 KiB are waiting), commands are
+``_wbuf``; the first write of an iteration schedules one flush with
+``call_soon``, later ones only append; answers of plain handlers leave at the
+end of ``data_received``, and 64 KiB waiting are written at once), commands are
 encoded with the opaque/flag they are sent with instead of being copied, and
 reads are decoded straight from the bytes the transport hands over.
 """
@@ -22,7 +23,7 @@ import itertools
 import logging
 import threading
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, Sized
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from sluice.errors import (
@@ -46,8 +47,8 @@ DEFAULT_MAX_INFLIGHT = 4096
 # Collected output is written at once past this many bytes (else at the end of the loop iteration).
 _FLUSH_AT = 64 * 1024
 # A body this big is handed to the transport as is, after what was collected before it, rather than
-# copied into one joined write. Smaller ones are joined: copying 300 KB takes ~12 us, while a second
-# write for it cost ~60-100 us of CPU on each side per 300 KB pull answered one at a time (measured).
+# copied into one joined write. Smaller ones are joined: the copy costs less CPU than a second write
+# (and its wake-up on the reading side) would.
 _BIG_BODY = 1024 * 1024
 _CLOSE_TIMEOUT = 10.0
 _READ_BUFFER = 256 * 1024  # what one read may take (asyncio's own read size)
@@ -162,7 +163,6 @@ class RemotingConnection(asyncio.BufferedProtocol):
         self._transport: asyncio.Transport | None = None
         self._transport_open = False  # from connection_made to connection_lost
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._ready: Sized | None = None  # the loop's queue of callbacks to run (see _flush_if_last)
         # write side: frames collected until the end of the loop iteration
         self._wbuf: list[bytes] = []
         self._wlen = 0
@@ -214,7 +214,6 @@ class RemotingConnection(asyncio.BufferedProtocol):
         opaque, fut = self._register(cmd, timeout)
         try:
             self._write(cmd, opaque, cmd.flag & ~(FLAG_RESPONSE | FLAG_ONEWAY), cmd.serialize_type)
-            self._flush_if_last()
             if self._write_paused:
                 await self._writable(fut)
             return await fut
@@ -253,7 +252,6 @@ class RemotingConnection(asyncio.BufferedProtocol):
             raise RemotingError(f"connection to {self.peer} is closed")
         opaque = next(self._opaques) & 0x7FFFFFFF
         self._write(cmd, opaque, (cmd.flag | FLAG_ONEWAY) & ~FLAG_RESPONSE, cmd.serialize_type)
-        self._flush_if_last()
         if self._write_paused:
             await self._writable()
 
@@ -265,12 +263,11 @@ class RemotingConnection(asyncio.BufferedProtocol):
         if self._closed:
             raise RemotingError(f"connection to {self.peer} is closed")
         self._write(cmd, cmd.opaque, cmd.flag, cmd.serialize_type)
-        self._flush_if_last()
         if self._write_paused:
             await self._writable()
 
     # Timeouts: rather than a loop timer per request (a TimerHandle, and heap pushes and pops whose
-    # comparisons run in Python: ~10 us a request), one timer per connection fires at the earliest
+    # comparisons run in Python, per request), one timer per connection fires at the earliest
     # deadline of its pending requests, fails those that are due and re-arms for the next one.
     def _arm_sweep(self, when: float) -> None:
         if self._sweep_handle is not None:
@@ -297,7 +294,7 @@ class RemotingConnection(asyncio.BufferedProtocol):
             self._arm_sweep(next_at)
 
     def _write(self, cmd: RemotingCommand, opaque: int, flag: int, serialize_type: int) -> None:
-        # Encoding with the given opaque/flag/serialize type replaces dataclasses.replace (~9 us).
+        # Encoding with the given opaque/flag/serialize type instead of a dataclasses.replace copy.
         head = encode_frame_head(cmd, opaque, flag, serialize_type)
         body = cmd.body
         wbuf = self._wbuf
@@ -317,16 +314,6 @@ class RemotingConnection(asyncio.BufferedProtocol):
         elif not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)  # type: ignore[union-attr]
-
-    def _flush_if_last(self) -> None:
-        """Flush now if nothing else is due to run in this loop iteration: the same coalescing as the
-        ``call_soon`` flush, one loop iteration (an epoll call and a wake-up of the loop) sooner.
-
-        Peeks at asyncio's private ``loop._ready`` (the callbacks still to run); on a loop without
-        one, the ``call_soon`` flush does the job alone."""
-        ready = self._ready
-        if ready is not None and self._wbuf and (not ready or (self._flush_scheduled and len(ready) == 1)):
-            self._flush()  # (the one callback left is our own scheduled flush: it will find nothing)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
@@ -359,7 +346,6 @@ class RemotingConnection(asyncio.BufferedProtocol):
         self._transport = transport  # type: ignore[assignment]
         self._transport_open = True
         self._loop = loop = asyncio.get_running_loop()
-        self._ready = getattr(loop, "_ready", None)
         self._lost = loop.create_future()
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
@@ -480,7 +466,6 @@ class RemotingConnection(asyncio.BufferedProtocol):
             except Exception as exc:
                 response = self._dispatcher.error_response(self, request, exc)
             self._answer(request, response)
-            self._flush_if_last()
         finally:
             self._tasks.pop(key, None)
             if self._blocked and not self._closed:
