@@ -1,20 +1,24 @@
-"""Test-side helpers for real servers: subprocesses (the launcher lives in ``sluice.embedded``, which the demo
-uses too) and a broker in this process on a free loopback port (``InProcessBroker``)."""
+"""Test-side helpers for real servers, each on a free loopback port: ``sluice namesrv`` / ``sluice broker``
+subprocesses (launched by ``sluice.embedded.SluiceProcess``, which the demo uses too; ``Cluster`` puts a namesrv
+and its brokers together) and a broker in this process (``InProcessBroker``)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sluice.embedded import SluiceProcess, free_port, port_accepts, wait_for_port
 from sluice.errors import SluiceError
 from sluice.namesrv.client import SyncNamesrvClient
+from sluice.protocol.bodies import TopicRouteData
 from sluice.protocol.command import RemotingCommand
 from sluice.transport.blocking import LoopThread, SyncRemotingClient
 
-__all__ = ["SMALL", "InProcessBroker", "SluiceProcess", "free_port", "port_accepts", "wait_for", "wait_for_port",
-           "wait_for_route"]
+__all__ = ["SMALL", "Cluster", "InProcessBroker", "SluiceProcess", "free_port", "port_accepts", "running_cluster",
+           "start_broker", "start_cluster", "wait_for", "wait_for_port", "wait_for_route"]
 
 SMALL = 8 * 1024 * 1024  # commit-log segment size for tests (must hold a 4 MiB message)
 
@@ -32,15 +36,101 @@ def wait_for(pred: Callable[[], Any], timeout: float = 15.0, what: str = "condit
         time.sleep(interval)
 
 
-def wait_for_route(namesrv: str, topic: str, brokers: int = 1, timeout: float = 15.0) -> None:
-    """Wait until the namesrv routes ``topic`` to at least ``brokers`` brokers."""
+def wait_for_route(namesrv: str, topic: str, brokers: int = 1, timeout: float = 15.0) -> TopicRouteData:
+    """Wait until the namesrv routes ``topic`` to at least ``brokers`` brokers; returns that route."""
     with SyncNamesrvClient(namesrv) as ns:
-        def ready() -> bool:
+        def ready() -> TopicRouteData | None:
             try:
-                return len(ns.get_route(topic).broker_datas) >= brokers
+                route = ns.get_route(topic)
             except SluiceError:
-                return False
-        wait_for(ready, timeout, f"route of {topic} with {brokers} broker(s)")
+                return None
+            return route if len(route.broker_datas) >= brokers else None
+        return wait_for(ready, timeout, f"route of {topic} with {brokers} broker(s)")
+
+
+def broker_argv(tmp: Path, namesrv: str, name: str, *extra: str, config: str | None = None) -> list[str]:
+    """``broker`` arguments: named ``name`` (--broker-name), store tmp/store-<name>, registered with ``namesrv``;
+    ``config`` is the text of a TOML file (tmp/<name>.toml) given as --config."""
+    argv = ["broker", "--namesrv", namesrv, "--store", str(tmp / f"store-{name}"), "--broker-name", name]
+    if config is not None:
+        conf = tmp / f"{name}.toml"
+        conf.write_text(config)
+        argv += ["--config", str(conf)]
+    return argv + list(extra)
+
+
+def start_broker(tmp: Path, namesrv: str, name: str = "broker-a", *extra: str,
+                 config: str | None = None) -> SluiceProcess:
+    """A ``sluice broker`` subprocess (arguments as in ``broker_argv``; stderr in tmp/<name>.stderr.log)."""
+    return SluiceProcess.start(broker_argv(tmp, namesrv, name, *extra, config=config), tmp, name=name)
+
+
+@dataclass
+class Cluster:
+    """A ``sluice namesrv`` and its brokers, real subprocesses (``start_cluster``)."""
+
+    tmp: Path
+    namesrv: SluiceProcess
+    brokers: list[SluiceProcess] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+    argv: list[list[str]] = field(default_factory=list)  # each broker's arguments, for restarts
+
+    @property
+    def ns(self) -> str:
+        return self.namesrv.addr
+
+    @property
+    def broker(self) -> SluiceProcess:
+        return self.brokers[0]
+
+    def store(self, i: int = 0) -> Path:
+        """Broker ``i``'s store directory."""
+        return self.tmp / f"store-{self.names[i]}"
+
+    def restart_broker(self, i: int = 0, *, kill: bool = False) -> SluiceProcess:
+        """Stop broker ``i`` (SIGTERM, or SIGKILL with ``kill``) and start it again on the same port and store."""
+        old = self.brokers[i]
+        if kill:
+            old.kill()
+        else:
+            old.stop()
+        self.brokers[i] = SluiceProcess.start(self.argv[i], self.tmp, name=f"{self.names[i]}-restarted",
+                                              port=old.port)
+        return self.brokers[i]
+
+    def stop(self) -> None:
+        for b in self.brokers:
+            b.stop()
+        self.namesrv.stop()
+
+
+def start_cluster(tmp: Path, names: Sequence[str] = ("broker-a",), *extra: str, config: str | None = None,
+                  cls: type[Cluster] = Cluster) -> Cluster:
+    """A namesrv and one broker per name (``broker_argv`` with ``extra`` and ``config``), returned once the
+    namesrv routes TBW102 to all of them. ``cls``: a Cluster subclass with a folder's helpers."""
+    c = cls(tmp, SluiceProcess.start(["namesrv"], tmp, name="namesrv"))
+    try:
+        for name in names:
+            argv = broker_argv(tmp, c.ns, name, *extra, config=config)
+            c.brokers.append(SluiceProcess.start(argv, tmp, name=name))
+            c.names.append(name)
+            c.argv.append(argv)
+        wait_for_route(c.ns, "TBW102", brokers=len(names), timeout=20.0)
+    except BaseException:
+        c.stop()
+        raise
+    return c
+
+
+@contextmanager
+def running_cluster(tmp: Path, names: Sequence[str] = ("broker-a",), *extra: str, config: str | None = None,
+                    cls: type[Cluster] = Cluster) -> Iterator[Cluster]:
+    """``start_cluster``, stopped on exit."""
+    c = start_cluster(tmp, names, *extra, config=config, cls=cls)
+    try:
+        yield c
+    finally:
+        c.stop()
 
 
 class InProcessBroker:

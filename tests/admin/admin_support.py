@@ -9,13 +9,13 @@ import io
 import itertools
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 import pytest
-from servers import SluiceProcess, wait_for, wait_for_route  # noqa: F401 (re-exported to the tests)
+import servers
+from servers import running_cluster, wait_for, wait_for_route  # noqa: F401 (re-exported to the tests)
 
 from sluice.admin import ExitStatus, main
 from sluice.protocol import properties as P
@@ -51,40 +51,18 @@ def run_admin(*argv: str, env: dict[str, str] | None = None, stdin: bytes = b"")
     return Run(status, out.getvalue(), err.getvalue())
 
 
-@dataclass
-class Cluster:
-    namesrv: SluiceProcess
-    brokers: list[SluiceProcess]
-    names: list[str] = field(default_factory=list)
-
-    @property
-    def ns(self) -> str:
-        return self.namesrv.addr
-
+class Cluster(servers.Cluster):
     def admin(self, *argv: str) -> Run:
         """``sluice admin ARGV -n <this namesrv>``."""
         return run_admin(*argv, "-n", self.ns)
 
 
-def start_broker(tmp: Path, namesrv: str, name: str, cluster: str = "DefaultCluster") -> SluiceProcess:
-    return SluiceProcess.start(["broker", "--namesrv", namesrv, "--store", str(tmp / f"store-{name}"),
-                                "--broker-name", name, "--cluster-name", cluster], tmp, name=name)
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """One namesrv and two brokers (broker-a, broker-b) of DefaultCluster, shared by a module's tests."""
-    tmp = tmp_path_factory.mktemp("admin")
-    with SluiceProcess.start(["namesrv"], tmp, name="namesrv") as ns:
-        brokers: list[SluiceProcess] = []
-        try:
-            for name in ("broker-a", "broker-b"):
-                brokers.append(start_broker(tmp, ns.addr, name))
-            wait_for_route(ns.addr, "TBW102", brokers=2)
-            yield Cluster(ns, brokers, ["broker-a", "broker-b"])
-        finally:
-            for b in brokers:
-                b.stop()
+    with running_cluster(tmp_path_factory.mktemp("admin"), ("broker-a", "broker-b"), "--cluster-name",
+                         "DefaultCluster", cls=Cluster) as c:
+        yield c  # type: ignore[misc]
 
 
 _names = itertools.count()

@@ -4,7 +4,6 @@ Kept out of conftest.py so test modules import them by a unique name (several te
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import orjson

@@ -9,16 +9,13 @@ import itertools
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from servers import SluiceProcess
-
-from sluice.errors import SluiceError
-from sluice.namesrv.client import SyncNamesrvClient
+import servers
+from servers import Cluster, wait_for, wait_for_route  # noqa: F401 (re-exported to the tests)
 
 #: Shrunk delay levels for the tests: level 3 (the first retry) is 0.3 s, level 4 0.4 s, ...
 FAST_LEVELS = "100ms 200ms 300ms 400ms 500ms 600ms 700ms 800ms 900ms 1s 1s 1s 1s 1s 1s 1s 1s 1s"
@@ -33,68 +30,15 @@ def unique(prefix: str) -> str:
     return f"{prefix}{os.getpid()}x{next(_names)}"
 
 
-def wait_for(pred: Callable[[], object], timeout: float = 15.0, what: str = "condition",
-             interval: float = 0.05) -> object:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not met within {timeout:g} s")
-        time.sleep(interval)
-
-
-def wait_for_route(namesrv: str, topic: str, timeout: float = 15.0) -> None:
-    with SyncNamesrvClient(namesrv) as ns:
-        def ready() -> bool:
-            try:
-                return len(ns.get_route(topic).broker_datas) >= 1
-            except SluiceError:
-                return False
-        wait_for(ready, timeout, f"route of {topic}")
-
-
-@dataclass
-class Cluster:
-    tmp: Path
-    namesrv: SluiceProcess
-    broker: SluiceProcess
-    broker_args: list[str] = field(default_factory=list)
-
-    @property
-    def ns(self) -> str:
-        return self.namesrv.addr
-
-    def restart_broker(self, *, kill: bool = False) -> None:
-        """Stop (SIGTERM, or SIGKILL with ``kill``) and start the broker again on the same port and store."""
-        port = self.broker.port
-        if kill:
-            self.broker.kill()
-        else:
-            self.broker.stop()
-        self.broker = SluiceProcess.start(self.broker_args, self.tmp, name="broker-restarted", port=port)
-
-
 def start_cluster(tmp: Path, *, delay_levels: str = FAST_LEVELS, max_reconsume_times: int = 16) -> Cluster:
-    conf = tmp / "broker.toml"
-    conf.write_text(f'message_delay_level = "{delay_levels}"\nmax_reconsume_times = {max_reconsume_times}\n'
-                    "default_topic_queue_nums = 8\n")
-    ns = SluiceProcess.start(["namesrv"], tmp, name="namesrv")
-    args = ["broker", "--namesrv", ns.addr, "--store", str(tmp / "store"), "--config", str(conf)]
-    try:
-        broker = SluiceProcess.start(args, tmp, name="broker")
-    except BaseException:
-        ns.stop()
-        raise
-    c = Cluster(tmp, ns, broker, args)
-    wait_for_route(ns.addr, "TBW102")
-    return c
+    """A namesrv and one broker (broker-a) with these delay levels and retry bound, and 8 queues a topic."""
+    return servers.start_cluster(tmp, config=f'message_delay_level = "{delay_levels}"\n'
+                                             f"max_reconsume_times = {max_reconsume_times}\n"
+                                             "default_topic_queue_nums = 8\n")
 
 
 def stop_cluster(c: Cluster) -> None:
-    c.broker.stop()
-    c.namesrv.stop()
+    c.stop()
 
 
 @pytest.fixture(scope="module")

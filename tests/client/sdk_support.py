@@ -9,12 +9,9 @@ import itertools
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
-from servers import SluiceProcess, wait_for, wait_for_route  # noqa: F401 (re-exported to the tests)
-
+from servers import Cluster, running_cluster, start_broker, wait_for, wait_for_route  # noqa: F401 (re-exported)
 
 
 def broker_available() -> bool:
@@ -29,32 +26,11 @@ needs_broker = pytest.mark.skipif(not broker_available(),
                                   reason="`python -m sluice broker --help` fails: the broker is not in the repository")
 
 
-def start_broker(tmp: Path, namesrv: str, name: str = "broker-a", *extra: str) -> SluiceProcess:
-    return SluiceProcess.start(["broker", "--namesrv", namesrv, "--store", str(tmp / f"store-{name}"),
-                                "--broker-name", name, *extra], tmp, name=name)
-
-
-@dataclass
-class Cluster:
-    namesrv: SluiceProcess
-    brokers: list[SluiceProcess]
-
-    @property
-    def ns(self) -> str:
-        return self.namesrv.addr
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """One namesrv and one broker, shared by a module's tests (each test uses its own topics)."""
-    tmp = tmp_path_factory.mktemp("sdk")
-    with SluiceProcess.start(["namesrv"], tmp, name="namesrv") as ns:
-        broker = start_broker(tmp, ns.addr)
-        try:
-            wait_for_route(ns.addr, "TBW102")
-            yield Cluster(ns, [broker])
-        finally:
-            broker.stop()
+    with running_cluster(tmp_path_factory.mktemp("sdk")) as c:
+        yield c
 
 
 _names = itertools.count()

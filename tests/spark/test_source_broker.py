@@ -4,29 +4,13 @@ from __future__ import annotations
 import time
 
 import pytest
-from servers import SluiceProcess
+from servers import running_cluster, wait_for_route
 
-from sluice.errors import SluiceError
 from sluice.filter import compile_selector
-from sluice.namesrv.client import SyncNamesrvClient
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.integration]
 
 N = 240
-
-
-def _wait_route(ns: str, topic: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    with SyncNamesrvClient(ns) as c:
-        while True:
-            try:
-                if c.get_route(topic).broker_datas:
-                    return
-            except SluiceError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no route for {topic}")
-            time.sleep(0.1)
 
 
 def _props(i: int) -> dict[str, str]:
@@ -38,22 +22,12 @@ def cluster(tmp_path_factory):
     from sluice.client import Producer
     from sluice.message import Message
 
-    tmp = tmp_path_factory.mktemp("spark-broker")
-    with SluiceProcess.start(["namesrv"], tmp, name="namesrv") as ns:
-        with SluiceProcess.start(["broker", "--namesrv", ns.addr, "--store", str(tmp / "store"),
-                                  "--config", str(_conf(tmp))], tmp, name="broker"):
-            _wait_route(ns.addr, "TBW102")
-            with Producer("spark-test-producer", ns.addr) as p:
-                for i in range(N):
-                    p.send(Message("SparkIn", f"body-{i}".encode(), tags=f"Tag{i % 4}", keys=[f"k{i}"],
-                                   properties=_props(i)))
-            yield ns.addr
-
-
-def _conf(tmp):
-    path = tmp / "broker.toml"
-    path.write_text("enable_property_filter = true\n")
-    return path
+    with running_cluster(tmp_path_factory.mktemp("spark-broker"), config="enable_property_filter = true\n") as c:
+        with Producer("spark-test-producer", c.ns) as p:
+            for i in range(N):
+                p.send(Message("SparkIn", f"body-{i}".encode(), tags=f"Tag{i % 4}", keys=[f"k{i}"],
+                               properties=_props(i)))
+        yield c.ns
 
 
 def _read(spark, ns, **opts):
@@ -135,7 +109,7 @@ def test_batch_write_then_read_back(spark, cluster):
     rows = [(f"w{i}".encode(), "W" if i % 2 else "V", {"n": str(i)}) for i in range(20)]
     df = spark.createDataFrame(rows, "body binary, tags string, properties map<string,string>")
     df.write.format("sluice").option("namesrv", cluster).option("topic", "SparkOut").mode("append").save()
-    _wait_route(cluster, "SparkOut")
+    wait_for_route(cluster, "SparkOut", timeout=20.0)
     back = (spark.read.format("sluice").option("namesrv", cluster).option("topic", "SparkOut")
             .option("selector", "W").load().collect())
     assert sorted(int(r.properties["n"]) for r in back) == list(range(1, 20, 2))
@@ -183,7 +157,7 @@ def test_stream_write_gives_query_and_batch_derived_ids(spark, cluster, tmp_path
     q.awaitTermination(180)
     assert q.exception() is None
     batches = [p["batchId"] for p in q.recentProgress if p["numInputRows"] > 0]
-    _wait_route(cluster, "SparkCopy")
+    wait_for_route(cluster, "SparkCopy", timeout=20.0)
     back = _read(spark, cluster, topic="SparkCopy").select("msg_id", "properties").collect()
     assert len(back) == total
     possible = {_unique_key(q.id, b, p, i) for b in batches for p in range(8) for i in range(total)}

@@ -7,10 +7,8 @@ import time
 
 import orjson
 import pytest
-from servers import SluiceProcess
+from servers import running_cluster, wait_for_route
 
-from sluice.errors import SluiceError
-from sluice.namesrv.client import SyncNamesrvClient
 from sluice.protocol import properties as P
 from sluice.protocol.codes import RequestCode
 from sluice.protocol.command import RemotingCommand
@@ -21,21 +19,6 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.integration]
 
 N = 200
 EXPR = "k = 'hit'"
-
-
-def _wait_route(ns: str, topic: str, timeout: float = 20.0) -> int:
-    deadline = time.monotonic() + timeout
-    with SyncNamesrvClient(ns) as c:
-        while True:
-            try:
-                route = c.get_route(topic)
-                if route.broker_datas:
-                    return max(q.read_queue_nums for q in route.queue_datas)
-            except SluiceError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no route for {topic}")
-            time.sleep(0.1)
 
 
 def _records_read(client: SyncRemotingClient, addr: str) -> int:
@@ -65,19 +48,14 @@ def test_replayed_write_stored_once_then_backfill_handed_over(spark, tmp_path):
     from sluice.admin import main as admin_main
     from sluice.spark.backfill import backfill
 
-    store = tmp_path / "store"
-    conf = tmp_path / "broker.toml"
-    conf.write_text("enable_property_filter = true\n")
-    with SluiceProcess.start(["namesrv"], tmp_path, name="namesrv") as ns, \
-            SluiceProcess.start(["broker", "--namesrv", ns.addr, "--store", str(store), "--config", str(conf)],
-                                tmp_path, name="broker") as br:
-        _wait_route(ns.addr, "TBW102")
+    with running_cluster(tmp_path, config="enable_property_filter = true\n") as c:
+        ns, br, store = c.namesrv, c.broker, c.store()
         rows = [(f"r{i}".encode(), {"k": "hit" if i % 5 == 0 else "miss", "i": str(i)}) for i in range(N)]
         df = spark.createDataFrame(rows, "body binary, properties map<string,string>")
         for _ in range(2):  # the second write replays every (write id, partition, row) of the first
             df.write.format("sluice").option("namesrv", ns.addr).option("topic", "Replayed") \
                 .option("writeId", "fixed-write").mode("append").save()
-        queues = _wait_route(ns.addr, "Replayed")
+        queues = max(q.read_queue_nums for q in wait_for_route(ns.addr, "Replayed", timeout=20.0).queue_datas)
         back = spark.read.format("sluice").option("namesrv", ns.addr).option("topic", "Replayed").load() \
             .select("msg_id", "properties").collect()
         assert len(back) == N and len({r.msg_id for r in back}) == N
