@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import broker_support
 import orjson
 import servers
 
@@ -20,7 +21,6 @@ from sluice.protocol import properties as P
 from sluice.protocol.codes import RequestCode
 from sluice.protocol.command import RemotingCommand
 from sluice.protocol.record import iter_records
-from sluice.transport.blocking import SyncRemotingClient
 from sluice.store import MessageStore, StoreConfig, StoreMessage
 
 SMALL = servers.SMALL
@@ -87,15 +87,8 @@ def pull_all(store: MessageStore, topic: str, mf: Any, queue_id: int = 0, max_ms
 
 
 # ---- a broker in this process ------------------------------------------------------------------------
-class Rpc:
-    def __init__(self, addr: str, settle: Any = None) -> None:
-        self.addr = addr
-        self.client = SyncRemotingClient()
-        self.settle = settle
-
-    def call(self, code: int, fields: dict[str, Any] | None = None, body: bytes = b"",
-             timeout: float = 5.0) -> RemotingCommand:
-        return self.client.invoke(self.addr, RemotingCommand.request(code, fields or {}, body), timeout)
+class Rpc(broker_support.Rpc):
+    """broker_support's raw client, speaking SQL92 subscriptions by default and sending with explicit properties."""
 
     def send(self, topic: str, body: bytes, props: dict[str, str], queue_id: int = 0) -> RemotingCommand:
         h = H.SendMessageRequestHeader(producer_group="PG", topic=topic, queue_id=queue_id,
@@ -135,9 +128,6 @@ class Rpc:
         r = self.call(RequestCode.GET_CONSUME_STATS, {"consumerGroup": group, **({"topic": topic} if topic else {})})
         assert r.code == 0, r.remark
         return orjson.loads(r.body)
-
-    def close(self) -> None:
-        self.client.close()
 
 
 def sub_data(topic: str, expr: str, expr_type: str = "SQL92", version: int | None = None) -> dict[str, Any]:
