@@ -10,15 +10,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sluice.embedded import SluiceProcess, free_port, port_accepts, wait_for_port
+from sluice.embedded import SluiceProcess, free_port
 from sluice.errors import SluiceError
 from sluice.namesrv.client import SyncNamesrvClient
 from sluice.protocol.bodies import TopicRouteData
 from sluice.protocol.command import RemotingCommand
 from sluice.transport.blocking import LoopThread, SyncRemotingClient
 
-__all__ = ["SMALL", "Cluster", "InProcessBroker", "SluiceProcess", "free_port", "port_accepts", "running_cluster",
-           "start_broker", "start_cluster", "wait_for", "wait_for_port", "wait_for_route"]
+__all__ = ["SMALL", "Cluster", "InProcessBroker", "SluiceProcess", "broker_argv", "free_port", "running_cluster",
+           "start_broker", "start_cluster", "wait_for", "wait_for_route"]
 
 SMALL = 8 * 1024 * 1024  # commit-log segment size for tests (must hold a 4 MiB message)
 
