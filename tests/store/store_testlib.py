@@ -5,6 +5,7 @@ import numpy as np
 
 from sluice.filter.tagcode import tag_code
 from sluice.store import MessageStore, StoreConfig, StoreMessage
+from sluice.store.types import TagCodeFilter
 
 
 def small_config(**kw) -> StoreConfig:
@@ -31,7 +32,7 @@ def simulate_crash(s: MessageStore) -> None:
     s._release_lock()
 
 
-class TagFilter:
+class TagFilter(TagCodeFilter):
     """A store MessageFilter deciding on tag codes alone, as the broker's TAG selectors do."""
 
     needs_record = False

@@ -16,6 +16,7 @@ from sluice.protocol.msgid import create_offset_msg_id
 from sluice.protocol.record import iter_records
 from sluice.store import GetMessageStatus as S
 from sluice.store import MessageStore, StoreMessage
+from sluice.store.types import RequestDispatcher, TagCodeFilter
 
 
 def test_put_and_pull_round_trip(store: MessageStore) -> None:
@@ -56,7 +57,7 @@ def test_max_bytes_returns_at_least_one(store: MessageStore) -> None:
     assert r.message_count == 2
 
 
-class PropFilter:
+class PropFilter(TagCodeFilter):
     needs_record = True
 
     def match_units(self, tag_codes: np.ndarray) -> None:
@@ -194,7 +195,7 @@ def test_closed_store_refuses(store_dir) -> None:
 def test_extra_dispatcher_sees_batches_and_sets_tag_code(store: MessageStore) -> None:
     seen = []
 
-    class D:
+    class D(RequestDispatcher):
         def dispatch(self, reqs) -> None:
             for r in reqs:
                 seen.append((r.topic, r.queue_offset, r.properties.get("TAGS"), r.keys, r.uniq_key))
@@ -264,7 +265,7 @@ def test_dispatch_from_appenders_equals_dispatch_from_the_log(store: MessageStor
     """Live dispatch uses what put handed over; replay parses the log: dispatchers must not tell them apart."""
     seen: list = []
 
-    class D:
+    class D(RequestDispatcher):
         def dispatch(self, reqs) -> None:
             seen.extend(reqs)
 
@@ -302,7 +303,7 @@ def test_columnar_dispatch_without_and_with_requests(store: MessageStore) -> Non
 
     batches: list[DispatchBatch] = []
 
-    class Columns:
+    class Columns(RequestDispatcher):
         def dispatch_batch(self, batch: DispatchBatch) -> None:
             batches.append(batch)
 
@@ -314,7 +315,7 @@ def test_columnar_dispatch_without_and_with_requests(store: MessageStore) -> Non
     assert [m.queue_offset for m in store.query_messages_by_key("T", "k3")] == [3]
     assert [m.queue_offset for m in store.query_messages_by_key("T", f"U{4:031d}")] == [4]
 
-    class Retag:
+    class Retag(RequestDispatcher):
         def dispatch_batch(self, batch: DispatchBatch) -> None:
             for r in batch.requests():
                 r.tag_code = 1000 + r.queue_offset

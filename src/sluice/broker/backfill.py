@@ -28,7 +28,6 @@ Restored at broker start from the files (those wholly below the queue's min offs
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -41,6 +40,7 @@ from sluice.broker.filter_data import ConsumerFilterManager
 from sluice.broker.pool import BlockingPool
 from sluice.errors import BackfillRefusedError, InvalidParameterError
 from sluice.filter import compile_selector
+from sluice.persist import write_atomic
 from sluice.protocol.command import RemotingCommand
 from sluice.transport.connection import RemotingConnection
 from sluice.spark.backfill import HEADER, MAGIC, VERSION, selector_hash
@@ -192,12 +192,7 @@ class BackfillManager:
                                        f"({self.max_bytes})")
         path = self._path(group, topic, queue_id)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        write_atomic(path, data)
         log.info("%s stored: offsets [%d, %d), %d matching", where, first, end, matched)
         return self._open(path, group, topic, queue_id)
 

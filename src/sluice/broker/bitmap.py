@@ -21,6 +21,7 @@ from collections import defaultdict
 from sluice.broker.filter_data import ConsumerFilterManager, SqlFilterEntry
 from sluice.filter import BloomFilter, SqlSelector
 from sluice.filter.sql_codegen import compile_multi
+from sluice.store.dispatch_columns import DispatchBatch
 from sluice.store.types import DispatchRequest
 
 __all__ = ["CalcBitmapDispatcher"]
@@ -32,7 +33,9 @@ SLOW_PER_MESSAGE_S = 0.001
 
 
 class CalcBitmapDispatcher:
-    #: MessageStore.rebuild_queue runs dispatchers with this flag again over the rebuilt queue.
+    """A store Dispatcher (store/types.py) that fills ``DispatchRequest.bitmap``."""
+
+    #: The bitmaps go into the consume queue's ext units: MessageStore.rebuild_queue runs this again.
     rebuilds_bitmaps = True
 
     def __init__(self, filters: ConsumerFilterManager) -> None:
@@ -42,7 +45,7 @@ class CalcBitmapDispatcher:
         self.evaluations = 0
         self.seconds = 0.0
 
-    def dispatch_batch(self, batch) -> None:
+    def dispatch_batch(self, batch: DispatchBatch) -> None:
         """The store's columnar batch: per-message requests are built only when a topic in it has SQL92
         filter data (everything else keeps the no-objects fast path)."""
         sql = self.filters.sql_topics()

@@ -40,7 +40,7 @@ class SqlFilterDisabledError(SluiceError):
 
 
 class SelectorFilter:
-    """The store's MessageFilter for one compiled selector.
+    """The store's MessageFilter (store/types.py) for one compiled selector.
 
     The instance kept with a subscription is shared; a pull works on its own copy (:meth:`for_pull`),
     which may carry the group's Bloom data and metrics and keeps per-pull state.
@@ -89,7 +89,7 @@ class SelectorFilter:
 
     def select_units(self, codes: np.ndarray, batch: ExtBatch | None, unresolved: np.ndarray | None
                      ) -> tuple[np.ndarray | None, np.ndarray | None]:
-        """(units that may match, units whose record must be evaluated); see store.ext_files.plan_units."""
+        """(units that may match, units whose record must be evaluated): MessageFilter.select_units."""
         self._hits = self._skip = None
         if self._tag is not None:
             if self._tag.sub_all:
@@ -126,7 +126,8 @@ class SelectorFilter:
         return keep, keep
 
     def consumed(self, n: int) -> None:
-        """The store looked at the first ``n`` units of the last select_units batch (bitmap counters)."""
+        """The store looked at the first ``n`` units of the last select_units batch (bitmap counters,
+        the backfill cursor): MessageFilter.consumed."""
         if self._backfill is not None:
             if self._ruled_out is not None:
                 self._backfill.skipped += int(np.count_nonzero(self._ruled_out[:n]))
@@ -141,6 +142,7 @@ class SelectorFilter:
         return self.match_record_at(-1, properties)
 
     def match_record_at(self, index: int, properties: dict[str, str]) -> bool:
+        """MessageFilter.match_record_at: counts evaluations, errors and bitmap false positives."""
         if self._tag is not None:
             return self._tag.matches(properties)
         m = self.metrics

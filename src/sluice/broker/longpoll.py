@@ -142,7 +142,10 @@ class HoldService:
                     self.woken_by_check += 1
                     self._wake(h, 0)
 
-    # ---- the store's dispatch thread ---------------------------------------------------------------
+    # ---- the store's dispatch thread (store.types.Dispatcher) --------------------------------------
+    #: Wakes pulls only: a rebuilt queue's old records need not be seen again.
+    rebuilds_bitmaps = False
+
     def dispatch(self, requests: list[DispatchRequest]) -> None:
         """Store dispatcher hook: runs on the dispatch thread, so it only hands work to the loop."""
         watched = self._watched
@@ -164,7 +167,7 @@ class HoldService:
     def dispatch_batch(self, batch: DispatchBatch) -> None:
         """Columnar store dispatcher hook: with no pull held on a queue of the batch nothing is built;
         otherwise only the held queues' records get a tag code and decoded properties (no DispatchRequest
-        per message, which cost the broker a few µs per sent message)."""
+        per message, a cost the broker would pay per sent message)."""
         watched = self._watched
         loop = self._loop
         if not watched or loop is None or not batch.runs:

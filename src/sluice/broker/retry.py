@@ -38,7 +38,7 @@ from sluice.protocol.headers import ConsumerSendMsgBackRequestHeader
 from sluice.protocol.msgid import create_offset_msg_id
 from sluice.protocol.record import check_topic, decode_record
 from sluice.store import MessageStore
-from sluice.store.types import MessageFilter, StoreMessage
+from sluice.store.types import MessageFilter, StoreMessage, TagCodeFilter
 from sluice.transport.connection import RemotingConnection
 
 __all__ = ["RetryProcessor", "RetryTopicFilter", "retry_filter"]
@@ -100,7 +100,7 @@ class RetryProcessor:
         return request.make_response()
 
 
-class RetryTopicFilter:
+class RetryTopicFilter(TagCodeFilter):
     """A %RETRY%<group> pull's filter: the group's subscription of each message's original topic."""
 
     needs_record = True

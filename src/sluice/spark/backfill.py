@@ -30,6 +30,7 @@ import orjson
 
 from sluice.errors import InvalidParameterError
 from sluice.filter import compile_selector
+from sluice.persist import write_atomic
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -88,9 +89,7 @@ def backfill(spark: SparkSession, store: str, topic: str, group: str, expression
         body = np.packbits(bits[start:start + (end - lo)]).tobytes()
         path = Path(out) / topic / str(qid) / f"{group}.bitmap"
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(HEADER.pack(MAGIC, VERSION, 0, digest, lo, end, matched) + body)
-        os.replace(tmp, path)
+        write_atomic(path, HEADER.pack(MAGIC, VERSION, 0, digest, lo, end, matched) + body)
         manifest["queues"][str(qid)] = {"first": lo, "end": end, "matched": matched, "file": str(path)}
     (Path(out) / "manifest.json").write_bytes(orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
     return manifest

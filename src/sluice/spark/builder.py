@@ -14,6 +14,8 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sluice.persist import write_atomic
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -54,9 +56,7 @@ logger.gateway.level = error
 def _log4j2_file() -> str:
     path = Path(tempfile.gettempdir()) / f"sluice-spark-log4j2-{os.getuid()}.properties"
     if not path.exists() or path.read_text() != _LOG4J2:
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(_LOG4J2)
-        os.replace(tmp, path)
+        write_atomic(path, _LOG4J2.encode())
     return str(path)
 
 

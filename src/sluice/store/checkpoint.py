@@ -1,4 +1,4 @@
-"""The checkpoint file: what is known durable, written atomically (temp + fsync + rename).
+"""The checkpoint file: what is known durable, written atomically (sluice.persist.write_atomic).
 
 Layout (big-endian, 64 bytes)::
 
@@ -10,12 +10,13 @@ Layout (big-endian, 64 bytes)::
 from __future__ import annotations
 
 import logging
-import os
 import struct
 import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+
+from sluice.persist import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -63,16 +64,4 @@ def load_checkpoint(path: Path) -> Checkpoint | None:
 
 def save_checkpoint(path: Path, cp: Checkpoint) -> None:
     cp.saved_at = int(time.time() * 1000)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.write(fd, cp.encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    write_atomic(path, cp.encode())

@@ -172,15 +172,11 @@ class DispatchService:
             self.write_queue(topic, qid, reqs)
 
     def _dispatch_columns(self, batch: DispatchBatch) -> None:
-        """A batch from the appenders: dispatchers with ``dispatch_batch`` take it as is, the others get
-        requests built once. Without requests, units and index come straight from the columns."""
+        """A batch from the appenders, as columns (``Dispatcher.dispatch_batch``; a dispatcher that wants
+        requests has them built once). Without requests, units and index come straight from the columns."""
         for d in self.dispatchers:
             try:
-                fn = getattr(d, "dispatch_batch", None)
-                if fn is not None:
-                    fn(batch)
-                else:
-                    d.dispatch(batch.requests())
+                d.dispatch_batch(batch)
             except Exception:  # a plug-in's failure must not stop the store (RocketMQ logs and goes on)
                 log.exception("dispatcher %r failed", d)
         if batch.materialised:  # dispatchers may have changed tag codes or set bitmaps: write those

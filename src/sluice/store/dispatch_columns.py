@@ -8,8 +8,8 @@ writes consume-queue units one numpy array per queue and the key index one
 vectorised batch: no Python object per message.
 
 Per-message :class:`DispatchRequest` objects (with decoded properties) are built
-only when a registered dispatcher asks for them: one without
-``dispatch_batch(batch)`` gets ``batch.requests()``. Once built, they are what
+only when a registered dispatcher asks for them (``batch.requests()`` in its
+``dispatch_batch``, as types.RequestDispatcher does). Once built, they are what
 the consume queues are written from, since a dispatcher may change their
 ``tag_code`` or set a ``bitmap``.
 """
@@ -29,7 +29,7 @@ from sluice.speedups import C
 from sluice.store.consumequeue import CQ_DTYPE, ConsumeQueueTable
 from sluice.store.index import IndexService
 from sluice.store.keyhash import key_hashes, prefix_hash
-from sluice.store.types import DispatchRequest
+from sluice.store.dispatch_request import DispatchRequest
 
 __all__ = ["PutRun", "DispatchBatch", "write_units", "index_runs", "index_requests"]
 

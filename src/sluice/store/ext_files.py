@@ -4,7 +4,8 @@ Dispatch writes an ext unit (tag code, store time, bitmap) for every request
 that carries a ``bitmap`` (only topics with SQL92 filter data get one) and puts
 the unit's address in the consume-queue unit's tag-code slot. Readers call
 :func:`resolve_units` to turn those addresses back into tag codes (so tag
-filters keep working on such topics) and to hand the bitmaps to the filter.
+filters keep working on such topics) and to hand the bitmaps to the filter
+(``MessageFilter.select_units``).
 Recovery (:func:`recover_ext`), retention (:func:`retain_ext`) and ``check``
 keep the ext files in step with their consume queue.
 """
@@ -18,9 +19,8 @@ import numpy as np
 
 from sluice.store.consumequeue import PAD_SIZE, ConsumeQueue
 from sluice.store.consumequeue_ext import ConsumeQueueExt, ExtBatch, is_ext_address_array
-from sluice.store.types import MessageFilter
 
-__all__ = ["ExtTable", "resolve_units", "plan_units", "recover_ext", "retain_ext", "ext_addresses_ok"]
+__all__ = ["ExtTable", "resolve_units", "recover_ext", "retain_ext", "ext_addresses_ok"]
 
 log = logging.getLogger(__name__)
 
@@ -104,23 +104,6 @@ def resolve_units(ext: ConsumeQueueExt | None, tag_slots: np.ndarray
     unresolved = is_ext & ~batch.valid
     codes[unresolved] = 0
     return codes, batch, unresolved if unresolved.any() else None
-
-
-def plan_units(mf: MessageFilter, codes: np.ndarray, batch: ExtBatch | None, unresolved: np.ndarray | None
-               ) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """Ask a filter which units may match (mask, None = all) and which need their record evaluated
-    (mask, None = none). Filters with ``select_units`` see the bitmaps; others get tag codes only."""
-    select = getattr(mf, "select_units", None)
-    if select is not None:
-        return select(codes, batch, unresolved)
-    mask = mf.match_units(codes)
-    n = len(codes)
-    check = np.full(n, bool(mf.needs_record)) if mf.needs_record or unresolved is not None else None
-    if unresolved is not None:
-        if mask is not None:
-            mask = np.asarray(mask, dtype=bool) | unresolved
-        check = check | unresolved  # type: ignore[operator]
-    return mask, check
 
 
 def _real(units: np.ndarray) -> np.ndarray:

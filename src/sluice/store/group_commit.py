@@ -3,8 +3,8 @@
 Under ``flush_mode="sync"`` a put returns only once its bytes are durable. With
 many writer threads each appending for itself, every put paid its own encode
 and append under the GIL and two thread hand-offs (woken by the fsync leader,
-then waiting for the GIL held by the writer woken before it), about 110 µs of
-CPU per put with 64 writers against 25 µs for one writer without fsync.
+then waiting for the GIL held by the writer woken before it): several times the
+CPU per put of one writer without fsync (figures in docs/store.md).
 
 So the writers only queue their batches. One of them, the leader, takes
 everything queued, appends it (the batches of one topic and queue merged into

@@ -32,11 +32,11 @@ import orjson
 from sluice.errors import CorruptRecordError, FlushDiskTimeoutError, StoreError
 from sluice.format import tag_code
 from sluice.message import MessageExt
+from sluice.persist import fsync_dir, write_atomic
 from sluice.protocol import properties as P
 from sluice.protocol.msgid import decode_offset_msg_id, offset_msg_id_prefix
 from sluice.protocol.record import decode_record
 from sluice.speedups import C
-from sluice.store import pull_read, recovery, retention
 from sluice.store.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from sluice.store.commitlog import WARM_AHEAD, CommitLog, verify_record_bytes
 from sluice.store.config import StoreConfig
@@ -47,7 +47,10 @@ from sluice.store.encode import EncodedBatch, encode_batch
 from sluice.store.flush import FlushService
 from sluice.store.group_commit import GroupCommit
 from sluice.store.index import IndexService
-from sluice.store.ext_files import ExtTable, recover_ext
+from sluice.store.ext_files import ExtTable
+from sluice.store.pull_read import PullReader, locate
+from sluice.store.recovery import CheckReport, Recovery, RecoveryReport
+from sluice.store.retention import Retention, RetentionResult
 from sluice.store.types import (
     Dispatcher,
     DispatchRequest,
@@ -84,7 +87,10 @@ class MessageStore:
         self.dispatch.ext = self.ext
         self.flusher = FlushService(self.commitlog, interval_ms=c.flush_interval_ms, timeout_s=c.sync_flush_timeout_s)
         self.group_commit = GroupCommit(self._append_now, self.flusher, c.sync_flush_timeout_s)
-        self.recovery_report: recovery.RecoveryReport | None = None
+        self.reader = PullReader(self.commitlog, self.queues, self.ext, c)
+        self.recovery = Recovery(self.root, self.commitlog, self.queues, self.ext, self.index)
+        self.retention = Retention(self.commitlog, self.queues, self.ext, self.index, c)
+        self.recovery_report: RecoveryReport | None = None
         self._msgid_prefix = offset_msg_id_prefix(*c.store_host)
         self._msgid_prefix_hex = self._msgid_prefix.hex().upper()
         self._msgid_format = self._msgid_prefix_hex + "%016X"  # + the commit-log offset
@@ -98,9 +104,6 @@ class MessageStore:
         self._last_retention = 0.0
         self.put_count = 0
         self.put_bytes = 0
-        #: Commit-log records read by pulls (served or evaluated and filtered out), and their bytes.
-        self.pull_records_read = 0
-        self.pull_bytes_read = 0
 
     # ---- lifecycle ---------------------------------------------------------------------------------
     @property
@@ -110,6 +113,16 @@ class MessageStore:
     @property
     def checkpoint_path(self) -> Path:
         return self.root / "checkpoint"
+
+    @property
+    def pull_records_read(self) -> int:
+        """Commit-log records read by pulls (served or evaluated and filtered out)."""
+        return self.reader.records_read
+
+    @property
+    def pull_bytes_read(self) -> int:
+        """The bytes of the records counted by ``pull_records_read``."""
+        return self.reader.bytes_read
 
     def start(self) -> MessageStore:
         """Open the files, recover, catch dispatch up, and start the service threads."""
@@ -163,11 +176,7 @@ class MessageStore:
                 raise StoreError(f"store {self.root} was created with a different layout: " + ", ".join(
                     f"{k}={a} (config says {b})" for k, (a, b) in diff.items()))
             return
-        tmp = path.with_name(LAYOUT_FILE + ".tmp")
-        tmp.write_bytes(orjson.dumps(want, option=orjson.OPT_INDENT_2))
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        write_atomic(path, orjson.dumps(want, option=orjson.OPT_INDENT_2))
 
     def _load_and_recover(self) -> None:
         abnormal = self.abort_path.exists()
@@ -178,32 +187,11 @@ class MessageStore:
         self.ext.load()
         if self.index is not None:
             self.index.load()
-        rep = recovery.recover_commitlog(cl, self.root, cp, abnormal)
+        rep = self.recovery.recover(cp, abnormal)
         end = cl.write_pos
-        for cq in self.queues.all():
-            dropped = recovery.reconcile_queue(cq, cl, end)
-            if dropped:
-                rep.queues_truncated[f"{cq.topic}/{cq.queue_id}"] = dropped
-            cq.delete_below(cl.min_offset)
-        for (topic, qid), ext in list(self.ext.exts.items()):
-            recover_ext(self.queues.get(topic, qid), ext)
-        if self.index is not None and self.index.max_indexed_offset() >= end:
-            self.index.truncate(end)
-        # Replay from where the consume queues were last known durable (a checkpoint older than a retention
-        # run points below the oldest segment: start there); without a checkpoint, rebuild everything.
-        reput_from = max(cl.min_offset, min(cp.dispatch_offset, end)) if cp is not None else cl.min_offset
-        if abnormal and self.index is not None:
-            # The index may have been repaired below the checkpoint (a torn batch of entries): replay from its
-            # last whole message too. The index skips offsets it holds; consume-queue replays are idempotent.
-            top = self.index.max_indexed_offset()
-            if top < 0 and cp is not None and cp.index_offset >= 0:
-                reput_from = cl.min_offset
-            elif 0 <= top < reput_from:
-                reput_from = max(cl.min_offset, top)
-        rep.reput_from = reput_from
         if abnormal or rep.cut_bytes or rep.queues_truncated:
             log.warning("store %s recovered: %s", self.root, rep)
-        self.dispatch.reput_offset = reput_from
+        self.dispatch.reput_offset = rep.reput_from
         self.dispatch.reput()
         cl.queue_offsets = {(cq.topic, cq.queue_id): cq.max_offset for cq in self.queues.all()}
         cl.last_store_timestamp = cp.commitlog_time if cp else 0
@@ -222,7 +210,7 @@ class MessageStore:
             os.fsync(fd)
         finally:
             os.close(fd)
-        _fsync_dir(self.root)
+        fsync_dir(self.root)
 
     def close(self) -> None:
         """Clean shutdown: dispatch the rest, flush, checkpoint, remove the abort file."""
@@ -247,7 +235,7 @@ class MessageStore:
                     self.abort_path.unlink()
                 except FileNotFoundError:
                     pass
-                _fsync_dir(self.root)
+                fsync_dir(self.root)
             self._release_lock()
 
     def _close_files(self) -> None:
@@ -301,22 +289,23 @@ class MessageStore:
         """Block until everything appended so far is visible to readers."""
         return self.dispatch.wait_for(self.commitlog.write_pos, timeout)
 
-    def delete_expired_files(self, now: float | None = None) -> retention.RetentionResult:
-        """Apply retention at ``now`` (seconds since the epoch; default the current time)."""
+    def delete_expired_files(self, now: float | None = None) -> RetentionResult:
+        """Apply retention at ``now`` (seconds since the epoch; default the current time). Only what is
+        flushed and dispatched may go."""
         self._check_open()
         now_ms = int((time.time() if now is None else now) * 1000)
-        return retention.delete_expired(self, now_ms)
+        return self.retention.delete_expired(now_ms, min(self.dispatch.reput_offset, self.flusher.flushed_offset))
 
-    def check(self, fix: bool = False) -> recovery.CheckReport:
+    def check(self, fix: bool = False) -> CheckReport:
         """Verify the whole store (every record's CRC, every unit, the index); ``fix`` rebuilds bad queues."""
         self._check_open()
         self.dispatch.reput()
-        return recovery.check_store(self, fix=fix)
+        return self.recovery.check(self.rebuild_queue if fix else None)
 
     def rebuild_queue(self, topic: str, queue_id: int) -> None:
         """Throw away one consume queue and rebuild it from the commit log.
 
-        Its ConsumeQueueExt goes too; dispatchers that set ``rebuilds_bitmaps`` (the broker's bitmap
+        Its ConsumeQueueExt goes too; dispatchers whose ``rebuilds_bitmaps`` is true (the broker's bitmap
         calculator) see the records again, so SQL92-filtered queues get fresh bitmaps and ext units."""
         with self.dispatch._run_lock:
             cq = self.queues.get_or_create(topic, queue_id)
@@ -335,7 +324,7 @@ class MessageStore:
             if not found:
                 return
             for d in self.dispatch.dispatchers:
-                if getattr(d, "rebuilds_bitmaps", False):
+                if d.rebuilds_bitmaps:
                     try:
                         d.dispatch(found)
                     except Exception:
@@ -403,15 +392,7 @@ class MessageStore:
         """A pull: up to ``max_msgs`` records from queue ``offset`` that pass ``message_filter``
         (pull_read.py)."""
         self._check_open()
-        return pull_read.get_messages(self, topic, queue_id, offset, max_msgs, message_filter, max_bytes)
-
-    def _located(self, e: CorruptRecordError, commitlog_offset: int) -> CorruptRecordError:
-        """The same complaint naming the segment file and the offset in it (looked up only on failure)."""
-        f = self.commitlog.queue.find(commitlog_offset)
-        msg = str(e).split(" (")[0]
-        if f is None:
-            return CorruptRecordError(msg, path="commitlog", offset=commitlog_offset)
-        return CorruptRecordError(msg, path=str(f.path), offset=commitlog_offset - f.start)
+        return self.reader.get_messages(topic, queue_id, offset, max_msgs, message_filter, max_bytes)
 
     def read_record(self, commitlog_offset: int) -> bytes | None:
         """The raw stored record at a commit-log offset (CRC-checked), or None when there is none."""
@@ -421,7 +402,7 @@ class MessageStore:
             try:
                 verify_record_bytes(data, commitlog_offset)
             except CorruptRecordError as e:
-                raise self._located(e, commitlog_offset) from None
+                raise locate(self.commitlog, e, commitlog_offset) from None
         return data
 
     def get_message_by_offset(self, commitlog_offset: int) -> MessageExt | None:
@@ -537,7 +518,9 @@ _LAYOUT_KEYS = ("commitlog_file_size", "consumequeue_units_per_file", "index_max
 
 
 def layout_of(config: StoreConfig) -> dict[str, int]:
-    return {k: getattr(config, k) for k in _LAYOUT_KEYS}
+    c = config
+    return dict(zip(_LAYOUT_KEYS, (c.commitlog_file_size, c.consumequeue_units_per_file, c.index_max_hash_slots,
+                                   c.index_max_index_num)))
 
 
 def read_layout(root: str | os.PathLike[str]) -> dict[str, int]:
@@ -549,11 +532,3 @@ def read_layout(root: str | os.PathLike[str]) -> dict[str, int]:
     except orjson.JSONDecodeError as e:
         raise StoreError(f"{Path(root) / LAYOUT_FILE} is not valid JSON: {e}") from None
     return {k: int(v) for k, v in data.items() if k in _LAYOUT_KEYS}
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -1,7 +1,8 @@
 """The pull read path: a queue's records from an offset, filtered, as the raw stored records.
 
-RocketMQ's DefaultMessageStore.getMessage. Units are read from the consume
-queue in one slice; the filter decides on their tag codes or bitmaps alone
+RocketMQ's DefaultMessageStore.getMessage
+(store/src/main/java/org/apache/rocketmq/store/DefaultMessageStore.java).
+Units are read from the consume queue in one slice; the filter decides on their tag codes or bitmaps alone
 where it can (no commit-log read), and only the records left are read. Where
 no record needs evaluating, C (speedups.gather_units) copies and checks runs
 of records at a time; otherwise a Python loop reads, checks and evaluates them
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -19,99 +19,249 @@ from sluice.errors import CorruptRecordError
 from sluice.format import crc32
 from sluice.protocol import properties as P
 from sluice.speedups import C
-from sluice.store.commitlog import parse_record, verify_record_bytes
-from sluice.store.consumequeue import CQ_DTYPE, CQ_UNIT_SIZE, PAD_SIZE, ConsumeQueue
-from sluice.store.ext_files import plan_units, resolve_units
+from sluice.store.commitlog import CommitLog, parse_record, verify_record_bytes
+from sluice.store.config import StoreConfig
+from sluice.store.consumequeue import CQ_DTYPE, CQ_UNIT_SIZE, PAD_SIZE, ConsumeQueue, ConsumeQueueTable
+from sluice.store.ext_files import ExtTable, resolve_units
 from sluice.store.types import GetMessageResult, GetMessageStatus, MessageFilter
 
-if TYPE_CHECKING:
-    from sluice.store.message_store import MessageStore
-
-__all__ = ["get_messages"]
+__all__ = ["PullReader", "locate"]
 
 log = logging.getLogger("sluice.store.message_store")
 
 _S = GetMessageStatus
 
 
-def get_messages(store: MessageStore, topic: str, queue_id: int, offset: int, max_msgs: int,
-             message_filter: MessageFilter | None, max_bytes: int | None) -> GetMessageResult:
-    """A pull: up to ``max_msgs`` records from queue ``offset`` that pass ``message_filter``."""
-    max_bytes = store.config.max_transfer_bytes if max_bytes is None else max_bytes
-    cq = store.queues.get(topic, queue_id)
-    if cq is None:
-        return GetMessageResult(_S.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0)
-    lo, hi = cq.min_offset, cq.max_offset
-    if hi == 0:
-        return GetMessageResult(_S.NO_MESSAGE_IN_QUEUE, 0, lo, hi)
-    if offset < lo:
-        return GetMessageResult(_S.OFFSET_TOO_SMALL, lo, lo, hi)
-    if offset == hi:
-        return GetMessageResult(_S.OFFSET_OVERFLOW_ONE, offset, lo, hi)
-    if offset > hi:
-        return GetMessageResult(_S.OFFSET_OVERFLOW_BADLY, lo if lo == 0 else hi, lo, hi)
-    # Like RocketMQ, a filtered pull looks at a bounded number of units (maxFilterMessageSize).
-    scan = max(max_msgs, store.config.max_filter_scan_bytes // CQ_UNIT_SIZE) if message_filter else max_msgs
-    units = cq.get_units(offset, scan)
-    if units is None or len(units) == 0:
-        upf = store.config.consumequeue_units_per_file
-        return GetMessageResult(_S.OFFSET_FOUND_NULL, (offset // upf + 1) * upf, lo, hi)
-    res = _collect(store, cq, offset, units, max_msgs, max_bytes, message_filter, lo, hi)
-    if message_filter is None or res.status is not _S.NO_MATCHED_MESSAGE:
-        return res
-    # Nothing matched in the first window. While units are being ruled out on their tag codes or
-    # bitmaps alone (few records read), look further: a 0.1 % filter then needs a round trip per
-    # tens of thousands of units instead of per 800. Bounded in units and time.
-    c = store.config
-    deadline = time.monotonic() + c.max_filter_scan_ms / 1000.0
-    scanned, reads = res.next_begin_offset - offset, res.records_read
-    while (res.status is _S.NO_MATCHED_MESSAGE and res.next_begin_offset < cq.max_offset
-           and scanned < c.max_filter_scan_units and reads * 8 < scanned and time.monotonic() < deadline):
-        at = res.next_begin_offset
-        units = cq.get_units(at, min(scan * 8, c.max_filter_scan_units - scanned))
+def locate(cl: CommitLog, e: CorruptRecordError, commitlog_offset: int) -> CorruptRecordError:
+    """The same complaint naming the segment file and the offset in it (looked up only on failure)."""
+    f = cl.queue.find(commitlog_offset)
+    msg = str(e).split(" (")[0]
+    if f is None:
+        return CorruptRecordError(msg, path="commitlog", offset=commitlog_offset)
+    return CorruptRecordError(msg, path=str(f.path), offset=commitlog_offset - f.start)
+
+
+class PullReader:
+    """The store's pulls, over its commit log, consume queues and ext files; counts what pulls read."""
+
+    def __init__(self, commitlog: CommitLog, queues: ConsumeQueueTable, ext: ExtTable, config: StoreConfig) -> None:
+        self.commitlog = commitlog
+        self.queues = queues
+        self.ext = ext
+        self.config = config
+        #: Commit-log records read by pulls (served or evaluated and filtered out), and their bytes.
+        self.records_read = 0
+        self.bytes_read = 0
+
+    def get_messages(self, topic: str, queue_id: int, offset: int, max_msgs: int,
+                     message_filter: MessageFilter | None, max_bytes: int | None) -> GetMessageResult:
+        """A pull: up to ``max_msgs`` records from queue ``offset`` that pass ``message_filter``."""
+        max_bytes = self.config.max_transfer_bytes if max_bytes is None else max_bytes
+        cq = self.queues.get(topic, queue_id)
+        if cq is None:
+            return GetMessageResult(_S.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0)
+        lo, hi = cq.min_offset, cq.max_offset
+        if hi == 0:
+            return GetMessageResult(_S.NO_MESSAGE_IN_QUEUE, 0, lo, hi)
+        if offset < lo:
+            return GetMessageResult(_S.OFFSET_TOO_SMALL, lo, lo, hi)
+        if offset == hi:
+            return GetMessageResult(_S.OFFSET_OVERFLOW_ONE, offset, lo, hi)
+        if offset > hi:
+            return GetMessageResult(_S.OFFSET_OVERFLOW_BADLY, lo if lo == 0 else hi, lo, hi)
+        # Like RocketMQ, a filtered pull looks at a bounded number of units (maxFilterMessageSize).
+        scan = max(max_msgs, self.config.max_filter_scan_bytes // CQ_UNIT_SIZE) if message_filter else max_msgs
+        units = cq.get_units(offset, scan)
         if units is None or len(units) == 0:
+            upf = self.config.consumequeue_units_per_file
+            return GetMessageResult(_S.OFFSET_FOUND_NULL, (offset // upf + 1) * upf, lo, hi)
+        res = self._collect(cq, offset, units, max_msgs, max_bytes, message_filter, lo, hi)
+        if message_filter is None or res.status is not _S.NO_MATCHED_MESSAGE:
+            return res
+        # Nothing matched in the first window. While units are being ruled out on their tag codes or
+        # bitmaps alone (few records read), look further: a 0.1 % filter then needs a round trip per
+        # tens of thousands of units instead of per 800. Bounded in units and time.
+        c = self.config
+        deadline = time.monotonic() + c.max_filter_scan_ms / 1000.0
+        scanned, reads = res.next_begin_offset - offset, res.records_read
+        while (res.status is _S.NO_MATCHED_MESSAGE and res.next_begin_offset < cq.max_offset
+               and scanned < c.max_filter_scan_units and reads * 8 < scanned and time.monotonic() < deadline):
+            at = res.next_begin_offset
+            units = cq.get_units(at, min(scan * 8, c.max_filter_scan_units - scanned))
+            if units is None or len(units) == 0:
+                break
+            more = self._collect(cq, at, units, max_msgs, max_bytes, message_filter, lo, hi)
+            scanned += more.next_begin_offset - at
+            reads += more.records_read
+            if more.status is _S.MESSAGE_WAS_REMOVING:
+                more.status = _S.NO_MATCHED_MESSAGE
+            res = more
+        res.records_read = reads
+        return res
+
+    def _collect(self, cq: ConsumeQueue, offset: int, units: np.ndarray, max_msgs: int,
+                 max_bytes: int, mf: MessageFilter | None, lo: int, hi: int) -> GetMessageResult:
+        """One window of units: decide what the units alone can, then read (and evaluate) the records."""
+        res = GetMessageResult(_S.FOUND, offset, lo, hi)
+        if mf is None and C is not None:  # the usual pull: no numpy work on the units at all
+            parts, stop_at, removed = self._gather_runs(cq, offset, units, None, max_msgs, max_bytes, res)
+            return _result(res, offset, stop_at, parts, False, removed)
+        phys = units["offset"].astype(np.int64)
+        sizes = units["size"].astype(np.int64)
+        real = (sizes > 0) & (sizes != PAD_SIZE)
+        wanted = real
+        check = None  # units whose record the filter must see
+        if mf is not None:
+            ext = self.ext.get(cq.topic, cq.queue_id)
+            codes, batch, unresolved = resolve_units(ext, units["tag"])
+            mask, check = mf.select_units(codes, batch, unresolved)
+            if mask is not None:
+                wanted = real & np.asarray(mask, dtype=bool)
+        filtered = bool((real & ~wanted).any())
+        if check is None and C is not None:
+            # No record needs evaluating: C copies (and checks) runs of the wanted records at a time.
+            parts, stop_at, removed = self._gather_runs(cq, offset, units, wanted, max_msgs, max_bytes, res)
+        else:
+            parts, stop_at, removed, evaluated_out = self._read_each(cq, offset, len(units), phys, sizes,
+                                                                     np.flatnonzero(wanted), max_msgs, max_bytes,
+                                                                     mf, check, res)
+            filtered = filtered or evaluated_out
+        if mf is not None:
+            mf.consumed(stop_at)
+        return _result(res, offset, stop_at, parts, filtered, removed)
+
+    def _gather_runs(self, cq: ConsumeQueue, offset: int, units: np.ndarray, wanted: np.ndarray | None,
+                     max_msgs: int, max_bytes: int, res: GetMessageResult) -> tuple[list[bytes], int, bool]:
+        """_read_each's outcome for records no filter needs to see (all of them, or the ``wanted`` units): C
+        (speedups.gather_units) walks the units and copies and checks the records, one call per commit-log
+        file they are in. Returns the runs' bytes, the unit (relative) to go on from, and whether a record
+        was gone from the log; fills ``res``'s per-record lists and counters."""
+        cl = self.commitlog
+        clog_min = cl.min_offset
+        verify = self.config.verify_crc_on_read
+        qoffs, phys, sizes = res.queue_offsets, res.commitlog_offsets, res.sizes
+        parts: list[bytes] = []
+        removed = False
+        if units.dtype != CQ_DTYPE or not units.flags.c_contiguous:  # C reads the big-endian 20-byte units
+            units = np.ascontiguousarray(units, dtype=CQ_DTYPE)  # (np.concatenate of several files' gives native)
+        mask = None if wanted is None else np.ascontiguousarray(wanted, dtype=np.uint8)
+        n = len(units)
+        stop_at = n
+        u = total = 0
+        f = cl.queue.find(int(units[0]["offset"]))
+        while u < n:
+            try:
+                data, stop, why = C.gather_units(  # type: ignore[union-attr]
+                    units, u, f.mm if f is not None else b"", f.start if f is not None else 0,
+                    min(f.end, cl.write_pos) if f is not None else 0, max_msgs, max_bytes, total, len(sizes), verify,
+                    crc32, offset, qoffs, phys, sizes, mask)
+            except ValueError:
+                if f is None or not f.closed:
+                    raise
+                data, stop, why = b"", u, 3  # the mapping was closed by retention meanwhile
+            if data:
+                parts.append(data)
+                total += len(data)
+            if why == 0 or why == 1:
+                break
+            if why == 2:
+                stop_at = stop
+                break
+            p, s = int(units[stop]["offset"]), int(units[stop]["size"])
+            if why == 3:  # not in that file: in the next one (the loop goes on there), or gone
+                g = self._file_after(f, p, s, clog_min)
+                if g is None:
+                    removed = True
+                    u = stop + 1
+                else:
+                    f, u = g, stop
+                continue
+            self._damaged(cq, res, offset + stop, p, s, first=not parts)  # why == 4
+            stop_at = stop
             break
-        more = _collect(store, cq, at, units, max_msgs, max_bytes, message_filter, lo, hi)
-        scanned += more.next_begin_offset - at
-        reads += more.records_read
-        if more.status is _S.MESSAGE_WAS_REMOVING:
-            more.status = _S.NO_MATCHED_MESSAGE
-        res = more
-    res.records_read = reads
-    return res
+        taken = len(sizes)
+        if taken >= max_msgs:  # like RocketMQ: resume right after the last message taken
+            stop_at = qoffs[-1] - offset + 1
+        res.records_read += taken
+        self.records_read += taken
+        self.bytes_read += total
+        return parts, stop_at, removed
 
+    def _file_after(self, f, p: int, s: int, clog_min: int):  # type: ignore[no-untyped-def]
+        """The commit-log file holding a record that was not in ``f``; None when the record is gone."""
+        cl = self.commitlog
+        g = cl.queue.find(p) if p >= clog_min else None
+        if g is None or g is f or p + s > min(g.end, cl.write_pos) or (f is not None and f.closed):
+            return None
+        return g
 
-def _collect(store: MessageStore, cq: ConsumeQueue, offset: int, units: np.ndarray, max_msgs: int,
-             max_bytes: int, mf: MessageFilter | None, lo: int, hi: int) -> GetMessageResult:
-    """One window of units: decide what the units alone can, then read (and evaluate) the records."""
-    res = GetMessageResult(_S.FOUND, offset, lo, hi)
-    if mf is None and C is not None:  # the usual pull: no numpy work on the units at all
-        parts, stop_at, removed = _gather_runs(store, cq, offset, units, None, max_msgs, max_bytes, res)
-        return _result(res, offset, stop_at, parts, False, removed)
-    phys = units["offset"].astype(np.int64)
-    sizes = units["size"].astype(np.int64)
-    real = (sizes > 0) & (sizes != PAD_SIZE)
-    wanted = real
-    check = None  # units whose record the filter must see
-    if mf is not None:
-        ext = store.ext.get(cq.topic, cq.queue_id)
-        codes, batch, unresolved = resolve_units(ext, units["tag"])
-        mask, check = plan_units(mf, codes, batch, unresolved)
-        if mask is not None:
-            wanted = real & np.asarray(mask, dtype=bool)
-    filtered = bool((real & ~wanted).any())
-    if check is None and C is not None:
-        # No record needs evaluating: C copies (and checks) runs of the wanted records at a time.
-        parts, stop_at, removed = _gather_runs(store, cq, offset, units, wanted, max_msgs, max_bytes, res)
-    else:
-        parts, stop_at, removed, evaluated_out = _read_each(store, cq, offset, len(units), phys, sizes,
-                                                            np.flatnonzero(wanted), max_msgs, max_bytes, mf,
-                                                            check, res)
-        filtered = filtered or evaluated_out
-    consumed = getattr(mf, "consumed", None)
-    if consumed is not None:
-        consumed(stop_at)
-    return _result(res, offset, stop_at, parts, filtered, removed)
+    def _damaged(self, cq: ConsumeQueue, res: GetMessageResult, qoff: int, p: int, s: int, *,
+                 first: bool) -> None:
+        """A record the C check refused: counted as read, logged with the precise complaint (the Python
+        check names the fault, located in its file), raised when it comes first in the pull."""
+        res.records_read += 1
+        self.records_read += 1
+        self.bytes_read += s
+        try:
+            verify_record_bytes(self.commitlog.read(p, s) or b"", p)
+            e = CorruptRecordError(f"record at commit-log offset {p} failed its checks", path="commitlog", offset=p)
+        except CorruptRecordError as exc:
+            e = exc
+        e = locate(self.commitlog, e, p)
+        log.error("not serving %s/%d offset %d: %s", cq.topic, cq.queue_id, qoff, e)
+        if first:
+            raise e
+
+    def _read_each(self, cq: ConsumeQueue, offset: int, n_units: int, phys: np.ndarray,
+                   sizes: np.ndarray, idxs: np.ndarray, max_msgs: int, max_bytes: int, mf: MessageFilter | None,
+                   check: np.ndarray | None, res: GetMessageResult) -> tuple[list[bytes], int, bool, bool]:
+        """Record by record: read, check, evaluate where ``check`` says so. Returns the records taken, the
+        unit (relative) to go on from, whether a record was gone from the log, and whether the filter
+        turned a record down."""
+        match_at = mf.match_record_at if mf is not None else None  # check is None without a filter
+        verify = self.config.verify_crc_on_read
+        cl = self.commitlog
+        clog_min = cl.min_offset
+        parts: list[bytes] = []
+        removed = filtered = False
+        total = 0
+        stop_at = n_units
+        for i in idxs.tolist():
+            p, s = int(phys[i]), int(sizes[i])
+            if parts and total + s > max_bytes:
+                stop_at = i
+                break
+            data = cl.read(p, s) if p >= clog_min else None
+            if data is None:
+                removed = True
+                continue
+            res.records_read += 1
+            self.records_read += 1
+            self.bytes_read += s
+            if verify:
+                try:
+                    verify_record_bytes(data, p)
+                except CorruptRecordError as e:
+                    e = locate(self.commitlog, e, p)
+                    log.error("not serving %s/%d offset %d: %s", cq.topic, cq.queue_id, offset + i, e)
+                    if not parts:
+                        raise e from None
+                    stop_at = i
+                    break
+            if check is not None and check[i]:
+                props = P.decode_properties(parse_record(data, 0, check_crc=False).properties)
+                if not match_at(i, props):  # type: ignore[misc]
+                    filtered = True
+                    continue
+            parts.append(data)
+            total += s
+            res.queue_offsets.append(offset + i)
+            res.commitlog_offsets.append(p)
+            res.sizes.append(s)
+            if len(parts) >= max_msgs:
+                stop_at = i + 1  # like RocketMQ: resume right after the last message taken
+                break
+        return parts, stop_at, removed, filtered
 
 
 def _result(res: GetMessageResult, offset: int, stop_at: int, parts: list[bytes], filtered: bool,
@@ -126,140 +276,3 @@ def _result(res: GetMessageResult, offset: int, stop_at: int, parts: list[bytes]
     else:
         res.status = _S.NO_MATCHED_MESSAGE
     return res
-
-
-def _gather_runs(store: MessageStore, cq: ConsumeQueue, offset: int, units: np.ndarray, wanted: np.ndarray | None,
-                 max_msgs: int, max_bytes: int, res: GetMessageResult) -> tuple[list[bytes], int, bool]:
-    """_read_each's outcome for records no filter needs to see (all of them, or the ``wanted`` units): C
-    (speedups.gather_units) walks the units and copies and checks the records, one call per commit-log
-    file they are in. Returns the runs' bytes, the unit (relative) to go on from, and whether a record
-    was gone from the log; fills ``res``'s per-record lists and counters."""
-    cl = store.commitlog
-    clog_min = cl.min_offset
-    verify = store.config.verify_crc_on_read
-    qoffs, phys, sizes = res.queue_offsets, res.commitlog_offsets, res.sizes
-    parts: list[bytes] = []
-    removed = False
-    if units.dtype != CQ_DTYPE or not units.flags.c_contiguous:  # C reads the big-endian 20-byte units
-        units = np.ascontiguousarray(units, dtype=CQ_DTYPE)  # (np.concatenate of several files' gives native)
-    mask = None if wanted is None else np.ascontiguousarray(wanted, dtype=np.uint8)
-    n = len(units)
-    stop_at = n
-    u = total = 0
-    f = cl.queue.find(int(units[0]["offset"]))
-    while u < n:
-        try:
-            data, stop, why = C.gather_units(  # type: ignore[union-attr]
-                units, u, f.mm if f is not None else b"", f.start if f is not None else 0,
-                min(f.end, cl.write_pos) if f is not None else 0, max_msgs, max_bytes, total, len(sizes), verify,
-                crc32, offset, qoffs, phys, sizes, mask)
-        except ValueError:
-            if f is None or not f.closed:
-                raise
-            data, stop, why = b"", u, 3  # the mapping was closed by retention meanwhile
-        if data:
-            parts.append(data)
-            total += len(data)
-        if why == 0 or why == 1:
-            break
-        if why == 2:
-            stop_at = stop
-            break
-        p, s = int(units[stop]["offset"]), int(units[stop]["size"])
-        if why == 3:  # not in that file: in the next one (the loop goes on there), or gone
-            g = _file_after(store, f, p, s, clog_min)
-            if g is None:
-                removed = True
-                u = stop + 1
-            else:
-                f, u = g, stop
-            continue
-        _damaged(store, cq, res, offset + stop, p, s, first=not parts)  # why == 4
-        stop_at = stop
-        break
-    taken = len(sizes)
-    if taken >= max_msgs:  # like RocketMQ: resume right after the last message taken
-        stop_at = qoffs[-1] - offset + 1
-    res.records_read += taken
-    store.pull_records_read += taken
-    store.pull_bytes_read += total
-    return parts, stop_at, removed
-
-
-def _file_after(store: MessageStore, f, p: int, s: int, clog_min: int):  # type: ignore[no-untyped-def]
-    """The commit-log file holding a record that was not in ``f``; None when the record is gone."""
-    cl = store.commitlog
-    g = cl.queue.find(p) if p >= clog_min else None
-    if g is None or g is f or p + s > min(g.end, cl.write_pos) or (f is not None and f.closed):
-        return None
-    return g
-
-
-def _damaged(store: MessageStore, cq: ConsumeQueue, res: GetMessageResult, qoff: int, p: int, s: int, *,
-             first: bool) -> None:
-    """A record the C check refused: counted as read, logged with the precise complaint (the Python
-    check names the fault, located in its file), raised when it comes first in the pull."""
-    res.records_read += 1
-    store.pull_records_read += 1
-    store.pull_bytes_read += s
-    try:
-        verify_record_bytes(store.commitlog.read(p, s) or b"", p)
-        e = CorruptRecordError(f"record at commit-log offset {p} failed its checks", path="commitlog", offset=p)
-    except CorruptRecordError as exc:
-        e = exc
-    e = store._located(e, p)
-    log.error("not serving %s/%d offset %d: %s", cq.topic, cq.queue_id, qoff, e)
-    if first:
-        raise e
-
-
-def _read_each(store: MessageStore, cq: ConsumeQueue, offset: int, n_units: int, phys: np.ndarray,
-               sizes: np.ndarray, idxs: np.ndarray, max_msgs: int, max_bytes: int, mf: MessageFilter | None,
-               check: np.ndarray | None, res: GetMessageResult) -> tuple[list[bytes], int, bool, bool]:
-    """Record by record: read, check, evaluate where ``check`` says so. Returns the records taken, the
-    unit (relative) to go on from, whether a record was gone from the log, and whether the filter
-    turned a record down."""
-    match_at = getattr(mf, "match_record_at", None)  # filters that count per unit (bitmap false positives)
-    verify = store.config.verify_crc_on_read
-    cl = store.commitlog
-    clog_min = cl.min_offset
-    parts: list[bytes] = []
-    removed = filtered = False
-    total = 0
-    stop_at = n_units
-    for i in idxs.tolist():
-        p, s = int(phys[i]), int(sizes[i])
-        if parts and total + s > max_bytes:
-            stop_at = i
-            break
-        data = cl.read(p, s) if p >= clog_min else None
-        if data is None:
-            removed = True
-            continue
-        res.records_read += 1
-        store.pull_records_read += 1
-        store.pull_bytes_read += s
-        if verify:
-            try:
-                verify_record_bytes(data, p)
-            except CorruptRecordError as e:
-                e = store._located(e, p)
-                log.error("not serving %s/%d offset %d: %s", cq.topic, cq.queue_id, offset + i, e)
-                if not parts:
-                    raise e from None
-                stop_at = i
-                break
-        if check is not None and check[i]:
-            props = P.decode_properties(parse_record(data, 0, check_crc=False).properties)
-            if not (match_at(i, props) if match_at is not None else mf.match_record(props)):  # type: ignore
-                filtered = True
-                continue
-        parts.append(data)
-        total += s
-        res.queue_offsets.append(offset + i)
-        res.commitlog_offsets.append(p)
-        res.sizes.append(s)
-        if len(parts) >= max_msgs:
-            stop_at = i + 1  # like RocketMQ: resume right after the last message taken
-            break
-    return parts, stop_at, removed, filtered

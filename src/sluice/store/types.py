@@ -1,15 +1,29 @@
-"""What the store hands out and takes in: put requests/results, get results, the filter hook, dispatch requests."""
+"""What the store hands out and takes in: put requests/results, get results, and the two plug-in
+contracts (:class:`MessageFilter` for pulls, :class:`Dispatcher` for dispatch) with base classes for them."""
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
+from sluice.store.dispatch_request import DispatchRequest
+
+if TYPE_CHECKING:  # annotations only
+    from sluice.store.consumequeue_ext import ExtBatch
+    from sluice.store.dispatch_columns import DispatchBatch
+
+__all__ = [
+    "DispatchRequest", "Dispatcher", "GetMessageResult", "GetMessageStatus", "MessageFilter", "Problem", "PutResult",
+    "RequestDispatcher", "StoreMessage", "TagCodeFilter",
+]
+
 
 class GetMessageStatus(enum.Enum):
-    """RocketMQ's GetMessageStatus; the broker maps it to a pull response code (rocketmq-facts e.3)."""
+    """RocketMQ's GetMessageStatus (store/src/main/java/org/apache/rocketmq/store/GetMessageStatus.java);
+    the broker maps it to a pull response code
+    (broker/src/main/java/org/apache/rocketmq/broker/processor/PullMessageProcessor.java)."""
 
     FOUND = "FOUND"
     NO_MATCHED_MESSAGE = "NO_MATCHED_MESSAGE"
@@ -40,7 +54,7 @@ class StoreMessage:
 
 class PutResult(NamedTuple):
     """One stored message. A NamedTuple rather than a frozen dataclass: one is built per message on the
-    append path, and a frozen dataclass costs three times as much to construct."""
+    append path, and a frozen dataclass costs several times as much to construct."""
 
     commitlog_offset: int
     queue_offset: int
@@ -71,47 +85,110 @@ class GetMessageResult:
 
 @runtime_checkable
 class MessageFilter(Protocol):
-    """The hook a pull filters with; the broker adapts tag and SQL92 selectors to it.
+    """The hook a pull filters with: every call the store makes on it (store/pull_read.py).
 
-    ``match_units`` sees a batch of consume-queue tag codes (int64 numpy array) and returns a boolean
-    mask, or None for "all pass". When ``needs_record`` is true, ``match_record`` then decides on the
-    decoded properties of each stored record that passed the units.
+    A pull reads its queue in windows of consume-queue units. Per window the store calls
+    :meth:`select_units` once, then :meth:`match_record_at` for each record the filter asked to see,
+    then :meth:`consumed` once. The broker adapts tag and SQL92 selectors to it
+    (broker/filtering.py SelectorFilter); :class:`TagCodeFilter` implements it for filters that decide
+    on tag codes and properties alone.
     """
 
-    needs_record: bool
+    def select_units(self, tag_codes: np.ndarray, ext_batch: ExtBatch | None, unresolved: np.ndarray | None
+                     ) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """Decide a window of units before any record is read.
 
-    def match_units(self, tag_codes: np.ndarray) -> np.ndarray | None: ...
+        ``tag_codes`` are the units' tag codes (int64; ConsumeQueueExt addresses already resolved to
+        their unit's tag code); ``ext_batch`` is the row-aligned ConsumeQueueExt rows (bitmaps, store
+        times), None when no unit of the window has one; ``unresolved`` marks units whose ext address
+        could not be read (tag code 0 there), None when there are none: RocketMQ lets those through
+        to the record. Returns ``(may_match, evaluate)``: a boolean mask of units that may match
+        (None: all may), and a boolean mask of units whose record must go to :meth:`match_record_at`
+        (None: none; the others that may match are served without looking at their record).
+        """
+        ...
 
-    def match_record(self, properties: dict[str, str]) -> bool: ...
+    def match_record_at(self, index: int, properties: dict[str, str]) -> bool:
+        """Does the record of unit ``index`` of the last :meth:`select_units` window pass, on its decoded
+        properties? ``index`` lets a filter keep per-unit counters (bitmap false positives); it is -1
+        when the record is not from a window."""
+        ...
 
-    # Optional: ``select_units(tag_codes, ext_batch, unresolved) -> (mask | None, check | None)``. A filter
-    # that has it sees the ConsumeQueueExt rows too (bitmaps, store times) and says per unit whether it may
-    # match and whether its record must be evaluated (store.ext_files.plan_units).
-
-
-@dataclass(slots=True)
-class DispatchRequest:
-    """One appended record as the dispatchers see it. A dispatcher may replace ``tag_code``
-    (e.g. with a ConsumeQueueExt address) or fill ``bitmap``; the consume queue stores ``tag_code``."""
-
-    topic: str
-    queue_id: int
-    queue_offset: int
-    commitlog_offset: int
-    size: int
-    tag_code: int
-    properties: dict[str, str]
-    store_timestamp: int
-    keys: list[str]
-    uniq_key: str | None
-    sysflag: int = 0
-    bitmap: bytes | None = None
+    def consumed(self, n: int) -> None:
+        """The pull went on from unit ``n`` of the last :meth:`select_units` window (units before it were
+        looked at, the rest were not): per-window counters and cursors are settled here; a no-op for
+        filters that keep none."""
+        ...
 
 
+class TagCodeFilter(MessageFilter):
+    """A MessageFilter built from two simple decisions: :meth:`match_units` on tag codes, then, when
+    ``needs_record`` is true, :meth:`match_record` on each record that passed. Subclass it and
+    override those (the defaults pass everything)."""
+
+    #: True when every unit that passes match_units must also pass match_record on its record.
+    needs_record: bool = False
+
+    def match_units(self, tag_codes: np.ndarray) -> np.ndarray | None:
+        """A boolean mask over ``tag_codes`` (int64) of units that may match; None for "all may"."""
+        return None
+
+    def match_record(self, properties: dict[str, str]) -> bool:
+        """Does a record pass, on its decoded properties?"""
+        return True
+
+    def select_units(self, tag_codes: np.ndarray, ext_batch: ExtBatch | None, unresolved: np.ndarray | None
+                     ) -> tuple[np.ndarray | None, np.ndarray | None]:
+        mask = self.match_units(tag_codes)
+        needs = bool(self.needs_record)
+        check = np.full(len(tag_codes), needs) if needs or unresolved is not None else None
+        if unresolved is not None:  # no tag code to decide on: the record decides
+            if mask is not None:
+                mask = np.asarray(mask, dtype=bool) | unresolved
+            check = check | unresolved  # type: ignore[operator]
+        return mask, check
+
+    def match_record_at(self, index: int, properties: dict[str, str]) -> bool:
+        return self.match_record(properties)
+
+    def consumed(self, n: int) -> None:
+        return None
+
+
+@runtime_checkable
 class Dispatcher(Protocol):
-    """Receives every batch of dispatch requests, in commit-log order, before the consume queues."""
+    """A plug-in that sees every appended record before the consume queues are written (store/dispatch.py):
+    every call the store makes on it. Calls come from the dispatch thread, in commit-log order, one batch
+    at a time; an exception is logged and the store goes on. :class:`RequestDispatcher` implements the
+    columnar call for dispatchers that want requests only."""
 
-    def dispatch(self, requests: list[DispatchRequest]) -> None: ...
+    #: True for a dispatcher whose work the consume-queue units depend on (it sets ``tag_code`` or
+    #: ``bitmap``): MessageStore.rebuild_queue runs it again over the records of a queue it rebuilds.
+    rebuilds_bitmaps: bool
+
+    def dispatch(self, requests: list[DispatchRequest]) -> None:
+        """A batch of records parsed back from the log (recovery replay, a rebuilt queue), one request
+        each. The dispatcher may change a request's ``tag_code`` or set its ``bitmap``."""
+        ...
+
+    def dispatch_batch(self, batch: DispatchBatch) -> None:
+        """A batch of records as the appenders registered them (columns, store/dispatch_columns.py).
+        A dispatcher that needs per-record requests calls ``batch.requests()`` (built once, shared by
+        every dispatcher; once built they are what the units are written from); one that does not
+        keeps the batch free of per-message objects."""
+        ...
+
+
+class RequestDispatcher(Dispatcher):
+    """A Dispatcher that takes every batch as requests: subclass it and implement :meth:`dispatch`."""
+
+    rebuilds_bitmaps: bool = False
+
+    def dispatch(self, requests: list[DispatchRequest]) -> None:
+        raise NotImplementedError
+
+    def dispatch_batch(self, batch: DispatchBatch) -> None:
+        self.dispatch(batch.requests())
 
 
 @dataclass(frozen=True, slots=True)

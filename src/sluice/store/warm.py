@@ -1,9 +1,8 @@
 """Warming: keep the commit log's next pages in the page cache before the appender gets there.
 
 Segments are sparse, so the first write into each 4 KiB page of the mapping
-takes a page fault that allocates and zeroes a page: about 1.5 µs per 1 KiB
-record, paid while the writer holds the GIL (a quarter of the whole append
-path). RocketMQ warms a new mapped file by writing zeros into it
+takes a page fault that allocates and zeroes a page, paid while the writer
+holds the GIL (a large share of the append path). RocketMQ warms a new mapped file by writing zeros into it
 (MappedFile.warmMappedFile); Sluice does the same continuously, a little ahead
 of the write position, with ``os.pwrite`` from a thread of its own. pwrite
 releases the GIL, so the page allocation runs on another core, and the
@@ -20,10 +19,12 @@ import logging
 import mmap
 import os
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from sluice.store.commitlog import CommitLog
+    from _thread import LockType
+
+    from sluice.store.mapped import MappedFileQueue
 
 log = logging.getLogger(__name__)
 
@@ -32,10 +33,23 @@ CHUNK = 1 << 20
 _ZEROS = memoryview(bytes(CHUNK))
 
 
+class WarmedLog(Protocol):
+    """What the warmer reads of the commit log it runs beside (store/commitlog.py CommitLog)."""
+
+    #: Held by appenders; the warmer takes it to pick the next range and to publish progress.
+    put_lock: LockType
+    #: Absolute offset of the next byte to write.
+    write_pos: int
+    #: True once the log is closed: the warmer stops.
+    closed: bool
+    #: The segment files; the last one is being written.
+    queue: MappedFileQueue
+
+
 class Warmer:
     """Runs beside one CommitLog; every method but ``stop`` is called with the commit log's put lock held."""
 
-    def __init__(self, commitlog: CommitLog, ahead: int) -> None:
+    def __init__(self, commitlog: WarmedLog, ahead: int) -> None:
         self.cl = commitlog
         self.ahead = ahead
         self.low = ahead // 2  # wake the thread when less than this much is warm ahead of the writer
