@@ -196,6 +196,17 @@ def parse_record(buf: bytes | bytearray | memoryview, pos: int, *, check_crc: bo
     ts_at = pos + (POS_BORNHOST + HOST_V6_SIZE if sysflag & FLAG_BORNHOST_V6 else POS_STORETIMESTAMP_V4)
     store_ts = I64.unpack_from(buf, ts_at)[0]
     p = ts_at + 8 + (HOST_V6_SIZE if sysflag & FLAG_STOREHOST_V6 else HOST_V4_SIZE) + 12
+    body_at, body_len, topic, props = read_tail(buf, pos, total, magic, p, where, base)
+    if check_crc and crc32(buf[body_at:body_at + body_len]) & 0x7FFFFFFF != crc:
+        raise CorruptRecordError("body CRC mismatch", path=where, offset=base + pos)
+    return ParsedRecord(total, qid, qoff, phys, sysflag, store_ts, topic, props)
+
+
+def read_tail(buf: bytes | bytearray | memoryview, pos: int, total: int, magic: int, p: int, where: str | None,
+              base: int) -> tuple[int, int, str, str]:
+    """The variable part of the record of ``total`` bytes at ``pos``, from its BODYLENGTH at ``p``: (body
+    position, body length, topic, properties). Raises CorruptRecordError unless they fill the record exactly.
+    Both Python decoders (parse_record here, sluice.protocol.record.decode_record) end with this."""
     rec_end = pos + total
     try:
         body_len = I32.unpack_from(buf, p)[0]
@@ -221,9 +232,7 @@ def parse_record(buf: bytes | bytearray | memoryview, pos: int, *, check_crc: bo
     if p != rec_end:
         raise CorruptRecordError(f"record fields take {p - pos} bytes, its size says {total}",
                                  path=where, offset=base + pos)
-    if check_crc and crc32(buf[body_at:body_at + body_len]) & 0x7FFFFFFF != crc:
-        raise CorruptRecordError("body CRC mismatch", path=where, offset=base + pos)
-    return ParsedRecord(total, qid, qoff, phys, sysflag, store_ts, topic, props)
+    return body_at, body_len, topic, props
 
 
 def verify_record_bytes(rec: bytes | bytearray | memoryview, offset: int, *, where: str | None = None,

@@ -49,6 +49,7 @@ from sluice.format import (
     U16,
     U32,
     body_crc,
+    read_tail,
     store_timestamp_pos,
 )
 
@@ -190,28 +191,12 @@ def decode_record(buf, pos: int = 0, *, check_crc: bool = True, where: str | Non
         born_host, p = _read_host(buf, p, bool(sysflag & FLAG_BORNHOST_V6))
         store_ts = I64.unpack_from(buf, p)[0]
         store_host, p = _read_host(buf, p + 8, bool(sysflag & FLAG_STOREHOST_V6))
-        reconsume, prepared, body_len = TAIL.unpack_from(buf, p)
-        p += TAIL.size
-        if body_len < 0 or p + body_len > pos + total:
-            raise CorruptRecordError(f"body length {body_len} runs past the record", path=where, offset=pos)
-        body = bytes(buf[p:p + body_len])
-        p += body_len
-        if magic == MAGIC_V1:
-            tlen = buf[p]
-            p += 1
-        else:
-            tlen = U16.unpack_from(buf, p)[0]
-            p += 2
-        topic = bytes(buf[p:p + tlen]).decode()
-        p += tlen
-        plen = U16.unpack_from(buf, p)[0]
-        p += 2
-        props = bytes(buf[p:p + plen]).decode("utf-8")
-        p += plen
-    except (StructError, IndexError, UnicodeDecodeError, ValueError) as e:
+        reconsume, prepared, _ = TAIL.unpack_from(buf, p)
+    except (StructError, IndexError, ValueError) as e:
         raise CorruptRecordError(f"record does not decode: {e}", path=where, offset=pos) from None
-    if p != pos + total:
-        raise CorruptRecordError(f"record fields take {p - pos} bytes, its size says {total}", path=where, offset=pos)
+    # BODYLENGTH follows RECONSUMETIMES and PREPARED_TX_OFFSET
+    body_at, body_len, topic, props = read_tail(buf, pos, total, magic, p + 12, where, 0)
+    body = bytes(buf[body_at:body_at + body_len])
     if check_crc and body_crc(body) != crc:
         raise CorruptRecordError("body CRC mismatch", path=where, offset=pos)
     return RecordView(total, magic, crc, qid, flag, qoff, phys, sysflag, born_ts, born_host, store_ts, store_host,
