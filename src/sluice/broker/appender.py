@@ -13,9 +13,10 @@ iteration.
   If the merged call is refused (one request holds an illegal message; the
   store validates everything before writing anything), the requests are
   appended one by one so only the bad one fails.
-* **At once.** A list of several messages, or an encoded batch, without
-  ``sync``: appended before ``put`` returns (no future, no loop iteration; the
-  store's errors propagate to the caller).
+* **At once.** An encoded batch, and a list of several messages without
+  ``sync``, are appended before ``put`` returns; without ``sync`` so are their
+  results (no future, no loop iteration; the store's errors propagate to the
+  caller).
 * **Durable.** With ``sync`` the results are handed back once the store's
   group commit covers them: one pool job per loop iteration waits for the
   highest end appended in it, so all of them share its fsyncs and none blocks
@@ -56,6 +57,7 @@ Prepare = Callable[[list[StoreMessage]], None]
 
 Key = tuple[str, int]
 _Waiting = tuple[list[StoreMessage], int, bool, "asyncio.Future[Stored]"]  # messages, queue asked, sync, reply
+_Reply = tuple["asyncio.Future[Stored]", int]  # the request's future, the queue it asked for
 _Outcome = list[PutResult] | BaseException
 
 
@@ -72,7 +74,8 @@ class Appender:
         #: The store's flush mode: the default of ``put(sync=...)``.
         self.sync_flush: bool = store.sync_flush
         self._merging: dict[Key, list[_Waiting]] = {}
-        self._merge_scheduled = False
+        self._durable: list[tuple[_Reply, _Outcome]] = []  # appended this iteration, to be confirmed durable
+        self._submit_scheduled = False
         self._dispatch_scheduled = False
         self.jobs = 0  # store calls
         self.requests = 0  # requests those calls wrote
@@ -108,7 +111,8 @@ class Appender:
         self.requests += 1
         if sync:
             fut: asyncio.Future[Stored] = asyncio.get_running_loop().create_future()
-            self._when_durable([(fut, queue_id)], [results])
+            self._durable.append(((fut, queue_id), results))
+            self._submit_soon()
             return fut
         return queue_id, results
 
@@ -150,47 +154,45 @@ class Appender:
         except Exception:  # the thread's next poll meets it again and records it
             log.exception("dispatch on the event loop failed; the dispatch thread takes over")
 
-    def _when_durable(self, replies: list[tuple[asyncio.Future[Stored], int]], outcomes: list[_Outcome]) -> None:
-        """Hand the outcomes to their futures once the group commit covers the appends (one pool job)."""
-        ends = [r[-1].commitlog_offset + r[-1].size for r in outcomes if r and not isinstance(r, BaseException)]
-        if not ends:
-            _deliver(replies, outcomes)
-            return
-        job = asyncio.get_running_loop().run_in_executor(self.executor, self.store.wait_durable, max(ends))
-        job.add_done_callback(lambda j: _confirm(j, replies, outcomes))
-
-    # ---- merging the requests of one loop iteration -------------------------------------------------
+    # ---- the end of each loop iteration: merged appends, then one wait for durability -----------------
     def _merge(self, msgs: list[StoreMessage], queue_id: int, sync: bool) -> asyncio.Future[Stored]:
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Stored] = loop.create_future()
+        fut: asyncio.Future[Stored] = asyncio.get_running_loop().create_future()
         self._merging.setdefault((msgs[0].topic, msgs[0].queue_id), []).append((msgs, queue_id, sync, fut))
-        if not self._merge_scheduled:
-            self._merge_scheduled = True
-            loop.call_soon(self._submit)  # after the other handlers ready in this iteration
+        self._submit_soon()
         return fut
 
+    def _submit_soon(self) -> None:
+        if not self._submit_scheduled:
+            self._submit_scheduled = True
+            asyncio.get_running_loop().call_soon(self._submit)  # after the other handlers ready in this iteration
+
     def _submit(self) -> None:
-        self._merge_scheduled = False
+        self._submit_scheduled = False
         merging, self._merging = self._merging, {}
-        durable: list[tuple[asyncio.Future[Stored], int]] = []
-        durable_outcomes: list[_Outcome] = []
+        durable, self._durable = self._durable, []
         for group in merging.values():
             for chunk in self._chunks(group):
                 self.jobs += 1
                 self.requests += len(chunk)
                 outcomes = self._append([m for m, *_ in chunk])
-                now: list[tuple[asyncio.Future[Stored], int]] = []
+                now: list[_Reply] = []
                 now_outcomes: list[_Outcome] = []
                 for (_, qid, sync, fut), outcome in zip(chunk, outcomes):
                     if sync and not isinstance(outcome, BaseException):
-                        durable.append((fut, qid))
-                        durable_outcomes.append(outcome)
+                        durable.append(((fut, qid), outcome))
                     else:
                         now.append((fut, qid))
                         now_outcomes.append(outcome)
                 _deliver(now, now_outcomes)
         if durable:
-            self._when_durable(durable, durable_outcomes)
+            replies = [r for r, _ in durable]
+            outcomes = [o for _, o in durable]
+            ends = [o[-1].commitlog_offset + o[-1].size for o in outcomes if o]  # type: ignore[index]
+            if not ends:
+                _deliver(replies, outcomes)
+                return
+            job = asyncio.get_running_loop().run_in_executor(self.executor, self.store.wait_durable, max(ends))
+            job.add_done_callback(lambda j: _confirm(j, replies, outcomes))
 
     def _chunks(self, group: list[_Waiting]) -> list[list[_Waiting]]:
         out: list[list[_Waiting]] = []
@@ -236,7 +238,7 @@ class Appender:
         return out2
 
 
-def _deliver(replies: list[tuple[asyncio.Future[Stored], int]], outcomes: list[_Outcome]) -> None:
+def _deliver(replies: list[_Reply], outcomes: list[_Outcome]) -> None:
     for (fut, qid), outcome in zip(replies, outcomes):
         if fut.done():  # the request was cancelled (its connection closed) meanwhile
             continue
@@ -246,8 +248,7 @@ def _deliver(replies: list[tuple[asyncio.Future[Stored], int]], outcomes: list[_
             fut.set_result((qid, outcome))
 
 
-def _confirm(job: asyncio.Future[None], replies: list[tuple[asyncio.Future[Stored], int]],
-             outcomes: list[_Outcome]) -> None:
+def _confirm(job: asyncio.Future[None], replies: list[_Reply], outcomes: list[_Outcome]) -> None:
     """The group commit covered the appends (or timed out: each request then gets the error)."""
     if job.cancelled():
         for fut, _ in replies:

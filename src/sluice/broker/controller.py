@@ -23,7 +23,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from sluice import __version__
 from sluice.broker.admin import AdminProcessor
@@ -63,7 +63,6 @@ from sluice.transport.server import RemotingServer
 __all__ = ["BrokerController"]
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 #: A client silent this long is dropped (RocketMQ's channelExpiredTimeout).
 CHANNEL_EXPIRY_S = 120.0
@@ -261,10 +260,6 @@ class BrokerController:
         log.log(level, "request code %d from %s refused (%s): %s", request.code, conn.peer,
                 getattr(exc.code, "name", exc.code), exc)
 
-    async def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run a blocking store call on the broker's thread pool."""
-        return await self.pool.run(fn, *args)
-
     # ---- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -349,7 +344,7 @@ class BrokerController:
     async def _rebuild_dedup(self) -> None:
         t0 = time.monotonic()
         try:
-            await self.run_blocking(self.dedup.rebuild, self.store, self.store.config.store_host)
+            await self.pool.run(self.dedup.rebuild, self.store, self.store.config.store_host)
             log.info("dedup window: %d keys from the commit log's tail in %.2f s", self.dedup.rebuilt,
                      time.monotonic() - t0)
         except Exception:
@@ -358,7 +353,7 @@ class BrokerController:
             self.dedup.open()
 
     async def _persist_offsets(self) -> None:
-        await self.run_blocking(self.offsets.persist)
+        await self.pool.run(self.offsets.persist)
 
     async def _expire_clients(self) -> None:
         conns = self.consumers.expired_connections()
