@@ -43,18 +43,21 @@ EXTRA_FORBIDDEN = {"client": ("sluice.store",)}
 LEAVES = {"sluice.protocol.codes"}
 
 
+def _module_name(path: Path) -> str:
+    parts = ("sluice", *path.relative_to(SRC).with_suffix("").parts)
+    return ".".join(parts[:-1]) if parts[-1] == "__init__" else ".".join(parts)
+
+
+#: Every module under src/sluice by name, found by file (so none is missed behind a lazy face).
+FILES = {_module_name(p): p for p in sorted(SRC.rglob("*.py"))}
+
+
 def _modules(package: str) -> list[str]:
-    """Every module of a package, by file (so none is missed by a lazy face)."""
-    root = SRC.joinpath(*package.split(".")[1:])
-    names = []
-    for path in sorted(root.rglob("*.py")):
-        parts = (package, *path.relative_to(root).with_suffix("").parts)
-        names.append(".".join(parts[:-1]) if parts[-1] == "__init__" else ".".join(parts))
-    return names
+    return [m for m in FILES if m == package or m.startswith(package + ".")]
 
 
 def _loaded_after(code: str) -> set[str]:
-    """Top-level names of what `code` leaves in sys.modules, run in a fresh interpreter."""
+    """The names in sys.modules after `code` runs in a fresh interpreter."""
     probe = f"{code}\nimport sys\nprint('\\n'.join(sorted(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -120,14 +123,6 @@ def test_the_filter_registry_name_stays_the_registry() -> None:
 
 
 # ---------------------------------------------------------------------------------------------- static
-
-
-def _module_name(path: Path) -> str:
-    parts = ("sluice", *path.relative_to(SRC).with_suffix("").parts)
-    return ".".join(parts[:-1]) if parts[-1] == "__init__" else ".".join(parts)
-
-
-FILES = {_module_name(p): p for p in sorted(SRC.rglob("*.py"))}
 
 
 def _raw_imports(module: str) -> list[tuple[str, str | None, str | None, int]]:
