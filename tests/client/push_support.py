@@ -12,10 +12,14 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import servers
 from servers import Cluster, wait_for, wait_for_route  # noqa: F401 (re-exported to the tests)
+
+from sluice import MessageSelector, PushConsumer
+from sluice.client.consume_service import Listener
 
 #: Shrunk delay levels for the tests: level 3 (the first retry) is 0.3 s, level 4 0.4 s, ...
 FAST_LEVELS = "100ms 200ms 300ms 400ms 500ms 600ms 700ms 800ms 900ms 1s 1s 1s 1s 1s 1s 1s 1s 1s"
@@ -49,6 +53,17 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield c
     finally:
         stop_cluster(c)
+
+
+def start_consumer(c: Cluster, group: str, topic: str, listener: Listener,
+                   selector: MessageSelector | str | None = "*", *,
+                   orderly: bool = False, **options: Any) -> PushConsumer:
+    """A started PushConsumer of ``group`` on ``topic`` (``options``: PushConsumer keywords)."""
+    cons = PushConsumer(group, namesrv=c.ns, **options)
+    cons.subscribe(topic, selector)
+    cons.register_listener(listener, orderly=orderly)
+    cons.start()
+    return cons
 
 
 @dataclass

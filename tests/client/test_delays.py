@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from push_support import Cluster, cluster, start_cluster, stop_cluster, unique, wait_for  # noqa: F401 (a fixture)
+from push_support import Cluster, cluster, start_cluster, start_consumer, stop_cluster, unique, wait_for  # noqa: F401
 
 from sluice import ConsumeResult, Message, MessageExt, Producer, PushConsumer
 from sluice.broker.schedule import TIMER_OUT_MS
@@ -38,11 +38,7 @@ class Sink:
 
 
 def _consumer(c: Cluster, topic: str, sink: Sink) -> PushConsumer:
-    cons = PushConsumer(unique("cg"), namesrv=c.ns, consume_from_where="CONSUME_FROM_FIRST_OFFSET")
-    cons.subscribe(topic)
-    cons.register_listener(sink)
-    cons.start()
-    return cons
+    return start_consumer(c, unique("cg"), topic, sink, consume_from_where="CONSUME_FROM_FIRST_OFFSET")
 
 
 def test_delay_levels_and_deliver_at_are_on_time(cluster: Cluster) -> None:

@@ -8,7 +8,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from push_support import Cluster, cluster, unique, wait_for  # noqa: F401 (a fixture)
+from push_support import Cluster, cluster, start_consumer, unique, wait_for  # noqa: F401 (a fixture)
 
 from sluice import (
     ConsumeOrderlyResult, ConsumeResult, Message, MessageExt, MessageSelector, Producer, PullConsumer, PushConsumer,
@@ -76,10 +76,8 @@ def test_consumes_everything_with_tag_filter_and_resumes_from_committed_offsets(
     with _producer(cluster) as p:
         _create_topic(p, topic)
         sink = Sink()
-        cons = PushConsumer(group, namesrv=cluster.ns, consume_from_where="CONSUME_FROM_LAST_OFFSET")
-        cons.subscribe(topic, "A || B")
-        cons.register_listener(sink)
-        cons.start()
+        cons = start_consumer(cluster, group, topic, sink, "A || B",
+                              consume_from_where="CONSUME_FROM_LAST_OFFSET")
         try:
             wait_for(lambda: len([q for q in cons.owned_queues() if q.topic == topic]) == 8, 10, "8 queues owned")
             for i in range(120):
@@ -95,10 +93,8 @@ def test_consumes_everything_with_tag_filter_and_resumes_from_committed_offsets(
         for i in range(120, 130):
             p.send(Message(topic, f"m{i}".encode(), tags="A"))
         sink2 = Sink()
-        cons2 = PushConsumer(group, namesrv=cluster.ns, consume_from_where="CONSUME_FROM_FIRST_OFFSET")
-        cons2.subscribe(topic, "A || B")
-        cons2.register_listener(sink2)
-        cons2.start()
+        cons2 = start_consumer(cluster, group, topic, sink2, "A || B",
+                               consume_from_where="CONSUME_FROM_FIRST_OFFSET")
         try:
             want2 = {f"m{i}" for i in range(120, 130)}
             wait_for(lambda: set(sink2.bodies()) >= want2, 20, "messages sent while nobody consumed")
@@ -121,10 +117,7 @@ def test_new_group_starts_exactly_where_asked(cluster: Cluster, where: str) -> N
         for i in range(16):
             p.send(Message(topic, f"mid{i}".encode()))
         sink = Sink()
-        cons = PushConsumer(group, namesrv=cluster.ns, consume_from_where=where, consume_timestamp=cut)
-        cons.subscribe(topic)
-        cons.register_listener(sink)
-        cons.start()
+        cons = start_consumer(cluster, group, topic, sink, consume_from_where=where, consume_timestamp=cut)
         try:
             wait_for(lambda: len([q for q in cons.owned_queues() if q.topic == topic]) == 8, 10, "8 queues owned")
             for i in range(16):
@@ -146,10 +139,7 @@ def test_retry_ladder_then_dead_letter_keeps_identity(cluster: Cluster) -> None:
     with _producer(cluster) as p:
         _create_topic(p, topic)
         sink = Sink(fail=frozenset({"bad"}))
-        cons = PushConsumer(group, namesrv=cluster.ns, max_reconsume_times=3)
-        cons.subscribe(topic)
-        cons.register_listener(sink)
-        cons.start()
+        cons = start_consumer(cluster, group, topic, sink, max_reconsume_times=3)
         try:
             wait_for(lambda: len([q for q in cons.owned_queues() if q.topic == topic]) == 8, 10, "8 queues owned")
             sent = p.send(Message(topic, b"bad", tags="T1", keys=["k-bad"], properties={"color": "red"}))
@@ -196,10 +186,7 @@ def test_retries_follow_the_groups_current_subscription(cluster: Cluster, first:
     with _producer(cluster) as p:
         _create_topic(p, topic)
         failing = Sink(fail=frozenset({"x", "y"}))
-        cons = PushConsumer(group, namesrv=cluster.ns)
-        cons.subscribe(topic, sel(first))
-        cons.register_listener(failing)
-        cons.start()
+        cons = start_consumer(cluster, group, topic, failing, sel(first))
         try:
             wait_for(lambda: len([q for q in cons.owned_queues() if q.topic == topic]) == 8, 10, "8 queues owned")
             p.send(Message(topic, b"x", tags="TagA", properties={"a": "10"}))
@@ -208,10 +195,7 @@ def test_retries_follow_the_groups_current_subscription(cluster: Cluster, first:
         finally:
             cons.shutdown()  # the retries are stored while nobody of the group pulls
         sink = Sink()
-        cons2 = PushConsumer(group, namesrv=cluster.ns)
-        cons2.subscribe(topic, sel(second))
-        cons2.register_listener(sink)
-        cons2.start()
+        cons2 = start_consumer(cluster, group, topic, sink, sel(second))
         try:
             wait_for(lambda: "y" in sink.bodies(), 20, "the retry that still matches")
             time.sleep(1.5)
@@ -239,10 +223,7 @@ def test_orderly_consumer_keeps_queue_order_and_retries_in_place(cluster: Cluste
 
     with _producer(cluster) as p:
         _create_topic(p, topic)
-        cons = PushConsumer(group, namesrv=cluster.ns, suspend_current_queue_time=0.05)
-        cons.subscribe(topic)
-        cons.register_listener(listener, orderly=True)
-        cons.start()
+        cons = start_consumer(cluster, group, topic, listener, orderly=True, suspend_current_queue_time=0.05)
         try:
             wait_for(lambda: len([q for q in cons.owned_queues() if q.topic == topic]) == 8, 10, "8 queues owned")
             for seq in range(30):
@@ -261,10 +242,8 @@ def test_orderly_gives_up_to_the_dlq_after_max_reconsume_times(cluster: Cluster)
     with _producer(cluster) as p:
         _create_topic(p, topic)
         q0 = MessageQueue(topic=topic, broker_name=p.fetch_publish_queues(topic)[0].broker_name, queue_id=0)
-        cons = PushConsumer(group, namesrv=cluster.ns, max_reconsume_times=2, suspend_current_queue_time=0.05)
-        cons.subscribe(topic)
-        cons.register_listener(sink, orderly=True)
-        cons.start()
+        cons = start_consumer(cluster, group, topic, sink, orderly=True, max_reconsume_times=2,
+                              suspend_current_queue_time=0.05)
         try:
             wait_for(lambda: len([q for q in cons.owned_queues() if q.topic == topic]) == 8, 10, "8 queues owned")
             p.send(Message(topic, b"poison"), queue=q0)
