@@ -63,3 +63,18 @@ def test_no_broker_module_imports_the_controller() -> None:
             elif isinstance(node, ast.Import) and any(a.name == "sluice.broker.controller" for a in node.names):
                 offenders.append(path.name)
     assert offenders == []
+
+
+def test_the_sdk_needs_no_admin_permission() -> None:
+    """Producers and consumers (sluice.client) send no request that the ACL would keep for admins."""
+    import sluice.client
+
+    used = set()
+    for path in Path(sluice.client.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                    and node.value.id == "RequestCode" and node.attr in R.__members__:
+                used.add(R[node.attr])
+    served = {c for c in used if int(c) in ROUTE_BY_CODE}
+    assert R.SEND_MESSAGE in served and R.PULL_MESSAGE in served
+    assert {c for c in served if ROUTE_BY_CODE[int(c)].permission is Permission.ADMIN} == set()
