@@ -38,9 +38,23 @@ Consume-queue unit (ConsumeQueue.java), 20 bytes big-endian: commit-log offset
 int64, size int32, tag code int64. ConsumeQueueExt unit (ConsumeQueueExt.java):
 size int16 (20 + bitmap size), tag code int64, store time int64, bitmap size
 int16, bitmap.
+
+Backfill bitmap file (written by ``sluice spark backfill``, served by the
+broker's backfill manager), ``{out}/{topic}/{queue_id}/{group}.bitmap``,
+big-endian::
+
+     0 magic           b"SLBF"
+     4 version         uint16 = BACKFILL_VERSION
+     6 reserved        uint16 = 0
+     8 selector hash   SHA-256 of "<TYPE>\\n<expression>" (32 bytes, backfill_selector_hash)
+    40 first           int64   the first queue offset covered
+    48 end             int64   the end queue offset, exclusive
+    56 matched         int64   matching messages
+    64 bitmap          bit i (numpy packbits order, most significant bit first) = offset first + i matches
 """
 from __future__ import annotations
 
+import hashlib
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -464,3 +478,16 @@ C_FORMAT: dict[str, int] = {
     "CQ_UNIT_SIZE": CQ_UNIT_SIZE,
     "CQ_PAD_SIZE": CQ_PAD_SIZE,
 }
+
+
+# ---- the backfill bitmap file ------------------------------------------------------------------------
+
+BACKFILL_MAGIC = b"SLBF"
+BACKFILL_VERSION = 1
+BACKFILL_HEADER = struct.Struct(">4sHH32sqqq")
+assert BACKFILL_HEADER.size == 64
+
+
+def backfill_selector_hash(expression_type: str, expression: str) -> bytes:
+    """The subscription a backfill file was computed for: SHA-256 of ``<TYPE>\\n<expression>``."""
+    return hashlib.sha256(f"{expression_type.upper()}\n{expression}".encode()).digest()

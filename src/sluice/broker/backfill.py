@@ -40,10 +40,13 @@ from sluice.broker.filter_data import ConsumerFilterManager
 from sluice.broker.pool import BlockingPool
 from sluice.errors import BackfillRefusedError, InvalidParameterError
 from sluice.filter import compile_selector
+from sluice.format import BACKFILL_HEADER as HEADER
+from sluice.format import BACKFILL_MAGIC as MAGIC
+from sluice.format import BACKFILL_VERSION as VERSION
+from sluice.format import backfill_selector_hash as selector_hash
 from sluice.persist import write_atomic
 from sluice.protocol.command import RemotingCommand
 from sluice.transport.connection import RemotingConnection
-from sluice.spark.backfill import HEADER, MAGIC, VERSION, selector_hash
 
 if TYPE_CHECKING:
     from sluice.broker.filtering import SelectorFilter

@@ -3,25 +3,15 @@
 The job reads the store's files (``sluice_store``), evaluates the selector with the broker's semantics
 (``selector_column``), and builds one bit per queue offset in parallel with Spark's own bitmap
 aggregates (``bitmap_construct_agg`` per queue and bucket of 32768 offsets, in the JVM); the driver
-only joins the buckets. The result is written as one file per queue (format below) plus a
+only joins the buckets. The result is written as one file per queue (layout in sluice.format) plus a
 ``manifest.json``; handing it to a running broker is the broker's part (docs/spark.md, "backfill").
 
-File ``{out}/{topic}/{queue_id}/{group}.bitmap`` (big-endian)::
-
-    0  magic  b"SLBF"
-    4  version (uint16) = 1
-    6  reserved (uint16) = 0
-    8  selector hash: SHA-256 of "<TYPE>\\n<expression>" (32 bytes)
-    40 first queue offset covered (int64)
-    48 end queue offset, exclusive (int64)
-    56 matching messages (int64)
-    64 bitmap: bit i (numpy packbits order, most significant bit first) = offset first + i matches
+The file ``{out}/{topic}/{queue_id}/{group}.bitmap`` is laid out in sluice.format (the backfill bitmap
+file); the broker reads it with the same structs.
 """
 from __future__ import annotations
 
-import hashlib
 import os
-import struct
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,20 +20,16 @@ import orjson
 
 from sluice.errors import InvalidParameterError
 from sluice.filter import compile_selector
+from sluice.format import BACKFILL_HEADER as HEADER
+from sluice.format import BACKFILL_MAGIC as MAGIC
+from sluice.format import BACKFILL_VERSION as VERSION
+from sluice.format import backfill_selector_hash as selector_hash
 from sluice.persist import write_atomic
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-MAGIC = b"SLBF"
-VERSION = 1
 CHUNK = 32768  # bits per Spark bitmap bucket
-HEADER = struct.Struct(">4sHH32sqqq")
-assert HEADER.size == 64
-
-
-def selector_hash(expression_type: str, expression: str) -> bytes:
-    return hashlib.sha256(f"{expression_type.upper()}\n{expression}".encode()).digest()
 
 
 def backfill(spark: SparkSession, store: str, topic: str, group: str, expression: str, out: str, *,
