@@ -20,6 +20,7 @@ import numpy as np
 
 from sluice.format import CQ_PAD_SIZE, CQ_UNIT_FIELDS, CQ_UNIT_SIZE
 from sluice.store.mapped import MappedFileQueue
+from sluice.store.per_queue import PerQueueTable
 
 log = logging.getLogger(__name__)
 
@@ -221,47 +222,12 @@ class ConsumeQueue:
             self._flushed_units = target
 
 
-class ConsumeQueueTable:
+class ConsumeQueueTable(PerQueueTable[ConsumeQueue]):
     """All consume queues of the store, created on first use."""
 
     def __init__(self, root: Path, units_per_file: int) -> None:
-        self.root = root
+        super().__init__(root)
         self.units_per_file = units_per_file
-        self.queues: dict[tuple[str, int], ConsumeQueue] = {}
-        self._lock = threading.Lock()
 
-    def load(self) -> None:
-        if not self.root.is_dir():
-            return
-        for tdir in sorted(self.root.iterdir()):
-            if not tdir.is_dir():
-                continue
-            for qdir in sorted(tdir.iterdir()):
-                if qdir.is_dir() and qdir.name.isdigit():
-                    cq = ConsumeQueue(tdir.name, int(qdir.name), qdir, self.units_per_file)
-                    cq.load()
-                    self.queues[(tdir.name, int(qdir.name))] = cq
-
-    def get(self, topic: str, queue_id: int) -> ConsumeQueue | None:
-        return self.queues.get((topic, queue_id))
-
-    def get_or_create(self, topic: str, queue_id: int) -> ConsumeQueue:
-        cq = self.queues.get((topic, queue_id))
-        if cq is None:
-            with self._lock:
-                cq = self.queues.get((topic, queue_id))
-                if cq is None:
-                    cq = ConsumeQueue(topic, queue_id, self.root / topic / str(queue_id), self.units_per_file)
-                    self.queues = {**self.queues, (topic, queue_id): cq}
-        return cq
-
-    def all(self) -> list[ConsumeQueue]:
-        return list(self.queues.values())
-
-    def flush(self) -> None:
-        for cq in self.all():
-            cq.flush()
-
-    def close(self) -> None:
-        for cq in self.all():
-            cq.close()
+    def _new(self, topic: str, queue_id: int, directory: Path) -> ConsumeQueue:
+        return ConsumeQueue(topic, queue_id, directory, self.units_per_file)

@@ -12,13 +12,13 @@ keep the ext files in step with their consume queue.
 from __future__ import annotations
 
 import logging
-import threading
 from pathlib import Path
 
 import numpy as np
 
 from sluice.store.consumequeue import PAD_SIZE, ConsumeQueue
 from sluice.store.consumequeue_ext import ConsumeQueueExt, ExtBatch, is_ext_address_array
+from sluice.store.per_queue import PerQueueTable
 
 __all__ = ["ExtTable", "resolve_units", "recover_ext", "retain_ext", "ext_addresses_ok"]
 
@@ -27,60 +27,24 @@ log = logging.getLogger(__name__)
 _CHUNK = 1 << 16  # units looked at per step when searching a queue for ext addresses
 
 
-class ExtTable:
+class ExtTable(PerQueueTable[ConsumeQueueExt]):
     """Every ConsumeQueueExt of the store, created when a queue's first bitmap arrives."""
 
     def __init__(self, root: Path, *, file_size: int, bitmap_bytes_max: int) -> None:
-        self.root = Path(root)
+        super().__init__(Path(root))
         self.file_size = file_size
         self.bitmap_bytes_max = bitmap_bytes_max
-        self.exts: dict[tuple[str, int], ConsumeQueueExt] = {}
-        self._lock = threading.Lock()
 
-    def _new(self, topic: str, queue_id: int) -> ConsumeQueueExt:
-        return ConsumeQueueExt(self.root / topic / str(queue_id), file_size=self.file_size,
-                               bitmap_bytes_max=self.bitmap_bytes_max)
-
-    def load(self) -> None:
-        if not self.root.is_dir():
-            return
-        for tdir in sorted(self.root.iterdir()):
-            if not tdir.is_dir():
-                continue
-            for qdir in sorted(tdir.iterdir()):
-                if qdir.is_dir() and qdir.name.isdigit():
-                    ext = self._new(tdir.name, int(qdir.name))
-                    ext.load()
-                    self.exts[(tdir.name, int(qdir.name))] = ext
-
-    def get(self, topic: str, queue_id: int) -> ConsumeQueueExt | None:
-        return self.exts.get((topic, queue_id))
-
-    def get_or_create(self, topic: str, queue_id: int) -> ConsumeQueueExt:
-        ext = self.exts.get((topic, queue_id))
-        if ext is None:
-            with self._lock:
-                ext = self.exts.get((topic, queue_id))
-                if ext is None:
-                    ext = self._new(topic, queue_id)
-                    self.exts = {**self.exts, (topic, queue_id): ext}  # copy on write: readers take no lock
-        return ext
+    def _new(self, topic: str, queue_id: int, directory: Path) -> ConsumeQueueExt:
+        return ConsumeQueueExt(directory, file_size=self.file_size, bitmap_bytes_max=self.bitmap_bytes_max)
 
     def drop(self, topic: str, queue_id: int) -> None:
         """Delete a queue's ext files (its consume queue is being rebuilt or deleted)."""
         with self._lock:
-            ext = self.exts.get((topic, queue_id))
+            ext = self.by_queue.get((topic, queue_id))
             if ext is not None:
                 ext.destroy()
-                self.exts = {k: v for k, v in self.exts.items() if k != (topic, queue_id)}
-
-    def flush(self) -> None:
-        for ext in list(self.exts.values()):
-            ext.flush()
-
-    def close(self) -> None:
-        for ext in list(self.exts.values()):
-            ext.close()
+                self.by_queue = {k: v for k, v in self.by_queue.items() if k != (topic, queue_id)}
 
 
 def resolve_units(ext: ConsumeQueueExt | None, tag_slots: np.ndarray

@@ -85,7 +85,7 @@ class Recovery:
             if dropped:
                 rep.queues_truncated[f"{cq.topic}/{cq.queue_id}"] = dropped
             cq.delete_below(cl.min_offset)
-        for (topic, qid), ext in list(self.ext.exts.items()):
+        for (topic, qid), ext in list(self.ext.by_queue.items()):
             recover_ext(self.queues.get(topic, qid), ext)
         index = self.index
         if index is not None and index.max_indexed_offset() >= end:

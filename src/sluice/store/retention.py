@@ -61,7 +61,7 @@ class Retention:
         if count:
             for cq in self.queues.all():
                 res.consumequeue_files += cq.delete_below(res.min_offset)
-            for (topic, qid), ext in list(self.ext.exts.items()):
+            for (topic, qid), ext in list(self.ext.by_queue.items()):
                 retain_ext(self.queues.get(topic, qid), ext)
             if self.index is not None:
                 self.index.delete_below(res.min_offset)
