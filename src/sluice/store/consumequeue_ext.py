@@ -19,7 +19,6 @@ leaves a zero size, which load() reads as the end of the data.
 from __future__ import annotations
 
 import logging
-import mmap
 import os
 import struct
 import threading
@@ -43,6 +42,7 @@ from sluice.format import (
     ext_undecorate as undecorate,
     is_ext_address,
 )
+from sluice.store.mapped import MappedFile, open_file_run
 
 __all__ = [
     "ConsumeQueueExt", "ExtUnit", "ExtBatch", "decorate", "undecorate", "is_ext_address",
@@ -102,28 +102,16 @@ class ExtBatch:
         return len(self.tags_codes)
 
 
-class _ExtFile:
-    __slots__ = ("path", "start", "size", "mm", "_fd", "_arr")
+class _ExtFile(MappedFile):
+    """A MappedFile of an ext queue: created with O_EXCL (a new file must not reuse a stale one), never
+    implicitly when opened, and read as a byte array by the vectorised unit reads."""
+
+    __slots__ = ("_arr",)
 
     def __init__(self, path: Path, start: int, size: int, *, create: bool = False) -> None:
-        self.path, self.start, self.size = path, start, size
-        fd = os.open(path, os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0), 0o644)
-        try:
-            actual = os.fstat(fd).st_size
-            if actual > size:
-                raise StoreError(f"{path} is {actual} bytes; files of this ext queue are {size} bytes")
-            if actual < size:
-                os.ftruncate(fd, size)  # sparse; a short file is one whose resize a crash interrupted
-            self.mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        except BaseException:
-            os.close(fd)
-            raise
-        self._fd = fd
+        super().__init__(path, start, size, flags=os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0),
+                         owner="ext queue")
         self._arr: np.ndarray | None = None
-
-    @property
-    def end(self) -> int:
-        return self.start + self.size
 
     @property
     def arr(self) -> np.ndarray:
@@ -138,20 +126,9 @@ class _ExtFile:
             stop = pos + int(nz[-1]) + 1
             self.mm[pos:stop] = bytes(stop - pos)
 
-    def sync(self) -> None:
-        os.fdatasync(self._fd)  # releases the GIL, unlike mmap.flush
-
     def close(self) -> None:
-        if self._fd < 0:
-            return
-        self._arr = None
-        self.mm.close()
-        os.close(self._fd)
-        self._fd = -1
-
-    def delete(self) -> None:
-        self.close()
-        self.path.unlink(missing_ok=True)
+        self._arr = None  # our own view of the mapping must go before it can close
+        super().close()
 
 
 class ConsumeQueueExt:
@@ -182,24 +159,7 @@ class ConsumeQueueExt:
         """Open the files, find the end of the data in the last one and clear a torn unit after it."""
         with self._lock:
             self._close_files()
-            if not self.directory.is_dir():
-                return
-            names = sorted(p for p in self.directory.iterdir()
-                           if p.is_file() and len(p.name) == 20 and p.name.isdigit())
-            files: list[_ExtFile] = []
-            try:
-                for p in names:
-                    start = int(p.name)
-                    if start % self.file_size:
-                        raise StoreError(f"{p} does not start at a multiple of the ext file size {self.file_size}")
-                    if files and start != files[-1].end:
-                        raise StoreError(f"{p} does not follow {files[-1].path}: a file is missing")
-                    files.append(_ExtFile(p, start, self.file_size))
-            except BaseException:
-                for f in files:
-                    f.close()
-                raise
-            self.files = files
+            self.files = files = open_file_run(self.directory, self.file_size, _ExtFile, size_name="ext file size")
             if files:
                 last = files[-1]
                 pos, full = self._scan(last)
@@ -460,9 +420,12 @@ class ConsumeQueueExt:
             for f in dirty:
                 f.sync()
 
-    def _close_files(self) -> None:
+    def _close_files(self, *, delete: bool = False) -> None:
         for f in self.files:
-            f.close()
+            if delete:
+                f.delete()
+            else:
+                f.close()
         self.files = []
         self._dirty = set()
         self._write_off = 0
@@ -475,8 +438,4 @@ class ConsumeQueueExt:
     def destroy(self) -> None:
         """Delete every file of this queue (topic deletion)."""
         with self._lock:
-            for f in self.files:
-                f.delete()
-            self.files = []
-            self._dirty = set()
-            self._write_off = 0
+            self._close_files(delete=True)

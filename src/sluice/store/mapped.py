@@ -20,7 +20,9 @@ import logging
 import mmap
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from sluice.errors import StoreError
 from sluice.speedups import C
@@ -39,15 +41,17 @@ class MappedFile:
 
     __slots__ = ("path", "start", "size", "_fd", "mm", "closed")
 
-    def __init__(self, path: Path, start: int, size: int) -> None:
+    def __init__(self, path: Path, start: int, size: int, *, flags: int = os.O_RDWR | os.O_CREAT,
+                 owner: str = "log") -> None:
+        """Open (``flags``) and map ``path``; ``owner`` names what its files belong to in the size error."""
         self.path = path
         self.start = start
         self.size = size
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(path, flags, 0o644)
         try:
             actual = os.fstat(fd).st_size
             if actual > size:
-                raise StoreError(f"{path} is {actual} bytes; files of this log are {size} bytes")
+                raise StoreError(f"{path} is {actual} bytes; files of this {owner} are {size} bytes")
             if actual < size:
                 # A crash between create and resize leaves a short file; its missing bytes were never written.
                 os.ftruncate(fd, size)
@@ -122,6 +126,35 @@ class FdWrittenFile(MappedFile):
         self._pwrite(self._fd, data, pos)
 
 
+F = TypeVar("F", bound=MappedFile)
+
+
+def open_file_run(directory: Path, file_size: int, open_file: Callable[[Path, int, int], F], *,
+                  size_name: str = "file size") -> list[F]:
+    """Open a log's files (20-digit names, the offset of their first byte) in order.
+
+    Each must start at a multiple of ``file_size`` and where the one before ends; on any error the
+    files opened so far are closed again.
+    """
+    if not directory.is_dir():
+        return []
+    names = sorted(p for p in directory.iterdir() if p.is_file() and p.name.isdigit() and len(p.name) == 20)
+    files: list[F] = []
+    try:
+        for p in names:
+            start = int(p.name)
+            if start % file_size:
+                raise StoreError(f"{p} does not start at a multiple of the {size_name} {file_size}")
+            if files and start != files[-1].end:
+                raise StoreError(f"{p} does not follow {files[-1].path}: a file is missing")
+            files.append(open_file(p, start, file_size))
+    except BaseException:
+        for f in files:
+            f.close()
+        raise
+    return files
+
+
 class MappedFileQueue:
     """The ordered, contiguous files of one log (the commit log or one consume queue)."""
 
@@ -136,21 +169,7 @@ class MappedFileQueue:
     def load(self) -> None:
         if not self.directory.is_dir():
             return
-        names = sorted(p for p in self.directory.iterdir() if p.is_file() and p.name.isdigit() and len(p.name) == 20)
-        files: list[MappedFile] = []
-        try:
-            for p in names:
-                start = int(p.name)
-                if start % self.file_size:
-                    raise StoreError(f"{p} does not start at a multiple of the file size {self.file_size}")
-                if files and start != files[-1].end:
-                    raise StoreError(f"{p} does not follow {files[-1].path}: a file is missing")
-                files.append(self._file_class(p, start, self.file_size))
-        except BaseException:
-            for f in files:
-                f.close()
-            raise
-        self.files = files
+        self.files = open_file_run(self.directory, self.file_size, self._file_class)
 
     @property
     def min_offset(self) -> int:
