@@ -14,12 +14,8 @@ from pathlib import Path
 
 from sluice.errors import InvalidParameterError, NoPermissionError, TopicNotExistError
 from sluice.persist import read_json, write_json_atomic
+from sluice.protocol.bodies import PERM_INHERIT, PERM_READ, PERM_WRITE  # RocketMQ PermName bits: the wire format owns them
 from sluice.protocol.record import check_topic
-
-PERM_PRIORITY = 8
-PERM_READ = 4
-PERM_WRITE = 2
-PERM_INHERIT = 1
 
 AUTO_CREATE_TOPIC = "TBW102"  # MixAll.AUTO_CREATE_TOPIC_KEY_TOPIC
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
