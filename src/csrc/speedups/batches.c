@@ -295,13 +295,7 @@ static PyObject *encode_wire_batch(PyObject *self, PyObject *args)
             goto done;
         write_head(w, size, r->crc, queue_id, r->flag, (int32_t)sysflag, born_ts, born, store, (int32_t)reconsume, 0,
                    r->body_len);
-        memcpy(w + HEAD_V4, data + r->body_at, (size_t)r->body_len);
-        unsigned char *q = w + HEAD_V4 + r->body_len;
-        memcpy(q, tp, (size_t)tlen);
-        q += tlen;
-        put_u16(q, (uint32_t)(ilen + r->props_len));
-        memcpy(q + 2, ib, (size_t)ilen);
-        memcpy(q + 2 + ilen, data + r->props_at, (size_t)r->props_len);
+        write_tail(w + HEAD_V4, data + r->body_at, r->body_len, tp, tlen, ib, ilen, data + r->props_at, r->props_len);
         w += size;
     }
     out = PyTuple_Pack(7, buf, sizes, sysflags, props, tags, keys, uniq);

@@ -92,6 +92,24 @@ void write_head(unsigned char *p, Py_ssize_t size, uint32_t crc, int64_t queue_i
     put_u32(p + POS_BODYLENGTH_V4, (uint32_t)body_len);
 }
 
+/* The bytes after write_head's: the body, ``topic_part`` (the topic with its length byte), the 2-byte
+ * properties length and the properties, given in two parts (a batch's inherited ones, then the
+ * message's own; either may be empty). */
+void write_tail(unsigned char *p, const unsigned char *body, Py_ssize_t body_len, const unsigned char *topic_part,
+                Py_ssize_t topic_part_len, const unsigned char *props_a, Py_ssize_t len_a,
+                const unsigned char *props_b, Py_ssize_t len_b)
+{
+    memcpy(p, body, (size_t)body_len);
+    p += body_len;
+    memcpy(p, topic_part, (size_t)topic_part_len);
+    p += topic_part_len;
+    put_u16(p, (uint32_t)(len_a + len_b));
+    if (len_a)
+        memcpy(p + 2, props_a, (size_t)len_a);
+    if (len_b)
+        memcpy(p + 2 + len_a, props_b, (size_t)len_b);
+}
+
 /* Split ``name \x01 value \x02`` pairs of ``s`` into ``d``; a part shorter than 3 characters, or with no
  * \x01, an empty name or an empty value, is dropped (sluice.protocol.properties.decode_properties). */
 int props_into(PyObject *d, PyObject *s)

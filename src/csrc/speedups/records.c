@@ -244,13 +244,8 @@ static PyObject *encode_batch(PyObject *self, PyObject *args)
         Py_ssize_t size = fixed + blen + r->props_len;
         write_head(p, size, r->crc, queue_id, r->flag, r->sysflag, r->born_ts, r->born, store, r->reconsume,
                    r->prepared, blen);
-        memcpy(p + HEAD_V4, PyBytes_AS_STRING(r->body), (size_t)blen);
-        unsigned char *q = p + HEAD_V4 + blen;
-        memcpy(q, tp, (size_t)tlen);
-        q += tlen;
-        put_u16(q, (uint32_t)r->props_len);
-        if (r->props_len)
-            memcpy(q + 2, scratch.data + r->props_at, (size_t)r->props_len);
+        write_tail(p + HEAD_V4, (const unsigned char *)PyBytes_AS_STRING(r->body), blen, tp, tlen, NULL, 0,
+                   r->props_len ? scratch.data + r->props_at : NULL, r->props_len); /* data is NULL while empty */
         p += size;
     }
     out = PyTuple_Pack(7, buf, sizes, sysflags, props_l, tags, keys, uniq);

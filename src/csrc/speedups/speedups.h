@@ -100,6 +100,9 @@ int body_crc(PyObject *crc32, const unsigned char *p, Py_ssize_t n, uint32_t *ou
 void write_head(unsigned char *p, Py_ssize_t size, uint32_t crc, int64_t queue_id, int32_t flag, int32_t sysflag,
                 int64_t born_ts, const unsigned char *born, const unsigned char *store, int32_t reconsume,
                 int64_t prepared, Py_ssize_t body_len);
+void write_tail(unsigned char *p, const unsigned char *body, Py_ssize_t body_len, const unsigned char *topic_part,
+                Py_ssize_t topic_part_len, const unsigned char *props_a, Py_ssize_t len_a,
+                const unsigned char *props_b, Py_ssize_t len_b);
 int props_into(PyObject *d, PyObject *s);
 int sluice_intern_names(void);
 
