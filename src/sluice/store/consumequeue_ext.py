@@ -215,16 +215,7 @@ class ConsumeQueueExt:
         with self._lock:
             if self._write_off + size > MAX_REAL_OFFSET:
                 raise StoreError("the ext log has reached its highest address")
-            f = self.files[-1] if self.files else None
-            if f is None or self._write_off >= f.end:
-                f = self._new_file()
-            pos = self._write_off - f.start
-            if size > self.file_size - pos - END_BLANK:
-                SIZE.pack_into(f.mm, pos, -1)
-                self._dirty.add(f)
-                self._write_off = f.end
-                f = self._new_file()
-                pos = 0
+            f, pos = self._file_with_room(size)
             mm = f.mm
             mm[pos + 2:pos + MIN_UNIT_SIZE] = head[2:]
             mm[pos + MIN_UNIT_SIZE:pos + size] = bitmap
@@ -264,17 +255,8 @@ class ConsumeQueueExt:
                 raise StoreError("the ext log has reached its highest address")
             i = 0
             while i < n:
-                f = self.files[-1] if self.files else None
-                if f is None or self._write_off >= f.end:
-                    f = self._new_file()
-                pos = self._write_off - f.start
-                room = (self.file_size - pos - END_BLANK) // size
-                if room <= 0:
-                    SIZE.pack_into(f.mm, pos, -1)
-                    self._dirty.add(f)
-                    self._write_off = f.end
-                    continue
-                k = min(room, n - i)
+                f, pos = self._file_with_room(size)
+                k = min((self.file_size - pos - END_BLANK) // size, n - i)
                 f.mm[pos:pos + k * size] = raw[i * size:(i + k) * size]
                 arr = f.arr
                 arr[pos:pos + k * size:size] = size >> 8
@@ -285,6 +267,21 @@ class ConsumeQueueExt:
                 self._write_off += k * size
                 i += k
         return out
+
+    def _file_with_room(self, size: int) -> tuple[_ExtFile, int]:
+        """The file and position the next unit of ``size`` bytes goes to. A file without room for it gets
+        the end marker (size -1) at its write position, and the unit goes to a new file."""
+        f = self.files[-1] if self.files else None
+        if f is None or self._write_off >= f.end:
+            f = self._new_file()
+        pos = self._write_off - f.start
+        if size > self.file_size - pos - END_BLANK:
+            SIZE.pack_into(f.mm, pos, -1)
+            self._dirty.add(f)
+            self._write_off = f.end
+            f = self._new_file()
+            pos = 0
+        return f, pos
 
     def _new_file(self) -> _ExtFile:
         start = self._write_off - self._write_off % self.file_size
