@@ -71,22 +71,16 @@ def _pred_inner(node: Node, props: Mapping[str, str], trace: dict[int, object] |
     if isinstance(node, Not):
         r = _pred(node.operand, props, trace)
         return None if r is None else not r
-    if isinstance(node, And):
+    if isinstance(node, (And, Or)):
+        # Left to right, stop at the first FALSE (AND) / TRUE (OR), else NULL if any term was NULL.
+        stop = isinstance(node, Or)
         saw_null = False
         for term in node.terms:
             r = _pred(term, props, trace)
-            if r is False:
-                return False
+            if r is stop:
+                return stop
             saw_null = saw_null or r is None
-        return None if saw_null else True
-    if isinstance(node, Or):
-        saw_null = False
-        for term in node.terms:
-            r = _pred(term, props, trace)
-            if r is True:
-                return True
-            saw_null = saw_null or r is None
-        return None if saw_null else False
+        return None if saw_null else not stop
     if isinstance(node, IsNull):
         return _value(node.operand, props, trace) is None
     if isinstance(node, Eq):
