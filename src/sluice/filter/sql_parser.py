@@ -17,6 +17,8 @@ is an error pointing at it.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from sluice.errors import SelectorSyntaxError
 from sluice.filter.limits import DEFAULT_LIMITS, SelectorLimits
 from sluice.filter.sql_ast import (
@@ -126,22 +128,20 @@ class _Parser:
         return self.as_bool(node)
 
     def parse_or(self) -> Node:
-        terms = [self.parse_and()]
-        while self.at(KEYWORD, "OR"):
-            self.advance()
-            terms.append(self.parse_and())
-        if len(terms) == 1:
-            return terms[0]
-        return self.mk(Or(tuple(self.as_bool(t) for t in terms), terms[0].start, terms[-1].end))  # type: ignore
+        return self._chain("OR", self.parse_and, Or)
 
     def parse_and(self) -> Node:
-        terms = [self.parse_eq()]
-        while self.at(KEYWORD, "AND"):
+        return self._chain("AND", self.parse_eq, And)
+
+    def _chain(self, keyword: str, parse_term: Callable[[], Node], node_type: type[And] | type[Or]) -> Node:
+        """``term ( keyword term )*``: one term stands as it is; more become one n-ary node of booleans."""
+        terms = [parse_term()]
+        while self.at(KEYWORD, keyword):
             self.advance()
-            terms.append(self.parse_eq())
+            terms.append(parse_term())
         if len(terms) == 1:
             return terms[0]
-        return self.mk(And(tuple(self.as_bool(t) for t in terms), terms[0].start, terms[-1].end))  # type: ignore
+        return self.mk(node_type(tuple(self.as_bool(t) for t in terms), terms[0].start, terms[-1].end))  # type: ignore
 
     def parse_eq(self) -> Node:
         left = self.parse_cmp()
