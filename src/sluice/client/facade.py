@@ -13,6 +13,7 @@ from collections.abc import Callable, Coroutine, Iterable, Sequence
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
+from sluice.client.lifecycle import AsyncClient
 from sluice.client.producer import AsyncProducer
 from sluice.client.pull_consumer import AsyncPullConsumer
 from sluice.client.results import MessageQueue, PullResult, SendResult
@@ -53,10 +54,14 @@ def _release_loop() -> None:
 
 
 class _Facade:
-    _impl: AsyncProducer | AsyncPullConsumer
+    _impl: AsyncClient
 
     def __init__(self) -> None:
         self._loop: LoopThread | None = None
+
+    @property
+    def group(self) -> str:
+        return self._impl.group
 
     def _run(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
         if self._loop is None:
@@ -103,10 +108,6 @@ class Producer(_Facade):
     def __init__(self, group: str, namesrv: str | Iterable[str], **options: Any) -> None:
         super().__init__()
         self._impl: AsyncProducer = AsyncProducer(group, namesrv, **options)
-
-    @property
-    def group(self) -> str:
-        return self._impl.group
 
     @property
     def async_producer(self) -> AsyncProducer:
@@ -156,10 +157,6 @@ class PullConsumer(_Facade):
     def __init__(self, group: str, namesrv: str | Iterable[str], **options: Any) -> None:
         super().__init__()
         self._impl: AsyncPullConsumer = AsyncPullConsumer(group, namesrv, **options)
-
-    @property
-    def group(self) -> str:
-        return self._impl.group
 
     @property
     def async_consumer(self) -> AsyncPullConsumer:

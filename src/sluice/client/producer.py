@@ -16,8 +16,8 @@ from typing import Any
 
 from sluice.client.encoding import PreparedSend, build_send_request, parse_send_response, prepare_batch, prepare_message
 from sluice.client.fault import MQFaultStrategy, is_retriable
-from sluice.client.instance import ClientInstance
-from sluice.client.options import ProducerOptions, split_options
+from sluice.client.lifecycle import AsyncClient
+from sluice.client.options import ProducerOptions
 from sluice.client.results import MessageQueue, SendResult, SendStatus
 from sluice.client.routing import QueueSelector, TopicPublishInfo
 from sluice.errors import ClientError, InvalidParameterError, RemotingError, RemotingTimeoutError, SluiceError
@@ -28,55 +28,31 @@ __all__ = ["AsyncProducer"]
 log = logging.getLogger(__name__)
 
 
-class AsyncProducer:
+class AsyncProducer(AsyncClient):
     """``async with AsyncProducer("group", namesrv="127.0.0.1:9876") as p: await p.send(msg)``.
 
     Options (keywords): see :class:`sluice.client.options.ProducerOptions` and
     :class:`sluice.client.instance.ClientConfig`.
     """
 
+    _kind = "producer"
+    _role = "producer"
+
     def __init__(self, group: str, namesrv: str | Iterable[str], **options: Any) -> None:
-        if not group:
-            raise InvalidParameterError("a producer needs a group name")
-        self.group = group
-        self.namesrv = namesrv if isinstance(namesrv, str) else list(namesrv)
-        self.options, self.client_config = split_options(ProducerOptions, options)
+        self.options = self._setup(group, namesrv, ProducerOptions, options)
         self.fault = MQFaultStrategy(self.options.send_latency_fault_enable, self.options.latency_table)
-        self._instance: ClientInstance | None = None
         self._publish: dict[str, tuple[int, TopicPublishInfo]] = {}
 
     # ------------------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        if self._instance is not None:
-            raise ClientError(f"producer {self.group!r} is already started")
-        inst = await ClientInstance.acquire(self.namesrv, self.client_config)
-        try:
-            inst.register_producer(self.group, self)
-        except SluiceError:
-            await inst.release()
-            raise
-        self._instance = inst
+        inst = await self._join()
         await inst.send_heartbeat_to_all()
 
     async def shutdown(self) -> None:
-        inst, self._instance = self._instance, None
+        inst = self._instance
         if inst is not None:
-            await inst.unregister(producer_group=self.group)
-            await inst.release()
-
-    async def __aenter__(self) -> AsyncProducer:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.shutdown()
-
-    @property
-    def instance(self) -> ClientInstance:
-        if self._instance is None:
-            raise ClientError(f"producer {self.group!r} is not started")
-        return self._instance
+            await self._leave(inst)
 
     # ------------------------------------------------------------------------------ routes
 

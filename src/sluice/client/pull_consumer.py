@@ -16,8 +16,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from sluice.client.broker_api import decode_messages
-from sluice.client.instance import ClientInstance
-from sluice.client.options import PullConsumerOptions, split_options
+from sluice.client.lifecycle import AsyncClient
+from sluice.client.options import PullConsumerOptions
 from sluice.client.results import MessageQueue, PullResult, PullStatus, queue_sort_key
 from sluice.client.routing import subscribe_queues
 from sluice.client.selector import MessageSelector, as_selector
@@ -72,16 +72,14 @@ def process_pull_response(response: RemotingCommand, selector: MessageSelector, 
                       suggest_which_broker_id=header.suggest_which_broker_id)
 
 
-class AsyncPullConsumer:
+class AsyncPullConsumer(AsyncClient):
     """``async with AsyncPullConsumer("group", namesrv=...) as c: r = await c.pull(mq, "*", 0)``."""
 
+    _kind = "consumer"
+    _role = "pull consumer"
+
     def __init__(self, group: str, namesrv: str | Iterable[str], **options: Any) -> None:
-        if not group:
-            raise InvalidParameterError("a consumer needs a group name")
-        self.group = group
-        self.namesrv = namesrv if isinstance(namesrv, str) else list(namesrv)
-        self.options, self.client_config = split_options(PullConsumerOptions, options)
-        self._instance: ClientInstance | None = None
+        self.options = self._setup(group, namesrv, PullConsumerOptions, options)
         self._subscriptions: dict[str, tuple[MessageSelector, int]] = {}
         self._offsets: dict[MessageQueue, int] = {}
         self._dirty: set[MessageQueue] = set()
@@ -89,15 +87,7 @@ class AsyncPullConsumer:
     # ------------------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        if self._instance is not None:
-            raise ClientError(f"pull consumer {self.group!r} is already started")
-        inst = await ClientInstance.acquire(self.namesrv, self.client_config)
-        try:
-            inst.register_consumer(self.group, self)
-        except SluiceError:
-            await inst.release()
-            raise
-        self._instance = inst
+        inst = await self._join()
         await inst.send_heartbeat_to_all()
 
     async def shutdown(self) -> None:
@@ -107,22 +97,7 @@ class AsyncPullConsumer:
         try:
             await self.persist_offsets()
         finally:
-            self._instance = None
-            await inst.unregister(consumer_group=self.group)
-            await inst.release()
-
-    async def __aenter__(self) -> AsyncPullConsumer:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.shutdown()
-
-    @property
-    def instance(self) -> ClientInstance:
-        if self._instance is None:
-            raise ClientError(f"pull consumer {self.group!r} is not started")
-        return self._instance
+            await self._leave(inst)
 
     def consumer_data(self) -> ConsumerData:
         """What heartbeats say about this group: pulling actively, with the selectors last used."""

@@ -33,9 +33,8 @@ from typing import Any
 from sluice.client.consume_service import ConcurrentConsumeService, Listener, OrderlyConsumeService
 from sluice.client.push_options import MessageModel, PushConsumerOptions, parse_consume_timestamp
 from sluice.client.facade import _SLACK, _Facade, _release_loop
-from sluice.client.instance import ClientInstance
 from sluice.client.offset_store import LocalFileOffsetStore, OffsetStore, RemoteBrokerOffsetStore
-from sluice.client.options import split_options
+from sluice.client.lifecycle import AsyncClient
 from sluice.client.process_queue import ProcessQueue
 from sluice.client.pull_consumer import FLAG_COMMIT_OFFSET, FLAG_SUBSCRIPTION, FLAG_SUSPEND, process_pull_response
 from sluice.client.rebalance import RETRY_PREFIX, RebalanceService, Rebalancer
@@ -59,25 +58,22 @@ FLOW_CONTROL_DELAY_S = 0.05
 MIB = 1024 * 1024
 
 
-class AsyncPushConsumer:
+class AsyncPushConsumer(AsyncClient):
     """The asyncio push consumer; :class:`PushConsumer` runs it on a background loop thread.
 
     Options (keywords): :class:`sluice.client.push_options.PushConsumerOptions` and
     :class:`sluice.client.instance.ClientConfig` (e.g. ``persist_offset_interval``, ``instance_name``).
     """
 
+    _kind = "consumer"
+    _role = "push consumer"
+
     def __init__(self, group: str, namesrv: str | Iterable[str], **options: Any) -> None:
-        if not group:
-            raise InvalidParameterError("a consumer needs a group name")
-        check_topic(RETRY_PREFIX + group)  # the group name becomes part of topic names
-        self.group = group
-        self.namesrv = namesrv if isinstance(namesrv, str) else list(namesrv)
-        self.options, self.client_config = split_options(PushConsumerOptions, options)
+        self.options = self._setup(group, namesrv, PushConsumerOptions, options)
         self.consume_timestamp_ms = parse_consume_timestamp(self.options.consume_timestamp)
         self._subs: dict[str, tuple[MessageSelector, int]] = {}
         self.listener: Listener | None = None
         self.orderly = False
-        self._instance: ClientInstance | None = None
         self.rebalancer = Rebalancer(self)
         self.offset_store: OffsetStore = RemoteBrokerOffsetStore(self._query_offset, self._commit_offset)
         self.service: ConcurrentConsumeService | OrderlyConsumeService | None = None
@@ -88,6 +84,10 @@ class AsyncPushConsumer:
         self.flow_control_times = 0
         #: When start() ran, epoch ms (GET_CONSUMER_RUNNING_INFO reports it).
         self.start_timestamp_ms = 0
+
+    def _check_group(self, group: str) -> None:
+        super()._check_group(group)
+        check_topic(RETRY_PREFIX + group)  # the group name becomes part of topic names
 
     # ------------------------------------------------------------------------------ configuration
 
@@ -138,26 +138,13 @@ class AsyncPushConsumer:
 
     # ------------------------------------------------------------------------------ lifecycle
 
-    @property
-    def instance(self) -> ClientInstance:
-        if self._instance is None:
-            raise ClientError(f"push consumer {self.group!r} is not started")
-        return self._instance
-
     async def start(self) -> None:
-        if self._instance is not None:
-            raise ClientError(f"push consumer {self.group!r} is already started")
+        self._check_not_started()
         if self.listener is None:
             raise ClientError("register a message listener before start()")
         if not self._subs:
             raise ClientError("subscribe to at least one topic before start()")
-        inst = await ClientInstance.acquire(self.namesrv, self.client_config)
-        try:
-            inst.register_consumer(self.group, self)
-        except SluiceError:
-            await inst.release()
-            raise
-        self._instance = inst
+        inst = await self._join()
         if self.options.model is MessageModel.BROADCASTING:
             name = self.client_config.instance_name or "DEFAULT"
             root = Path(self.options.offset_store_dir).expanduser()
@@ -201,16 +188,7 @@ class AsyncPushConsumer:
             for pq in self.rebalancer.process_queues.values():
                 pq.dropped = True
         finally:
-            self._instance = None
-            await inst.unregister(consumer_group=self.group)
-            await inst.release()
-
-    async def __aenter__(self) -> AsyncPushConsumer:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.shutdown()
+            await self._leave(inst)
 
     def _spawn_housekeeping(self, coro: Any) -> None:
         async def quietly() -> None:
@@ -364,10 +342,6 @@ class PushConsumer(_Facade):
     def __init__(self, group: str, namesrv: str | Iterable[str], **options: Any) -> None:
         super().__init__()
         self._impl: AsyncPushConsumer = AsyncPushConsumer(group, namesrv, **options)  # type: ignore[assignment]
-
-    @property
-    def group(self) -> str:
-        return self._impl.group
 
     @property
     def async_consumer(self) -> AsyncPushConsumer:
