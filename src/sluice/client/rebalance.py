@@ -301,12 +301,27 @@ class Rebalancer:
 
     # ------------------------------------------------------------------------------ orderly locks
 
-    async def _lock_one(self, mq: MessageQueue) -> bool:
+    async def _lock_batch(self, mqs: list[MessageQueue]) -> set[MessageQueue]:
+        """LOCK_BATCH_MQ for queues of one broker; the queues this client holds now."""
         c = self.consumer
+        addr = await self._inst.broker_addr_for(mqs[0].topic, mqs[0].broker_name)
+        return await lock_batch(self._inst.api, addr, c.group, self._inst.client_id, mqs, c.options.request_timeout)
+
+    async def _unlock_batch(self, mqs: list[MessageQueue]) -> None:
+        """UNLOCK_BATCH_MQ for queues of one broker."""
+        c = self.consumer
+        addr = await self._inst.broker_addr_for(mqs[0].topic, mqs[0].broker_name)
+        await unlock_batch(self._inst.api, addr, c.group, self._inst.client_id, mqs, c.options.request_timeout)
+
+    def _owned_by_broker(self) -> dict[str, list[MessageQueue]]:
+        by_broker: dict[str, list[MessageQueue]] = {}
+        for mq in self.process_queues:
+            by_broker.setdefault(mq.broker_name, []).append(mq)
+        return by_broker
+
+    async def _lock_one(self, mq: MessageQueue) -> bool:
         try:
-            addr = await self._inst.broker_addr_for(mq.topic, mq.broker_name)
-            got = await lock_batch(self._inst.api, addr, c.group, self._inst.client_id, [mq],
-                                   c.options.request_timeout)
+            got = await self._lock_batch([mq])
         except SluiceError as exc:
             log.warning("locking %s failed: %s", mq, exc)
             return False
@@ -317,22 +332,15 @@ class Rebalancer:
         if not (c.orderly and c.options.model is MessageModel.CLUSTERING):
             return
         try:
-            addr = await self._inst.broker_addr_for(mq.topic, mq.broker_name)
-            await unlock_batch(self._inst.api, addr, c.group, self._inst.client_id, [mq], c.options.request_timeout)
+            await self._unlock_batch([mq])
         except SluiceError as exc:
             log.info("unlocking %s failed (the broker expires it): %s", mq, exc)
 
     async def lock_all(self) -> None:
         """Renew the locks of every owned queue, per broker (RebalanceImpl.lockAll)."""
-        c = self.consumer
-        by_broker: dict[str, list[MessageQueue]] = {}
-        for mq in self.process_queues:
-            by_broker.setdefault(mq.broker_name, []).append(mq)
-        for broker, mqs in by_broker.items():
+        for broker, mqs in self._owned_by_broker().items():
             try:
-                addr = await self._inst.broker_addr_for(mqs[0].topic, broker)
-                got = await lock_batch(self._inst.api, addr, c.group, self._inst.client_id, mqs,
-                                       c.options.request_timeout)
+                got = await self._lock_batch(mqs)
             except SluiceError as exc:
                 log.warning("renewing locks on %s failed: %s", broker, exc)
                 continue
@@ -345,18 +353,12 @@ class Rebalancer:
                 if pq.locked:
                     pq.last_lock_time = now
                 else:
-                    log.warning("group %s lost the lock of %s", c.group, mq)
+                    log.warning("group %s lost the lock of %s", self.consumer.group, mq)
 
     async def unlock_all(self) -> None:
-        c = self.consumer
-        by_broker: dict[str, list[MessageQueue]] = {}
-        for mq in self.process_queues:
-            by_broker.setdefault(mq.broker_name, []).append(mq)
-        for broker, mqs in by_broker.items():
+        for broker, mqs in self._owned_by_broker().items():
             try:
-                addr = await self._inst.broker_addr_for(mqs[0].topic, broker)
-                await unlock_batch(self._inst.api, addr, c.group, self._inst.client_id, mqs,
-                                   c.options.request_timeout)
+                await self._unlock_batch(mqs)
             except SluiceError as exc:
                 log.info("unlocking queues on %s failed (the broker expires them): %s", broker, exc)
 
