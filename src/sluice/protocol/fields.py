@@ -87,6 +87,14 @@ def _bad(where: str, message: str) -> InvalidParameterError:
     return InvalidParameterError(f"{where}: {message}")
 
 
+def _missing(f: _Field, where: str) -> Any:
+    """The value of a field absent (or null) on the wire: refused if it has no default and is not
+    Optional, None if it is Optional without a default, else its default."""
+    if f.required and not f.optional:
+        raise _bad(where, "the field is missing")
+    return None if f.required else _default(f)
+
+
 # --------------------------------------------------------------------------------------------- scalars
 
 def _to_int(value: Any, where: str) -> int:
@@ -196,9 +204,7 @@ def _from_ext_generic(cls: type[T], ext: Mapping[str, str]) -> T:
     for f in _plan(cls):
         raw = ext.get(f.wire)
         if raw is None:
-            if f.required and not f.optional:
-                raise _bad(f"{cls.__name__}.{f.wire}", "the field is missing")
-            kwargs[f.name] = None if f.required else _default(f)
+            kwargs[f.name] = _missing(f, f"{cls.__name__}.{f.wire}")
             continue
         if type(raw) is not str:
             kwargs[f.name] = _convert(f.tp, raw, f"{cls.__name__}.{f.wire}", f.enum)
@@ -268,9 +274,7 @@ def from_jsonable(cls: type[T], data: Any, where: str | None = None) -> T:
     for f in _plan(cls):
         raw = data.get(f.wire)
         if raw is None:
-            if f.required and not f.optional:
-                raise _bad(f"{where}.{f.wire}", "the field is missing")
-            kwargs[f.name] = None if f.required else _default(f)
+            kwargs[f.name] = _missing(f, f"{where}.{f.wire}")
             continue
         kwargs[f.name] = _convert(f.tp, raw, f"{where}.{f.wire}", f.enum)
     return cls(**kwargs)
