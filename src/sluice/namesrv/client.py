@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Coroutine, Iterable, Sequence
 from typing import Any
 
 from sluice.errors import RemotingError, SluiceError
@@ -22,7 +22,7 @@ from sluice.protocol.bodies import (
 from sluice.transport.client import DEFAULT_TIMEOUT, RemotingClient
 from sluice.protocol.codes import RequestCode, ResponseCode
 from sluice.protocol.command import RemotingCommand
-from sluice.transport.blocking import LoopThread
+from sluice.transport.blocking import LoopBoundClient, LoopThread
 
 __all__ = ["NamesrvClient", "RegisterOutcome", "SyncNamesrvClient", "parse_namesrv_addrs"]
 
@@ -169,13 +169,12 @@ class NamesrvClient:
                 raise result
 
 
-class SyncNamesrvClient:
+class SyncNamesrvClient(LoopBoundClient):
     """Blocking NamesrvClient: the same methods, run on a LoopThread."""
 
     def __init__(self, addrs: str | Iterable[str], *, loop_thread: LoopThread | None = None,
                  timeout: float = DEFAULT_TIMEOUT) -> None:
-        self._owns_loop = loop_thread is None
-        self.loop_thread = loop_thread or LoopThread("sluice-namesrv-client")
+        super().__init__(loop_thread, "sluice-namesrv-client")
         self._client = NamesrvClient(addrs, timeout=timeout)
         self._bound = timeout * len(self._client.addrs) + self._client.remoting.connect_timeout * 2 + 5.0
 
@@ -209,14 +208,5 @@ class SyncNamesrvClient:
     def delete_topic(self, topic: str) -> None:
         self._run("delete_topic", topic)
 
-    def close(self) -> None:
-        if self.loop_thread.running:
-            self.loop_thread.run(self._client.close(), 10.0)
-        if self._owns_loop:
-            self.loop_thread.stop()
-
-    def __enter__(self) -> SyncNamesrvClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def _close_async(self) -> Coroutine[Any, Any, None]:
+        return self._client.close()

@@ -9,13 +9,13 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 from sluice.errors import RemotingError, RemotingTimeoutError
 from sluice.transport.client import DEFAULT_TIMEOUT, RemotingClient
 from sluice.protocol.command import RemotingCommand
 
-__all__ = ["LoopThread", "SyncRemotingClient"]
+__all__ = ["LoopBoundClient", "LoopThread", "SyncRemotingClient"]
 
 T = TypeVar("T")
 
@@ -67,13 +67,41 @@ class LoopThread:
             self._thread.join(timeout)
 
 
-class SyncRemotingClient:
+class LoopBoundClient:
+    """A blocking wrapper of an async client whose calls run on a LoopThread: its own one unless one
+    is given. ``close`` (or leaving ``with``) closes the async client on that loop, then stops the
+    loop if it is the wrapper's own."""
+
+    def __init__(self, loop_thread: LoopThread | None, thread_name: str) -> None:
+        self._owns_loop = loop_thread is None
+        self.loop_thread = loop_thread or LoopThread(thread_name)
+
+    def _close_async(self) -> Coroutine[Any, Any, None]:
+        """The wrapped client's ``close()``."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        if self.loop_thread.running:
+            self.loop_thread.run(self._close_async(), 10.0)
+        if self._owns_loop:
+            self.loop_thread.stop()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class SyncRemotingClient(LoopBoundClient):
     """Blocking RemotingClient: ``invoke(addr, request, timeout)`` / ``invoke_oneway`` / ``close``."""
 
     def __init__(self, loop_thread: LoopThread | None = None, **client_options: Any) -> None:
-        self._owns_loop = loop_thread is None
-        self.loop_thread = loop_thread or LoopThread("sluice-remoting")
+        super().__init__(loop_thread, "sluice-remoting")
         self.client = RemotingClient(**client_options)
+
+    def _close_async(self) -> Coroutine[Any, Any, None]:
+        return self.client.close()
 
     def invoke(self, addr: str, request: RemotingCommand, timeout: float = DEFAULT_TIMEOUT) -> RemotingCommand:
         # The outer bound only guards against a wedged loop; the inner timeout is the real one.
@@ -82,15 +110,3 @@ class SyncRemotingClient:
 
     def invoke_oneway(self, addr: str, request: RemotingCommand) -> None:
         self.loop_thread.run(self.client.invoke_oneway(addr, request), self.client.connect_timeout + 5.0)
-
-    def close(self) -> None:
-        if self.loop_thread.running:
-            self.loop_thread.run(self.client.close(), 10.0)
-        if self._owns_loop:
-            self.loop_thread.stop()
-
-    def __enter__(self) -> SyncRemotingClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
