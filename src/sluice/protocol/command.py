@@ -213,6 +213,7 @@ def _decode_json_header(data: bytes | memoryview, body: bytes) -> RemotingComman
             or (type(ext) is not dict and ext is not None)
             or (ext and not set(map(type, ext.values())) <= _STR_ONLY)):
         return _decode_json_lenient(header, body)
+    # _command's body inlined: every JSON frame received is decoded here, so the call is saved per frame.
     cmd = _new_object(RemotingCommand)
     if ext is None:  # Java's fastjson leaves a null extFields out
         ext = {}
