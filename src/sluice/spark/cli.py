@@ -1,7 +1,10 @@
 """``sluice spark …``: bulk jobs over a store's files (scan, stats, backfill) and the demo job."""
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
+from typing import Any
 
 import click
 import orjson
@@ -15,6 +18,19 @@ def _session(master: str):
     except ImportError:  # pragma: no cover - depends on the install
         raise click.ClickException("PySpark is not installed: pip install 'sluice[spark]'") from None
     return session(master)
+
+
+@contextlib.contextmanager
+def _job_session(master: str) -> Iterator[Any]:
+    """A Spark session for one command: a SluiceError becomes the command's error message, and the
+    session stops however the job ends."""
+    spark = _session(master)
+    try:
+        yield spark
+    except SluiceError as e:
+        raise click.ClickException(str(e)) from None
+    finally:
+        spark.stop()
 
 
 @click.group("spark")
@@ -37,15 +53,10 @@ def scan_command(store: str, out: str, topic: str | None, selector: str | None, 
     """Filter a store's messages with Spark and write them out (works while the broker is down)."""
     from sluice.spark.jobs import scan
 
-    spark = _session(master)
-    try:
+    with _job_session(master) as spark:
         n = scan(spark, store, out, topic=topic, selector=selector, selector_type=selector_type.upper(), fmt=fmt,
                  split_bytes=split_mb * 1024 * 1024)
         click.echo(orjson.dumps({"store": store, "out": out, "messages": n}).decode())
-    except SluiceError as e:
-        raise click.ClickException(str(e)) from None
-    finally:
-        spark.stop()
 
 
 @spark_group.command("stats")
@@ -63,14 +74,9 @@ def stats_command(store: str, topic: str | None, selectors: tuple[str, ...], top
         subs = [parse_selector_arg(s) for s in selectors] or None
     except SluiceError as e:
         raise click.ClickException(str(e)) from None
-    spark = _session(master)
-    try:
+    with _job_session(master) as spark:
         result = stats(spark, store, topic=topic, subscriptions=subs, top=top)
         sys.stdout.write(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode() + "\n")
-    except SluiceError as e:
-        raise click.ClickException(str(e)) from None
-    finally:
-        spark.stop()
 
 
 @spark_group.command("backfill")
@@ -88,14 +94,9 @@ def backfill_command(store: str, topic: str, group: str, selector: str, selector
     non-matching messages of the backlog; see docs/spark.md)."""
     from sluice.spark.backfill import backfill
 
-    spark = _session(master)
-    try:
+    with _job_session(master) as spark:
         manifest = backfill(spark, store, topic, group, selector, out, expression_type=selector_type.upper())
         click.echo(orjson.dumps(manifest, option=orjson.OPT_INDENT_2).decode())
-    except SluiceError as e:
-        raise click.ClickException(str(e)) from None
-    finally:
-        spark.stop()
 
 
 @spark_group.command("demo")
