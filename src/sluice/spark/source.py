@@ -234,6 +234,20 @@ def _sql_quote(s: str) -> str:
     return "'" + s.replace("'", "''") + "'"
 
 
+def _admitted(f: Filter, at_least: int, above: int) -> tuple[int | None, int | None]:
+    """The whole numbers [lo, hi) that comparison ``f`` with a value v admits, given ``at_least``
+    (the least whole number >= v) and ``above`` (the least > v); None is unbounded, (None, None)
+    a comparison that is not pushed."""
+    return {EqualTo: (at_least, above), GreaterThan: (above, None), GreaterThanOrEqual: (at_least, None),
+            LessThan: (None, at_least), LessThanOrEqual: (None, above)}.get(type(f), (None, None))
+
+
+def _intersect(lo: int | None, hi: int | None, new_lo: int | None, new_hi: int | None) -> tuple[int | None, int | None]:
+    """[lo, hi) narrowed by [new_lo, new_hi); None is unbounded."""
+    return (new_lo if lo is None else lo if new_lo is None else max(lo, new_lo),
+            new_hi if hi is None else hi if new_hi is None else min(hi, new_hi))
+
+
 class Pushdown:
     """Conjuncts the broker (or the range planner) answers exactly; the rest stay in Spark."""
 
@@ -266,15 +280,10 @@ class Pushdown:
         if attr == ("store_timestamp",) and isinstance(getattr(f, "value", None), datetime.datetime):
             return self._take_time(f)
         if attr == ("queue_offset",) and isinstance(f.value if hasattr(f, "value") else None, int):
-            v = f.value
-            lo, hi = {EqualTo: (v, v + 1), GreaterThan: (v + 1, None), GreaterThanOrEqual: (v, None),
-                      LessThan: (None, v), LessThanOrEqual: (None, v + 1)}.get(type(f), (None, None))
+            lo, hi = _admitted(f, f.value, f.value + 1)
             if lo is None and hi is None:
                 return False
-            if lo is not None:
-                self.offset_lo = lo if self.offset_lo is None else max(self.offset_lo, lo)
-            if hi is not None:
-                self.offset_hi = hi if self.offset_hi is None else min(self.offset_hi, hi)
+            self.offset_lo, self.offset_hi = _intersect(self.offset_lo, self.offset_hi, lo, hi)
             return True
         return False
 
@@ -287,15 +296,10 @@ class Pushdown:
         us = (v - _EPOCH) // datetime.timedelta(microseconds=1)
         floor_ms, ceil_ms = us // 1000, -(-us // 1000)
         # The column holds ms * 1000; translate each comparison on microseconds into whole ms.
-        lo, hi = {EqualTo: (ceil_ms, floor_ms + 1), GreaterThan: (floor_ms + 1, None),
-                  GreaterThanOrEqual: (ceil_ms, None), LessThan: (None, ceil_ms),
-                  LessThanOrEqual: (None, floor_ms + 1)}.get(type(f), (None, None))
+        lo, hi = _admitted(f, ceil_ms, floor_ms + 1)
         if lo is None and hi is None:
             return False
-        if lo is not None:
-            self.ts_lo = lo if self.ts_lo is None else max(self.ts_lo, lo)
-        if hi is not None:
-            self.ts_hi = hi if self.ts_hi is None else min(self.ts_hi, hi)
+        self.ts_lo, self.ts_hi = _intersect(self.ts_lo, self.ts_hi, lo, hi)
         return True
 
     def selector(self, selector_type: str, selector: str | None) -> tuple[str, str | None]:
