@@ -1,6 +1,7 @@
 """The key index: RocketMQ 4.x IndexFile / IndexService, byte for byte.
 
-One index file, all big-endian (rocketmq-facts c.3)::
+One index file, all big-endian (store/src/main/java/org/apache/rocketmq/store/index/IndexFile.java,
+IndexHeader.java)::
 
     header   40 bytes   beginTimestamp q | endTimestamp q | beginPhyOffset q | endPhyOffset q
                         | hashSlotCount i | indexCount i        (indexCount starts at 1)
@@ -20,7 +21,8 @@ Sluice differences that keep the index exact and repairable (the format is uncha
   "the highest indexed offset" means "that message is fully indexed" and
   build_index can skip messages at or below it when dispatch replays.
 * A new file's header starts at zero (RocketMQ copies the previous end into
-  it), so the first entry's timeDiff is 0 as the facts describe.
+  it), so the first entry's timeDiff is 0, as IndexFile.putKey writes it while
+  the header's beginTimestamp is 0.
 """
 from __future__ import annotations
 
