@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sluice import format as F
+from sluice import format as fmt
 from sluice.errors import CorruptRecordError, InvalidParameterError
 from sluice.format import (
     CORRUPT,
@@ -45,7 +45,7 @@ from sluice.format import (
 )
 from sluice.store.consumequeue import CQ_DTYPE, CQ_UNIT_SIZE, PAD_SIZE
 
-_NOT_QUEUED = np.array(F.NOT_QUEUED)  # prepared, rolled back: consumers never see them
+_NOT_QUEUED = np.array(fmt.NOT_QUEUED)  # prepared, rolled back: consumers never see them
 
 #: Columns of both Sluice sources (the broker's and the store files').
 SCHEMA_DDL = (
@@ -121,12 +121,12 @@ def _is_record_start(path: Path, rel: int, absolute: int) -> bool:
     """Whether the bytes at ``rel`` of ``path`` are a record that says it is at ``absolute``."""
     with open(path, "rb") as f:
         f.seek(rel)
-        head = f.read(F.POS_SYSFLAG)
-    if len(head) < F.POS_SYSFLAG:
+        head = f.read(fmt.POS_SYSFLAG)
+    if len(head) < fmt.POS_SYSFLAG:
         return False
-    total, magic = F.TOTAL_MAGIC.unpack_from(head, 0)
-    return (magic in (F.MAGIC_V1, F.MAGIC_V2) and total >= F.MIN_RECORD_SIZE
-            and F.I64.unpack_from(head, F.POS_PHYSICALOFFSET)[0] == absolute)
+    total, magic = fmt.TOTAL_MAGIC.unpack_from(head, 0)
+    return (magic in (fmt.MAGIC_V1, fmt.MAGIC_V2) and total >= fmt.MIN_RECORD_SIZE
+            and fmt.I64.unpack_from(head, fmt.POS_PHYSICALOFFSET)[0] == absolute)
 
 
 def plan_splits(root: str | os.PathLike[str], split_bytes: int = 64 * 1024 * 1024) -> list[Split]:
@@ -218,7 +218,7 @@ def _hosts(buf: np.ndarray, pos: np.ndarray, v6: np.ndarray, mv: memoryview) -> 
     vals = v4.to_pylist()
     for i in np.flatnonzero(v6).tolist():
         p = int(pos[i])
-        vals[i] = f"{ipaddress.ip_address(bytes(mv[p:p + 16]))}:{F.I32.unpack_from(mv, p + 16)[0]}"
+        vals[i] = f"{ipaddress.ip_address(bytes(mv[p:p + 16]))}:{fmt.I32.unpack_from(mv, p + 16)[0]}"
     return pa.array(vals, pa.string())
 
 
@@ -286,13 +286,13 @@ class SegmentReader:
         pos = sp.start - sp.segment
         stop = min(sp.end - sp.segment, size)
         if pos + 8 <= size:
-            magic = F.U32.unpack_from(mm, pos + F.POS_MAGIC)[0]
-            if (magic in (F.MAGIC_V1, F.MAGIC_V2) and pos + F.POS_SYSFLAG <= size
-                    and F.I64.unpack_from(mm, pos + F.POS_PHYSICALOFFSET)[0] != sp.start):
+            magic = fmt.U32.unpack_from(mm, pos + fmt.POS_MAGIC)[0]
+            if (magic in (fmt.MAGIC_V1, fmt.MAGIC_V2) and pos + fmt.POS_SYSFLAG <= size
+                    and fmt.I64.unpack_from(mm, pos + fmt.POS_PHYSICALOFFSET)[0] != sp.start):
                 raise CorruptRecordError(f"split start {sp.start} is not a record boundary", path=sp.path,
                                          offset=pos)
         # Record starts from the one walker (magic and size checked); the rest is checked per batch below.
-        walk = F.RecordWalk(mm, pos, size, where=sp.path)
+        walk = fmt.RecordWalk(mm, pos, size, where=sp.path)
         starts: list[int] = []
         for p in walk.positions():
             if p >= stop:
@@ -323,19 +323,19 @@ class SegmentReader:
     def _decode_rows(self, buf: np.ndarray, mv: memoryview, pos: np.ndarray) -> pa.RecordBatch | None:
         sp = self.split
         # sluice.format's field table, vectorised: host sizes from SYSFLAG, then the positions after them
-        total = _be(buf, pos + F.POS_TOTALSIZE, 4, ">i4").astype(np.int64)
-        magic = _be(buf, pos + F.POS_MAGIC, 4, ">u4")
-        sysflag = _be(buf, pos + F.POS_SYSFLAG, 4, ">i4")
-        visible = ~np.isin(sysflag & F.TRANSACTION_MASK, _NOT_QUEUED)
+        total = _be(buf, pos + fmt.POS_TOTALSIZE, 4, ">i4").astype(np.int64)
+        magic = _be(buf, pos + fmt.POS_MAGIC, 4, ">u4")
+        sysflag = _be(buf, pos + fmt.POS_SYSFLAG, 4, ">i4")
+        visible = ~np.isin(sysflag & fmt.TRANSACTION_MASK, _NOT_QUEUED)
         bh = np.where(sysflag & FLAG_BORNHOST_V6, HOST_V6_SIZE, HOST_V4_SIZE)
         sh = np.where(sysflag & FLAG_STOREHOST_V6, HOST_V6_SIZE, HOST_V4_SIZE)
-        store_ts_at = pos + F.POS_BORNHOST + bh
+        store_ts_at = pos + fmt.POS_BORNHOST + bh
         store_host_at = store_ts_at + 8
         rec_at = store_host_at + sh  # RECONSUMETIMES
         body_len = _be(buf, rec_at + 12, 4, ">i4").astype(np.int64)
         body_at = rec_at + 16
         body_end = body_at + body_len
-        v2 = magic == F.MAGIC_V2
+        v2 = magic == fmt.MAGIC_V2
         if (body_len < 0).any() or (body_end + 3 > pos + total).any():
             bad = int(np.flatnonzero((body_len < 0) | (body_end + 3 > pos + total))[0])
             raise CorruptRecordError("body length runs past the record", path=sp.path, offset=int(pos[bad]))
@@ -347,7 +347,7 @@ class SegmentReader:
         if (props_at + plen != pos + total).any():
             bad = int(np.flatnonzero(props_at + plen != pos + total)[0])
             raise CorruptRecordError("record fields do not add up to its size", path=sp.path, offset=int(pos[bad]))
-        phys = _be(buf, pos + F.POS_PHYSICALOFFSET, 8, ">i8")
+        phys = _be(buf, pos + fmt.POS_PHYSICALOFFSET, 8, ">i8")
         seg_pos = pos + sp.segment
         if (phys != seg_pos).any():
             bad = int(np.flatnonzero(phys != seg_pos)[0])
@@ -373,7 +373,7 @@ class SegmentReader:
         n = len(pos)
         b_starts, b_ends = body_at.tolist(), body_end.tolist()
         if self.check_crc:
-            crc = _be(buf, pos + F.POS_BODYCRC, 4, ">i4") & 0x7FFFFFFF
+            crc = _be(buf, pos + fmt.POS_BODYCRC, 4, ">i4") & 0x7FFFFFFF
             for i, (s, e) in enumerate(zip(b_starts, b_ends)):
                 if crc32(mv[s:e]) & 0x7FFFFFFF != crc[i]:
                     raise CorruptRecordError("body CRC mismatch", path=sp.path, offset=s)
@@ -396,18 +396,18 @@ class SegmentReader:
                                    for h, p in zip(hosts, phys.tolist())], pa.string())
         else:
             raw = np.concatenate([buf[store_host_at[:, None] + np.arange(8)],
-                                  buf[(pos + F.POS_PHYSICALOFFSET)[:, None] + np.arange(8)]],
+                                  buf[(pos + fmt.POS_PHYSICALOFFSET)[:, None] + np.arange(8)]],
                                  axis=1)
             offset_ids = _hex_ids(raw)
         uniq = pc.map_lookup(props, "UNIQ_KEY", "last")
         msg_id = pc.coalesce(uniq, offset_ids)
-        born_ts = _be(buf, pos + F.POS_BORNTIMESTAMP, 8, ">i8") * 1000
+        born_ts = _be(buf, pos + fmt.POS_BORNTIMESTAMP, 8, ">i8") * 1000
         store_ts = _be(buf, store_ts_at, 8, ">i8") * 1000
         cols = [
             topic,
             pa.nulls(n, pa.string()) if self.broker is None else pa.array([self.broker] * n, pa.string()),
-            pa.array(_be(buf, pos + F.POS_QUEUEID, 4, ">i4")),
-            pa.array(_be(buf, pos + F.POS_QUEUEOFFSET, 8, ">i8")),
+            pa.array(_be(buf, pos + fmt.POS_QUEUEID, 4, ">i4")),
+            pa.array(_be(buf, pos + fmt.POS_QUEUEOFFSET, 8, ">i8")),
             pa.array(phys),
             msg_id,
             offset_ids,
@@ -417,7 +417,7 @@ class SegmentReader:
             body,
             pa.array(born_ts, pa.timestamp("us", tz="UTC")),
             pa.array(store_ts, pa.timestamp("us", tz="UTC")),
-            _hosts(buf, pos + F.POS_BORNHOST, (sysflag & FLAG_BORNHOST_V6) != 0, mv),
+            _hosts(buf, pos + fmt.POS_BORNHOST, (sysflag & FLAG_BORNHOST_V6) != 0, mv),
             pa.array(_be(buf, rec_at, 4, ">i4")),
         ]
         return pa.RecordBatch.from_arrays(cols, schema=ARROW_SCHEMA)
