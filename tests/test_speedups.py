@@ -319,9 +319,9 @@ def test_a_stale_build_is_refused_at_import_not_dropped():
     import sys
 
     code = ("import sys, types\n"
-            "import sluice.format as F\n"
+            "import sluice.format as fmt\n"
             "fake = types.ModuleType('sluice._speedups')\n"
-            "fake.FORMAT = dict(F.C_FORMAT, MIN_RECORD_SIZE=F.MIN_RECORD_SIZE + 1)\n"
+            "fake.FORMAT = dict(fmt.C_FORMAT, MIN_RECORD_SIZE=fmt.MIN_RECORD_SIZE + 1)\n"
             "sys.modules['sluice._speedups'] = fake\n"
             "try:\n"
             "    import sluice.speedups\n"

@@ -1,4 +1,8 @@
-"""The latency fault strategy (facts f.4) and which send failures are retried (facts f.1)."""
+"""The latency fault strategy and which send failures are retried.
+
+RocketMQ: client/src/main/java/org/apache/rocketmq/client/latency/MQFaultStrategy.java and
+DefaultMQProducerImpl.sendDefaultImpl.
+"""
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
-"""Pull responses to PullResult: statuses, record decoding, the client-side tag re-check (facts g)."""
+"""Pull responses to PullResult: statuses, record decoding, the client-side tag re-check
+(client/src/main/java/org/apache/rocketmq/client/impl/consumer/PullAPIWrapper.java)."""
 from __future__ import annotations
 
 import zlib

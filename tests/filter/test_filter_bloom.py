@@ -1,4 +1,5 @@
-"""RocketMQ's BloomFilter: sizing, the facts' test vectors (verbatim), bit order, batches."""
+"""RocketMQ's BloomFilter (filter/src/main/java/org/apache/rocketmq/filter/util/BloomFilter.java): sizing,
+test vectors of Guava's murmur3_128 as BloomFilter.java uses it, bit order, batches."""
 from __future__ import annotations
 
 import numpy as np

@@ -111,7 +111,7 @@ def test_syntax_error_positions(expression: str, position: int) -> None:
     assert error_of(expression).position == position
 
 
-# -- compile-time checks (facts a.3) ---------------------------------------------------------------
+# -- compile-time checks (SelectorParser.jj) -------------------------------------------------------
 @pytest.mark.parametrize(("expression", "position", "words"), [
     ("5", 0, "boolean"),
     ("'abc'", 0, "boolean"),
