@@ -11,8 +11,8 @@ A commit log under synchronous flush writes with ``pwrite`` instead
 (FdWrittenFile) and reads through the mapping as before (Linux keeps the two
 coherent: one page cache). An fsync right after writes through a mapping costs
 several times more than after the same bytes written with pwrite, as the
-kernel must write-protect each written page of the mapping again: on this
-project's VM 1.3 ms against 0.2 ms for 24 KiB.
+kernel must write-protect each written page of the mapping again (docs/store.md
+has the figures).
 """
 from __future__ import annotations
 
