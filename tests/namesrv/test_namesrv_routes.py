@@ -100,3 +100,20 @@ def test_register_body_is_read_leniently() -> None:
     register(rim, "b1", "h1:10911", topics=body.topic_config_serialize_wrapper)
     route = rim.pick_topic_route_data("T")
     assert route is not None and route.queue_datas[0].read_queue_nums == 2
+
+
+def test_an_unchanged_registration_restores_routes_deleted_here() -> None:
+    """RocketMQ's broker re-registers every 30 s (registerBrokerAll with forceRegister): a route deleted at the
+    namesrv comes back then, even though the broker's data version did not change; queues still present are
+    left as they are."""
+    rim = RouteInfoManager()
+    register(rim, "b1", "h1:10911", topics=wrapper(("T", 4), ("U", 2), counter=1))
+    assert rim.delete_topic("T")
+    register(rim, "b1", "h1:10911", topics=wrapper(("T", 4), ("U", 8), counter=1))
+    route = rim.pick_topic_route_data("T")
+    assert route is not None and route.queue_datas[0].read_queue_nums == 4
+    assert rim.pick_topic_route_data("U").queue_datas[0].read_queue_nums == 2  # type: ignore[union-attr]
+    rim.unregister_broker(cluster_name="C", broker_addr="h1:10911", broker_name="b1", broker_id=0)
+    assert rim.pick_topic_route_data("T") is None
+    register(rim, "b1", "h1:10911", topics=wrapper(("T", 4), ("U", 2), counter=1))
+    assert rim.pick_topic_route_data("T") is not None and rim.pick_topic_route_data("U") is not None

@@ -8,7 +8,9 @@ Tables:
   brokerAddr -> [filter server addr]
 
 Only a master's registration (brokerId 0) updates topic queue data, and only
-when its data version changed or it is new. Topics are removed when their
+when its data version changed or it is new; an unchanged registration still
+restores the broker's topics missing here (a route deleted at the namesrv
+comes back with the broker's next periodic registration). Topics are removed when their
 last broker goes away (unregister, expiry, connection loss) or on delete.
 The server runs everything on one event loop, so no locking is needed.
 """
@@ -72,9 +74,19 @@ class RouteInfoManager:
         register_first = register_first or old_addr is None
 
         if topic_config_wrapper is not None and broker_id == MASTER_ID:
+            table = topic_config_wrapper.topic_config_table
             if register_first or self._topic_config_changed(broker_addr, topic_config_wrapper.data_version):
-                for topic, config in topic_config_wrapper.topic_config_table.items():
+                for topic, config in table.items():
                     self._create_and_update_queue_data(broker_name, config.topic_name or topic, config)
+            else:
+                # Unchanged version: still bring back routes deleted here (DELETE_TOPIC_IN_NAMESRV), as Java's
+                # forced registration every 30 s is meant to (BrokerController.registerBrokerAll(true, false,
+                # forceRegister)); queues present stay as they are (WIPE_WRITE_PERM_OF_BROKER holds).
+                queue_table = self.topic_queue_table
+                for topic, config in table.items():
+                    name = config.topic_name or topic
+                    if broker_name not in queue_table.get(name, ()):
+                        self._create_and_update_queue_data(broker_name, name, config)
 
         data_version = topic_config_wrapper.data_version if topic_config_wrapper is not None else DataVersion()
         self.broker_live_table[broker_addr] = BrokerLive(now, data_version, ha_server_addr, conn_key)
