@@ -127,6 +127,17 @@ class FrameCodec:
             held += self._big_total - self._big_due
         return held
 
+    @property
+    def partial_frame_size(self) -> int:
+        """Bytes (length prefix included) of the frame being received, as its length field declares;
+        0 when no frame is under way, or while fewer than 4 of its bytes are here."""
+        if self._big is not None:
+            return self._big_total
+        buf, pos = self._buf, self._pos
+        if len(buf) - pos < 4:
+            return 0
+        return 4 + _I32.unpack_from(buf, pos)[0]
+
     def receive_data(self, data: bytes) -> None:
         """Add bytes from the peer; ``b""`` means the peer closed its side."""
         if not data:

@@ -32,6 +32,7 @@ from sluice.errors import (
 from sluice.protocol.codes import ResponseCode
 from sluice.protocol.command import FLAG_ONEWAY, FLAG_RESPONSE, RemotingCommand
 from sluice.protocol.frame import DEFAULT_MAX_FRAME_SIZE, NEED_DATA, FrameCodec, encode_frame_head
+from sluice.transport.limits import SMALL_FRAME, FrameBudget
 
 __all__ = ["DEFAULT_MAX_INFLIGHT", "CloseCallback", "Dispatcher", "RemotingConnection", "RequestHandler", "split_addr"]
 
@@ -139,6 +140,7 @@ class RemotingConnection(asyncio.BufferedProtocol):
     def __init__(
         self, *, dispatcher: Dispatcher | None = None, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         max_inflight: int = DEFAULT_MAX_INFLIGHT, on_open: CloseCallback | None = None,
+        budget: FrameBudget | None = None,
     ) -> None:
         self._dispatcher = dispatcher or _NO_HANDLERS
         self._table = self._dispatcher._table
@@ -173,6 +175,16 @@ class RemotingConnection(asyncio.BufferedProtocol):
         self._blocked = False
         self._held: deque[RemotingCommand] = deque()
         self._reading_paused = False
+        # frame budget (servers only, transport/limits.py): bytes reserved for the big frame being received,
+        # and whether reading is paused until the budget grants them
+        self._budget = budget
+        self._reserved = 0
+        self._budget_wait = False
+        # idle timeout: a frame arrived or a handler answered since the server last looked (take_activity)
+        self._active = True
+        #: Requests the owner answers later itself (its handler returned None): while above 0 the
+        #: connection is not idle, as with a request whose handler task is still running.
+        self.busy = 0
         self.peer = "?"
         #: Free for the owner's per-connection state (e.g. the broker's client id).
         self.attributes: dict[str, Any] = {}
@@ -195,6 +207,10 @@ class RemotingConnection(asyncio.BufferedProtocol):
 
     async def wait_closed(self) -> None:
         await self._closed_event.wait()
+
+    def close_now(self, reason: str) -> None:
+        """Close without waiting (what handlers already answered still goes out); ``reason`` is logged at debug."""
+        self._shutdown(reason)
 
     async def close(self) -> None:
         """Close (sending what is collected first) and wait until the transport is gone."""
@@ -385,9 +401,11 @@ class RemotingConnection(asyncio.BufferedProtocol):
     def data_received(self, data: bytes) -> None:
         codec = self._codec
         pending = self._pending
+        got = False
         try:
             codec.receive_data(data)
             while (frame := codec.next_frame()) is not NEED_DATA:
+                got = True
                 if frame.flag & 1:  # FLAG_RESPONSE  # type: ignore[union-attr]
                     entry = pending.pop(frame.opaque, None)  # type: ignore[union-attr]
                     if entry is not None and not entry[0].done():
@@ -405,8 +423,49 @@ class RemotingConnection(asyncio.BufferedProtocol):
             log.warning("closing connection %s: %s", self.peer, exc)
             self._shutdown(f"protocol error: {exc}")
             return
+        if got:
+            self._active = True
+        if self._budget is not None and (self._reserved or codec.buffered):
+            self._account(got)
         if self._wbuf:  # answers of plain handlers leave now, in one write, not one loop iteration later
             self._flush()
+
+    def _account(self, got: bool) -> None:
+        """Reserve budget for a big frame being received, or pause reading until it can (transport/limits.py)."""
+        budget = self._budget
+        assert budget is not None
+        if self._reserved:
+            if not got:
+                return  # the reserved frame is still coming
+            self._reserved = 0  # it completed: its bytes went to the handler
+            budget.release(self)
+        if self._budget_wait:
+            return
+        size = self._codec.partial_frame_size
+        if size <= SMALL_FRAME:
+            return
+        if budget.reserve(self, size):
+            self._reserved = size
+            return
+        self._budget_wait = True
+        log.debug("connection %s waits for %d bytes of frame budget (%d of %d reserved)",
+                  self.peer, size, budget.reserved, budget.limit)
+        if self._transport is not None:
+            self._transport.pause_reading()
+
+    def budget_granted(self) -> None:
+        """The budget reserved our frame: read on (unless requests are held for another reason)."""
+        self._reserved = self._budget.holding(self)  # type: ignore[union-attr]
+        self._budget_wait = False
+        if not self._reading_paused and self._transport_open and not self._closed:
+            self._transport.resume_reading()  # type: ignore[union-attr]
+
+    def take_activity(self) -> bool:
+        """Whether the peer was active since the last call: a frame arrived, a handler answered, or a request
+        either side sent is still being served. Clears the mark (the server's idle check calls this)."""
+        active = self._active or bool(self._tasks or self._held or self._pending) or self.busy > 0
+        self._active = False
+        return active
 
     def eof_received(self) -> bool | None:
         self.data_received(b"")  # a frame cut short is a protocol error
@@ -468,6 +527,7 @@ class RemotingConnection(asyncio.BufferedProtocol):
             self._answer(request, response)
         finally:
             self._tasks.pop(key, None)
+            self._active = True
             if self._blocked and not self._closed:
                 self._loop.call_soon(self._unblock)  # type: ignore[union-attr]
 
@@ -496,7 +556,8 @@ class RemotingConnection(asyncio.BufferedProtocol):
                 self._blocked = False
                 if self._reading_paused:
                     self._reading_paused = False
-                    self._transport.resume_reading()  # type: ignore[union-attr]
+                    if not self._budget_wait:
+                        self._transport.resume_reading()  # type: ignore[union-attr]
                 return
             self._dispatch(held.popleft())
             if self._closed:
@@ -521,6 +582,9 @@ class RemotingConnection(asyncio.BufferedProtocol):
         log.debug("connection %s closed: %s", self.peer, reason)
         self._held.clear()
         self._wbuf.clear()
+        if self._budget is not None:
+            self._reserved = 0
+            self._budget.release(self)
         if self._sweep_handle is not None:
             self._sweep_handle.cancel()
             self._sweep_handle = None

@@ -9,7 +9,11 @@
     ...
     await server.close()
 
-A malformed or oversized frame closes only the connection it came on.
+A malformed or oversized frame closes only the connection it came on. Bounds (transport/limits.py):
+``frame_budget`` bytes for big frames being received over all connections (a connection whose frame
+does not fit stops reading until it does), ``max_connections`` (more are closed at accept, with a
+rate-limited log line) and ``idle_timeout`` (a connection with no complete frame received, no handler
+answering and no request of either side outstanding for that long is closed; 0 turns it off).
 """
 from __future__ import annotations
 
@@ -21,6 +25,9 @@ from sluice.transport.connection import (
     DEFAULT_MAX_INFLIGHT, CloseCallback, Dispatcher, RemotingConnection, RequestHandler,
 )
 from sluice.protocol.frame import DEFAULT_MAX_FRAME_SIZE
+from sluice.transport.limits import (
+    DEFAULT_FRAME_BUDGET, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, FrameBudget, RateLimitedLog,
+)
 
 __all__ = ["RemotingServer"]
 
@@ -31,7 +38,13 @@ class RemotingServer:
     def __init__(
         self, host: str = "127.0.0.1", port: int = 0, *, dispatcher: Dispatcher | None = None,
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, max_inflight: int = DEFAULT_MAX_INFLIGHT,
+        frame_budget: int = DEFAULT_FRAME_BUDGET, max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
     ) -> None:
+        if max_connections < 1:
+            raise ValueError(f"max_connections {max_connections} must be positive")
+        if idle_timeout < 0:
+            raise ValueError(f"idle_timeout {idle_timeout} must not be negative (0 turns it off)")
         self.host = host
         self.max_inflight = max_inflight
         self.port = port
@@ -41,6 +54,14 @@ class RemotingServer:
         self._open_callbacks: list[CloseCallback] = []
         self._close_callbacks: list[CloseCallback] = []
         self._server: asyncio.Server | None = None
+        self.budget = FrameBudget(frame_budget)
+        self.max_connections = max_connections
+        self.idle_timeout = idle_timeout
+        #: Connections refused at accept (over max_connections) and closed for idleness, so far.
+        self.refused = 0
+        self.idle_closed = 0
+        self._refusals = RateLimitedLog(log)
+        self._idle_task: asyncio.Task[None] | None = None
 
     def register(self, code: int, handler: RequestHandler) -> None:
         self.dispatcher.register(code, handler)
@@ -63,6 +84,8 @@ class RemotingServer:
         self._server = await loop.create_server(self._new_connection, self.host, self.port, reuse_address=True)
         sock = self._server.sockets[0]
         self.port = sock.getsockname()[1]
+        if self.idle_timeout:
+            self._idle_task = loop.create_task(self._close_idle(), name=f"idle-check-{self.port}")
         log.info("remoting server listening on %s", self.address)
 
     async def serve_forever(self) -> None:
@@ -75,6 +98,10 @@ class RemotingServer:
         """Stop accepting, close every connection (failing their pending requests), wait for it."""
         if self._server is not None:
             self._server.close()
+        if self._idle_task is not None:
+            self._idle_task.cancel()
+            await asyncio.gather(self._idle_task, return_exceptions=True)
+            self._idle_task = None
         conns = list(self.connections)
         await asyncio.gather(*(c.close() for c in conns), return_exceptions=True)
         if self._server is not None:
@@ -83,9 +110,15 @@ class RemotingServer:
 
     def _new_connection(self) -> RemotingConnection:
         return RemotingConnection(dispatcher=self.dispatcher, max_frame_size=self.max_frame_size,
-                                  max_inflight=self.max_inflight, on_open=self._opened)
+                                  max_inflight=self.max_inflight, on_open=self._opened, budget=self.budget)
 
     def _opened(self, conn: RemotingConnection) -> None:
+        if len(self.connections) >= self.max_connections:
+            self.refused += 1
+            self._refusals.warning("refusing connection from %s: %d connections open (max_connections)",
+                                   conn.peer, len(self.connections))
+            conn.close_now("refused: too many connections")
+            return
         self.connections.add(conn)
         conn.on_close(self._closed)
         for cb in self._open_callbacks:
@@ -93,6 +126,26 @@ class RemotingServer:
                 cb(conn)
             except Exception:
                 log.exception("connection open callback %r failed", cb)
+
+    async def _close_idle(self) -> None:
+        """Close connections idle for ``idle_timeout`` (RocketMQ: NettyServerConfig.serverChannelMaxIdleTimeSeconds
+        with an IdleStateHandler). Looks four times per timeout, so one closes within 1.25 timeouts."""
+        timeout = self.idle_timeout
+        tick = min(timeout / 4, 5.0)
+        loop = asyncio.get_running_loop()
+        quiet_since: dict[RemotingConnection, float] = {}
+        while True:
+            await asyncio.sleep(tick)
+            now = loop.time()
+            for conn in list(self.connections):
+                if conn.take_activity() or conn not in quiet_since:
+                    quiet_since[conn] = now
+                elif now - quiet_since[conn] >= timeout:
+                    self.idle_closed += 1
+                    log.info("closing connection %s: idle for %g s (idle_timeout)", conn.peer, timeout)
+                    conn.close_now(f"idle for {timeout:g} s")
+            for conn in [c for c in quiet_since if c not in self.connections]:
+                del quiet_since[conn]
 
     def _closed(self, conn: RemotingConnection) -> None:
         self.connections.discard(conn)
