@@ -7,7 +7,7 @@ Layers, bottom to top (a module may import its own package and any lower layer):
     protocol                                   the sans-IO codec
     message                                    the message model over the codec
     transport                                  asyncio connections, server, client
-    store | filter                             siblings: neither imports the other
+    store | filter | acl                       siblings: none imports another (acl: signatures, plain_acl.yml)
     namesrv | client                           siblings; the client may use sluice.namesrv.client only,
                                                and never the store
     broker
@@ -32,7 +32,7 @@ SRC = Path(sluice.__file__).resolve().parent
 _TOP = {"cli", "demo", "embedded", "__main__"}
 RANK = {
     "errors": 0, "format": 0, "persist": 0, "speedups": 0, "_speedups": 0,
-    "protocol": 1, "message": 2, "transport": 3, "store": 4, "filter": 4, "namesrv": 5, "client": 5,
+    "protocol": 1, "message": 2, "transport": 3, "store": 4, "filter": 4, "acl": 4, "namesrv": 5, "client": 5,
     "broker": 6, "admin": 7, "spark": 7, **dict.fromkeys(_TOP, 8),
 }
 #: Imports across packages of one rank that are allowed (within the bottom and the top rank, all are).
@@ -68,8 +68,8 @@ def _offending(loaded: set[str], forbidden: tuple[str, ...]) -> list[str]:
     return sorted(m for m in loaded if any(m == f or m.startswith(f + ".") for f in forbidden))
 
 
-ABOVE_TRANSPORT = ("sluice.store", "sluice.filter", "sluice.broker", "sluice.client", "sluice.namesrv",
-                   "sluice.spark", "sluice.admin", "sluice.cli", "sluice.demo", "sluice.embedded")
+ABOVE_TRANSPORT = ("sluice.store", "sluice.filter", "sluice.acl", "sluice.broker", "sluice.client",
+                   "sluice.namesrv", "sluice.spark", "sluice.admin", "sluice.cli", "sluice.demo", "sluice.embedded")
 SERVERS = ("sluice.store", "sluice.broker", "sluice.namesrv.server", "sluice.namesrv.routeinfo", "sluice.spark",
            "sluice.admin", "pyspark")
 
@@ -81,6 +81,8 @@ LAYER_RULES = {
     "sluice.filter": ("sluice.store", "sluice.broker", "sluice.client", "sluice.namesrv", "sluice.spark",
                       "sluice.admin", "pyspark"),
     "sluice.client": SERVERS,
+    "sluice.acl": ("sluice.store", "sluice.filter", "sluice.broker", "sluice.client", "sluice.namesrv",
+                   "sluice.spark", "sluice.admin", "pyspark"),
     "sluice.namesrv": ("sluice.store", "sluice.filter", "sluice.broker", "sluice.client", "sluice.spark",
                        "sluice.admin"),
     "sluice.broker": ("sluice.client", "sluice.spark", "sluice.admin", "sluice.cli", "pyspark"),
@@ -94,7 +96,7 @@ def test_a_layer_loads_nothing_above_it(package: str) -> None:
     assert bad == [], f"importing {package} loads {', '.join(bad)}"
 
 
-@pytest.mark.parametrize("names", ["Producer", "PushConsumer", "PullConsumer", "MessageSelector",
+@pytest.mark.parametrize("names", ["Credentials", "Producer", "PushConsumer", "PullConsumer", "MessageSelector",
                                    "Producer, PushConsumer, PullConsumer, MessageSelector, Message"])
 def test_the_sdk_face_loads_no_server(names: str) -> None:
     loaded = _loaded_after(f"from sluice import {names}")

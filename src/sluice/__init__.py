@@ -15,13 +15,14 @@ if TYPE_CHECKING:
         ConsumeOrderlyResult, ConsumeResult, MessageModel, MessageQueue, MessageSelector, Producer, PullConsumer,
         PullResult, PullStatus, PushConsumer, SendResult, SendStatus, select_by_hash,
     )
+    from sluice.acl.signature import Credentials
     from sluice.errors import SluiceError
     from sluice.message import Message, MessageExt
 
 __version__ = "0.1.0"
 __all__ = [
     "ALLOCATE_STRATEGIES", "AsyncPushConsumer", "ConsumeFromWhere", "ConsumeOrderlyResult", "ConsumeResult",
-    "MessageModel", "PushConsumer",
+    "Credentials", "MessageModel", "PushConsumer",
     "AsyncProducer", "AsyncPullConsumer", "Message", "MessageExt", "MessageQueue", "MessageSelector", "Producer",
     "PullConsumer", "PullResult", "PullStatus", "SendResult", "SendStatus", "SluiceError", "__version__",
     "select_by_hash",
@@ -29,13 +30,14 @@ __all__ = [
 
 # name -> the module that defines it (the client's names go through sluice.client's own lazy face).
 _HOME = {name: "sluice.client" for name in __all__}
-_HOME.update(SluiceError="sluice.errors", Message="sluice.message", MessageExt="sluice.message")
+_HOME.update(Credentials="sluice.acl.signature", SluiceError="sluice.errors", Message="sluice.message",
+             MessageExt="sluice.message")
 del _HOME["__version__"]
 
 # `import sluice; sluice.filter.compile_selector(...)` worked while the face imported eagerly: keep it.
 _SUBMODULES = frozenset({
-    "admin", "broker", "cli", "client", "demo", "embedded", "errors", "filter", "format", "message", "namesrv",
-    "persist", "protocol", "spark", "speedups", "store", "transport",
+    "acl", "admin", "broker", "cli", "client", "demo", "embedded", "errors", "filter", "format", "message",
+    "namesrv", "persist", "protocol", "spark", "speedups", "store", "transport",
 })
 
 

@@ -44,6 +44,10 @@ class NoPermissionError(SluiceError):
     code = ResponseCode.NO_PERMISSION
 
 
+class AclConfigError(InvalidParameterError):
+    """A ``plain_acl.yml`` that cannot be used; the message names the file and the line or field."""
+
+
 class ServiceNotAvailableError(SluiceError):
     code = ResponseCode.SERVICE_NOT_AVAILABLE
 

@@ -1,0 +1,29 @@
+"""A RemotingClient that signs every request it sends (RocketMQ's RPCHook on the client side)."""
+from __future__ import annotations
+
+from sluice.acl.signature import Credentials, sign_fields
+from sluice.protocol.command import RemotingCommand
+from sluice.transport.client import DEFAULT_TIMEOUT, RemotingClient
+
+__all__ = ["SigningRemotingClient", "remoting_client"]
+
+
+class SigningRemotingClient(RemotingClient):
+    """Signs each request with ``credentials`` just before it leaves (again on a retry: the fields may change)."""
+
+    def __init__(self, credentials: Credentials, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.credentials = credentials
+
+    async def invoke(self, addr: str, request: RemotingCommand, timeout: float = DEFAULT_TIMEOUT) -> RemotingCommand:
+        sign_fields(self.credentials, request.ext_fields, request.body)
+        return await super().invoke(addr, request, timeout)
+
+    async def invoke_oneway(self, addr: str, request: RemotingCommand) -> None:
+        sign_fields(self.credentials, request.ext_fields, request.body)
+        await super().invoke_oneway(addr, request)
+
+
+def remoting_client(credentials: Credentials | None) -> RemotingClient:
+    """A plain client without credentials, a signing one with them."""
+    return RemotingClient() if credentials is None else SigningRemotingClient(credentials)
