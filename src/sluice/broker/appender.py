@@ -10,9 +10,10 @@ iteration.
   for the end of the event-loop iteration: the lists of every request for the
   same topic/queue seen in that iteration are appended with one
   ``put_messages`` call, and each request gets its own slice of the results.
-  If the merged call is refused (one request holds an illegal message; the
-  store validates everything before writing anything), the requests are
-  appended one by one so only the bad one fails.
+  If the merged call fails (one request holds an illegal message or one the
+  encoder cannot take; the store encodes and validates everything before
+  writing anything), the requests are appended one by one so only the bad one
+  fails, whatever the error.
 * **At once.** An encoded batch, and a list of several messages without
   ``sync``, are appended before ``put`` returns; without ``sync`` so are their
   results (no future, no loop iteration; the store's errors propagate to the
@@ -37,7 +38,6 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING
 
-from sluice.errors import SluiceError
 from sluice.store import MessageStore, PutResult, StoreMessage
 from sluice.store.encode import EncodedBatch
 
@@ -220,7 +220,9 @@ class Appender:
         merged = [m for msgs in requests for m in msgs]
         try:
             results = self._write(topic, qid, merged)
-        except SluiceError:
+        except Exception:
+            # Any error of one request (a message the store refuses or the encoder cannot take) is that
+            # request's alone: the store encodes and validates the whole call before writing anything.
             out: list[_Outcome] = []
             for msgs in requests:
                 try:
@@ -228,8 +230,6 @@ class Appender:
                 except Exception as exc:
                     out.append(exc)
             return out
-        except Exception as exc:
-            return [exc] * len(requests)
         out2: list[_Outcome] = []
         pos = 0
         for msgs in requests:

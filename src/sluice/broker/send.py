@@ -9,9 +9,16 @@ maxReconsumeTimes are stored in ``%DLQ%<group>`` instead.
 
 Delayed messages (DELAY, TIMER_DELIVER_MS / TIMER_DELAY_MS / TIMER_DELAY_SEC)
 are diverted to their schedule queue by ``ScheduleService.divert`` (schedule.py).
+
+Refused before anything is stored, each failing its own request only: an integer
+header that does not fit its Java type (MESSAGE_ILLEGAL naming the field and its
+range), a transactional half message until transactions exist, and a send to a
+system topic the broker moves messages into itself (both NO_PERMISSION, as
+RocketMQ's SendMessageProcessor / AbstractSendMessageProcessor.msgCheck answer).
 """
 from __future__ import annotations
 
+import logging
 import random
 import time
 import zlib
@@ -22,8 +29,10 @@ from typing import Any
 
 from sluice.broker.appender import Appender, Payload, Prepare, Stored
 from sluice.broker.dedup import DedupWindow
-from sluice.broker.topics import AUTO_CREATE_TOPIC, RETRY_PREFIX, TopicConfigManager, dlq_topic
-from sluice.errors import InvalidParameterError, MessageIllegalError, QueueIdIllegalError
+from sluice.broker.schedule import TIMER_TOPIC
+from sluice.broker.topics import AUTO_CREATE_TOPIC, RETRY_PREFIX, SCHEDULE_TOPIC, TopicConfigManager, dlq_topic
+from sluice.errors import InvalidParameterError, MessageIllegalError, NoPermissionError, QueueIdIllegalError
+from sluice.format import FLAG_TRANSACTION_COMMIT, TRANSACTION_MASK
 from sluice.protocol import properties as P
 from sluice.protocol.batch import decode_batch_messages
 from sluice.protocol.codes import RequestCode
@@ -34,12 +43,49 @@ from sluice.store.encode import encode_batch_body
 from sluice.store.types import StoreMessage
 from sluice.transport.connection import RemotingConnection
 
-__all__ = ["SendProcessor"]
+__all__ = ["SendProcessor", "check_header_ranges", "check_sendable_topic"]
+
+log = logging.getLogger(__name__)
 
 # Header properties a batch's messages do not inherit: each message has its own identity.
 _PER_MESSAGE = frozenset({P.UNIQ_KEY, P.KEYS, P.TAGS})
 _MAX_BATCH_INFLATED = 64 * 1024 * 1024
 _MSG_ID = attrgetter("msg_id")
+
+_I32 = (-(1 << 31), (1 << 31) - 1)
+_I64 = (-(1 << 63), (1 << 63) - 1)
+# The header's integers and their Java types (SendMessageRequestHeader.java): one that does not fit would reach
+# the record encoder and fail the whole append round it was merged into.
+_RANGES = (("queue_id", "queueId", _I32), ("flag", "flag", _I32), ("sys_flag", "sysFlag", _I32),
+           ("born_timestamp", "bornTimestamp", _I64), ("reconsume_times", "reconsumeTimes", _I32),
+           ("max_reconsume_times", "maxReconsumeTimes", _I32),
+           ("default_topic_queue_nums", "defaultTopicQueueNums", _I32))
+# TopicValidator.NOT_ALLOWED_SEND_TOPIC_SET, plus Sluice's timing wheel. RMQ_SYS_TRACE_TOPIC stays sendable:
+# RocketMQ's clients send message traces there.
+_NOT_ALLOWED_SEND = frozenset({SCHEDULE_TOPIC, TIMER_TOPIC, "TRANS_CHECK_MAX_TIME_TOPIC"})
+_SYS_PREFIX = "RMQ_SYS_"
+_TRACE_TOPIC = "RMQ_SYS_TRACE_TOPIC"
+
+
+def check_header_ranges(h: SendMessageRequestHeader) -> None:
+    """MessageIllegalError naming the first integer field that does not fit its Java type."""
+    lo, hi = _I32
+    r = h.reconsume_times
+    m = h.max_reconsume_times
+    if (lo <= h.queue_id <= hi and lo <= h.flag <= hi and lo <= h.sys_flag <= hi
+            and _I64[0] <= h.born_timestamp <= _I64[1] and (r is None or lo <= r <= hi)
+            and (m is None or lo <= m <= hi) and lo <= h.default_topic_queue_nums <= hi):
+        return
+    for attr, name, (low, high) in _RANGES:
+        v = getattr(h, attr)
+        if v is not None and not low <= v <= high:
+            raise MessageIllegalError(f"header field {name} = {v} is out of range: it must be within {low}..{high}")
+
+
+def check_sendable_topic(topic: str) -> None:
+    """NoPermissionError for a topic only the broker itself writes (TopicValidator.isNotAllowedSendTopic)."""
+    if topic in _NOT_ALLOWED_SEND or (topic.startswith(_SYS_PREFIX) and topic != _TRACE_TOPIC):
+        raise NoPermissionError(f"Sending message to topic[{topic}] is forbidden.")
 
 
 def _born_host(conn: RemotingConnection) -> tuple[str, int]:
@@ -74,6 +120,11 @@ class SendProcessor:
         no task, no loop iteration); otherwise (single sends merged with the others of this loop
         iteration, synchronous flush, the duplicate window) returns the coroutine that finishes it."""
         header = SendMessageRequestHeader.from_command(request)
+        try:
+            check_header_ranges(header)
+        except MessageIllegalError as exc:
+            log.warning("send from %s refused: %s", conn.peer, exc)
+            raise
         batch = request.code == RequestCode.SEND_BATCH_MESSAGE or header.batch or _batch_flag(request)
         window = self.dedup if self.dedup.applies(header.producer_group) else None  # opted in: replays answered
         appender = self.appender
@@ -98,6 +149,7 @@ class SendProcessor:
         check_topic(topic)
         if topic == AUTO_CREATE_TOPIC:
             raise MessageIllegalError(f"topic {topic} is the auto-create template; send to a topic of your own")
+        check_sendable_topic(topic)
         topics = self.topics
         cfg = topics.get(topic)
         if cfg is None:
@@ -120,6 +172,13 @@ class SendProcessor:
                     self.topics_changed()
                 queue_id = 0
         props = P.decode_properties(h.properties) if h.properties else {}
+        tran = props.get(P.TRAN_MSG)
+        if h.sys_flag & TRANSACTION_MASK not in (0, FLAG_TRANSACTION_COMMIT) or (
+                tran is not None and tran.lower() == "true"):  # Java's Boolean.parseBoolean
+            # A half (or rolled-back) message is stored without a consume-queue unit: until transactions
+            # exist it would be acknowledged and never delivered. RocketMQ refuses it the same way when the
+            # broker rejects transactional messages (SendMessageProcessor).
+            raise NoPermissionError(f"the broker[{self.store_host[0]}] sending transaction message is forbidden")
         born = _born_host(conn)
         born_ts = h.born_timestamp or int(time.time() * 1000)
         if not batch:

@@ -10,6 +10,7 @@ the rest.
 """
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -164,16 +165,19 @@ def encode_batch(msgs: Sequence[StoreMessage], *, store_host: tuple[str, int], m
             last_host = host
             host_bits = store_flag | (FLAG_BORNHOST_V6 if born_v6 else 0)
             size0 = fixed + len(born_b)
-        sysflag = m.sysflag & keep_flags | host_bits
-        total = size0 + blen + len(props_b)
-        if not born_v6 and not store_v6:
-            add(pack_v4(total, MAGIC_V1, crc32(body) & 0x7FFFFFFF, queue_id, m.flag, 0, 0, sysflag,
-                        m.born_timestamp, born_b, 0, store_b, m.reconsume_times, m.prepared_tx_offset, blen))
-        else:
-            odd = True
-            add(HEAD.pack(total, MAGIC_V1, crc32(body) & 0x7FFFFFFF, queue_id, m.flag, 0, 0, sysflag,
-                          m.born_timestamp) + born_b + I64.pack(0) + store_b
-                + TAIL.pack(m.reconsume_times, m.prepared_tx_offset, blen))
+        try:
+            sysflag = m.sysflag & keep_flags | host_bits
+            total = size0 + blen + len(props_b)
+            if not born_v6 and not store_v6:
+                add(pack_v4(total, MAGIC_V1, crc32(body) & 0x7FFFFFFF, queue_id, m.flag, 0, 0, sysflag,
+                            m.born_timestamp, born_b, 0, store_b, m.reconsume_times, m.prepared_tx_offset, blen))
+            else:
+                odd = True
+                add(HEAD.pack(total, MAGIC_V1, crc32(body) & 0x7FFFFFFF, queue_id, m.flag, 0, 0, sysflag,
+                              m.born_timestamp) + born_b + I64.pack(0) + store_b
+                    + TAIL.pack(m.reconsume_times, m.prepared_tx_offset, blen))
+        except (struct.error, TypeError) as exc:  # the C twin answered None for this message: say which field
+            raise _field_error(m, exc) from None
         add(body)
         add(topic_part + pack_u16(len(props_b)) + props_b)
         sizes.append(total)
@@ -227,6 +231,22 @@ def encode_batch_body(body: bytes, *, topic: str, queue_id: int, sysflag: int, b
         return None
     buf, sizes, sysflags, props_l, tags, keys, uniq = out
     return EncodedBatch(buf, sizes, [POS_STORETIMESTAMP_V4] * len(sizes), sysflags, None, props_l, tags, keys, uniq)
+
+
+# A record's integer fields and their widths (sluice.format's HEAD / TAIL), for the refusal of one that does not fit.
+_INT_FIELDS = (("flag", 32), ("sysflag", 32), ("born_timestamp", 64), ("reconsume_times", 32),
+               ("prepared_tx_offset", 64))
+
+
+def _field_error(m: StoreMessage, exc: Exception) -> MessageIllegalError:
+    for name, bits in _INT_FIELDS:
+        v = getattr(m, name)
+        lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+        if type(v) is not int:
+            return MessageIllegalError(f"message field {name} must be an integer, not {type(v).__name__}")
+        if not lo <= v <= hi:
+            return MessageIllegalError(f"message field {name} = {v} is out of range: it must be within {lo}..{hi}")
+    return MessageIllegalError(f"message cannot be encoded: {exc}")
 
 
 def _with_stored_props(m: StoreMessage) -> StoreMessage:
