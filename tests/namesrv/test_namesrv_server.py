@@ -54,3 +54,59 @@ def test_query_data_version_compressed_refusal_and_kv() -> None:
             await remoting.close()
             await ns.close()
     run(main)
+
+
+def test_kv_config_is_capped_in_count_and_size() -> None:
+    async def main() -> None:
+        ns = NamesrvServer(NamesrvConfig(listen="127.0.0.1:0", kv_max_entries=3, kv_max_key_bytes=8,
+                                         kv_max_value_bytes=16))
+        await ns.start()
+        remoting = RemotingClient()
+
+        async def put(namespace: str, key: str, value: str) -> RemotingCommand:
+            return await remoting.invoke(ns.address, RemotingCommand.request(
+                RequestCode.PUT_KV_CONFIG, {"namespace": namespace, "key": key, "value": value}), 5)
+        try:
+            for key in ("a", "b"):
+                assert (await put("N", key, "v")).code == ResponseCode.SUCCESS
+            assert (await put("M", "c", "v" * 16)).code == ResponseCode.SUCCESS  # at the caps: stored
+            # Size caps, each naming its setting; nothing is stored.
+            for args, remark in (((("N" * 9), "k", "v"), "namespace of 9 bytes exceeds the namesrv's limit of 8 bytes "
+                                  "(kv_max_key_bytes)"),
+                                 (("N", "é" * 5, "v"), "key of 10 bytes exceeds the namesrv's limit of 8 bytes"),
+                                 (("N", "a", "v" * 17), "value of 17 bytes exceeds the namesrv's limit of 16 bytes "
+                                  "(kv_max_value_bytes)")):
+                resp = await put(*args)
+                assert resp.code == ResponseCode.INVALID_PARAMETER and remark in (resp.remark or ""), resp.remark
+            assert ns.routes.get_kv("N", "a") == "v"
+            # The count cap: a new entry is refused, replacing one is not.
+            resp = await put("N", "d", "v")
+            assert resp.code == ResponseCode.INVALID_PARAMETER
+            assert "KV config is full: 3 entries is the namesrv's limit (kv_max_entries)" in (resp.remark or "")
+            assert ns.routes.get_kv("N", "d") is None
+            assert (await put("N", "a", "w")).code == ResponseCode.SUCCESS
+            assert ns.routes.get_kv("N", "a") == "w"
+            resp = await remoting.invoke(ns.address, RemotingCommand.request(
+                RequestCode.DELETE_KV_CONFIG, {"namespace": "N", "key": "b"}), 5)
+            assert resp.code == ResponseCode.SUCCESS
+            assert (await put("N", "d", "v")).code == ResponseCode.SUCCESS  # room again
+        finally:
+            await remoting.close()
+            await ns.close()
+    run(main)
+
+
+def test_namesrv_connection_bounds_come_from_its_config() -> None:
+    async def main() -> None:
+        ns = NamesrvServer(NamesrvConfig(listen="127.0.0.1:0", idle_timeout=0.3, max_connections=2,
+                                         frame_budget=1 << 20))
+        assert (ns.server.idle_timeout, ns.server.max_connections, ns.server.budget.limit) == (0.3, 2, 1 << 20)
+        await ns.start()
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", ns.server.port)
+            assert await asyncio.wait_for(reader.read(), 10) == b""  # closed for idleness
+            writer.close()
+            assert ns.server.idle_closed == 1
+        finally:
+            await ns.close()
+    run(main)

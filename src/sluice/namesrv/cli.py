@@ -12,7 +12,9 @@ import click
 from sluice.errors import SluiceError
 from sluice.namesrv.server import NamesrvConfig, run_namesrv
 
-_CONFIG_KEYS = {"listen": str, "scan_interval": float, "broker_expiry": float, "max_frame_size": int, "log_level": str}
+_CONFIG_KEYS = {"listen": str, "scan_interval": float, "broker_expiry": float, "max_frame_size": int, "log_level": str,
+                "frame_budget": int, "max_connections": int, "idle_timeout": float, "kv_max_entries": int,
+                "kv_max_key_bytes": int, "kv_max_value_bytes": int}
 
 
 def load_config_file(path: Path) -> dict[str, Any]:
@@ -43,6 +45,9 @@ def load_config_file(path: Path) -> dict[str, Any]:
 @click.option("--scan-interval", type=float, help="Seconds between scans for silent brokers [default: 5].")
 @click.option("--broker-expiry", type=float, help="Seconds without registration before a broker is dropped [default: 120].")
 @click.option("--max-frame-size", type=int, help="Largest accepted frame in bytes [default: 16 MiB].")
+@click.option("--frame-budget", type=int, help="Bytes of big frames received at once, all connections [default: 64 MiB].")
+@click.option("--max-connections", type=int, help="Connections kept at once; more are closed at accept [default: 4096].")
+@click.option("--idle-timeout", type=float, help="Seconds without a frame before a connection is closed; 0 = never [default: 120].")
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def namesrv_command(config_path: Path | None, log_level: str | None, **flags: Any) -> None:
     """Run a name server: brokers register here, clients ask it for topic routes."""

@@ -6,6 +6,11 @@ DELETE_TOPIC_IN_NAMESRV, PUT_KV_CONFIG, GET_KV_CONFIG, DELETE_KV_CONFIG, QUERY_D
 As in RocketMQ, a broker is forgotten when it unregisters, when it has not
 registered for ``broker_expiry`` seconds, or when the connection it last
 registered on closes.
+
+KV config entries are capped (``kv_max_entries``, ``kv_max_key_bytes`` for namespace and key,
+``kv_max_value_bytes``): RocketMQ's KVConfigManager has no cap, but an unbounded table is memory any
+client can take. A put over a cap is refused with INVALID_PARAMETER naming the cap; nothing is stored.
+The connection bounds (frame budget, connection limit, idle timeout) are the RemotingServer's.
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ from sluice.protocol.codes import RequestCode, ResponseCode
 from sluice.protocol.command import RemotingCommand
 from sluice.transport.connection import RemotingConnection, split_addr
 from sluice.protocol.frame import DEFAULT_MAX_FRAME_SIZE
+from sluice.transport.limits import DEFAULT_FRAME_BUDGET, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS
 from sluice.transport.server import RemotingServer
 
 __all__ = ["NamesrvConfig", "NamesrvServer", "run_namesrv"]
@@ -38,11 +44,28 @@ class NamesrvConfig:
     #: A broker silent this long is removed (RouteInfoManager.BROKER_CHANNEL_EXPIRED_TIME: 120 s).
     broker_expiry: float = 120.0
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    #: Bytes of big frames being received at once over all connections (transport/limits.py).
+    frame_budget: int = DEFAULT_FRAME_BUDGET
+    #: Connections kept at once; more are closed at accept (each client process holds one).
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    #: Seconds without a complete frame before a connection is closed (serverChannelMaxIdleTimeSeconds);
+    #: brokers register and clients ask for routes every 30 s. 0 turns it off.
+    idle_timeout: float = DEFAULT_IDLE_TIMEOUT
+    #: KV config entries in all namespaces (RocketMQ has no cap; its users keep a few order-topic entries).
+    kv_max_entries: int = 10_000
+    #: Bytes (UTF-8) of a KV namespace or key; a topic name is at most 127 characters.
+    kv_max_key_bytes: int = 255
+    #: Bytes (UTF-8) of a KV value: ORDER_TOPIC_CONFIG values list brokers and queue counts, a few hundred bytes.
+    kv_max_value_bytes: int = 64 * 1024
 
     def __post_init__(self) -> None:
         split_addr(self.listen)
         if self.scan_interval <= 0 or self.broker_expiry <= 0:
             raise InvalidParameterError("scan_interval and broker_expiry must be positive")
+        if self.frame_budget < 1 or self.max_connections < 1 or self.idle_timeout < 0:
+            raise InvalidParameterError("frame_budget and max_connections must be positive, idle_timeout >= 0")
+        if self.kv_max_entries < 0 or self.kv_max_key_bytes < 1 or self.kv_max_value_bytes < 0:
+            raise InvalidParameterError("kv_max_entries and kv_max_value_bytes must be >= 0, kv_max_key_bytes >= 1")
 
 
 class NamesrvServer:
@@ -50,7 +73,9 @@ class NamesrvServer:
         self.config = config or NamesrvConfig()
         host, port = split_addr(self.config.listen)
         self.routes = RouteInfoManager()
-        self.server = RemotingServer(host, port, max_frame_size=self.config.max_frame_size)
+        c = self.config
+        self.server = RemotingServer(host, port, max_frame_size=c.max_frame_size, frame_budget=c.frame_budget,
+                                     max_connections=c.max_connections, idle_timeout=c.idle_timeout)
         self._scan_task: asyncio.Task[None] | None = None
         handlers = {
             RequestCode.REGISTER_BROKER: self._register_broker,
@@ -139,8 +164,29 @@ class NamesrvServer:
 
     async def _put_kv(self, conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
         h = H.PutKVConfigRequestHeader.from_command(req)
+        try:
+            self._check_kv(h.namespace, h.key, h.value)
+        except InvalidParameterError as exc:
+            log.warning("PUT_KV_CONFIG from %s refused: %s", conn.peer, exc)
+            raise
         self.routes.put_kv(h.namespace, h.key, h.value)
         return req.make_response()
+
+    def _check_kv(self, namespace: str, key: str, value: str) -> None:
+        """Refuse a put over a KV cap (the module docstring), naming the cap."""
+        c = self.config
+        for what, text, cap, name in (("namespace", namespace, c.kv_max_key_bytes, "kv_max_key_bytes"),
+                                      ("key", key, c.kv_max_key_bytes, "kv_max_key_bytes"),
+                                      ("value", value, c.kv_max_value_bytes, "kv_max_value_bytes")):
+            size = len(text.encode("utf-8", "surrogatepass"))
+            if size > cap:
+                raise InvalidParameterError(f"KV config {what} of {size} bytes exceeds the namesrv's limit of "
+                                            f"{cap} bytes ({name}); nothing stored")
+        if self.routes.get_kv(namespace, key) is None:
+            count = sum(len(table) for table in self.routes.kv_config.values())
+            if count >= c.kv_max_entries:
+                raise InvalidParameterError(f"KV config is full: {count} entries is the namesrv's limit "
+                                            f"(kv_max_entries); Namespace: {namespace} Key: {key} not stored")
 
     async def _get_kv(self, conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
         h = H.GetKVConfigRequestHeader.from_command(req)
