@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from sluice.errors import InvalidParameterError
+from sluice.transport.limits import DEFAULT_FRAME_BUDGET, DEFAULT_MAX_CONNECTIONS
 
 
 def parse_address(text: str, *, what: str = "address") -> tuple[str, int]:
@@ -97,6 +98,14 @@ class BrokerConfig:
     dedup_window_keys: int = 200_000
     #: Backfill bitmaps (broker/backfill.py) held at most (bytes over every group and queue; 1 bit per message).
     backfill_max_bytes: int = 256 * 1024 * 1024
+    #: Bytes of frames over 256 KiB being received at once, over all connections: four 16 MiB batch sends; a
+    #: connection whose frame does not fit stops reading until one completes (transport/limits.py).
+    frame_budget: int = DEFAULT_FRAME_BUDGET
+    #: Connections kept at once (one per client process); more are closed at accept with a log line.
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    #: A connection with no complete frame for this long, and no request of its own still being served
+    #: (a held pull counts), is closed: RocketMQ's serverChannelMaxIdleTimeSeconds (120). 0 never closes.
+    server_channel_max_idle_time_seconds: float = 120.0
 
     @property
     def host_port(self) -> tuple[str, int]:
@@ -116,6 +125,10 @@ class BrokerConfig:
             prefixes = self.dedup_producer_group_prefixes
             object.__setattr__(self, "dedup_producer_group_prefixes",
                                tuple(prefixes.split(",") if isinstance(prefixes, str) else prefixes))
+        if self.frame_budget < 1 or self.max_connections < 1:
+            raise InvalidParameterError("frame_budget and max_connections must be positive")
+        if self.server_channel_max_idle_time_seconds < 0:
+            raise InvalidParameterError("server_channel_max_idle_time_seconds must not be negative (0: never)")
         if not 1 <= self.max_error_rate_of_bloom_filter < 100:
             raise InvalidParameterError("max_error_rate_of_bloom_filter must be 1..99 (percent)")
         return self

@@ -162,7 +162,9 @@ class BrokerController:
         # Bitmaps from `sluice spark backfill` (backfill.py).
         self.backfills = backfills = BackfillManager(root, max_bytes=config.backfill_max_bytes, store=store,
                                                      consumers=consumers, filter_data=fm)
-        self.server = RemotingServer(host, port)
+        self.server = RemotingServer(host, port, frame_budget=config.frame_budget,
+                                     max_connections=config.max_connections,
+                                     idle_timeout=config.server_channel_max_idle_time_seconds)
         self.remoting = RemotingClient()
         self.namesrv = NamesrvClient(config.namesrv, remoting=self.remoting) if config.namesrv else None
 
