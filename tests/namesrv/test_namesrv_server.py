@@ -110,3 +110,15 @@ def test_namesrv_connection_bounds_come_from_its_config() -> None:
         finally:
             await ns.close()
     run(main)
+
+
+def test_namesrv_toml_reads_the_bounds(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from sluice.namesrv.cli import load_config_file
+
+    path = tmp_path / "ns.toml"
+    path.write_text("[namesrv]\nframe_budget = 1048576\nmax_connections = 10\nidle_timeout = 30\n"
+                    "kv_max_entries = 5\nkv_max_key_bytes = 64\nkv_max_value_bytes = 1024\n")
+    settings = load_config_file(path)
+    config = NamesrvConfig(**settings)
+    assert (config.frame_budget, config.max_connections, config.idle_timeout) == (1 << 20, 10, 30.0)
+    assert (config.kv_max_entries, config.kv_max_key_bytes, config.kv_max_value_bytes) == (5, 64, 1024)
