@@ -238,3 +238,22 @@ def test_budget_and_rate_limited_log_units(caplog: pytest.LogCaptureFixture) -> 
         limited.warning("refused %d", 5)
     assert [r.getMessage() for r in caplog.records] == [
         "refused 0", "refused 5 (4 more like it not logged in the last 10 s)"]
+
+
+def test_codec_reports_the_declared_size_of_the_frame_being_received() -> None:
+    from sluice.protocol.frame import NEED_DATA, FrameCodec
+
+    small = encode_frame(RemotingCommand.request(SINK, {}, b"s" * 100))
+    big = encode_frame(RemotingCommand.request(SINK, {}, b"b" * (SMALL_FRAME * 2)))
+    codec = FrameCodec()
+    assert codec.partial_frame_size == 0
+    codec.receive_data(small + big[:3])  # a whole frame, then too little of the next to know its size
+    assert codec.next_frame() is not NEED_DATA and codec.next_frame() is NEED_DATA
+    assert codec.partial_frame_size == 0
+    codec.receive_data(big[3:1000])
+    assert codec.next_frame() is NEED_DATA and codec.partial_frame_size == len(big)
+    codec.receive_data(big[1000:-1])  # collected as a big frame now
+    assert codec.next_frame() is NEED_DATA and codec.partial_frame_size == len(big)
+    codec.receive_data(big[-1:])
+    assert len(codec.next_frame().body) == SMALL_FRAME * 2  # type: ignore[union-attr]
+    assert codec.partial_frame_size == 0 and codec.buffered == 0
