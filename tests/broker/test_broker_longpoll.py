@@ -14,7 +14,10 @@ def _pull_in_thread(rpc, *args, **kwargs):
     out: dict = {}
 
     def run() -> None:
-        out["resp"] = rpc.pull(*args, **kwargs)
+        try:
+            out["resp"] = rpc.pull(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - the test looks at it (a closed connection's pulls)
+            out["error"] = e
         out["at"] = time.monotonic()
 
     t = threading.Thread(target=run)
@@ -99,3 +102,58 @@ def test_periodic_check_wakes(make_broker):
     t.join(10)
     assert bodies(out["resp"]) == [b"y"]
     assert hold.woken_by_check >= 1
+
+
+def _wait(cond, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.005)
+
+
+def test_held_pulls_are_bounded_per_connection_and_in_all(make_broker):
+    b = make_broker(max_held_pulls_per_connection=2, max_held_pulls=3)
+    hold = b.broker.hold
+    first, second, producer = b.rpc(), b.rpc(), b.rpc()
+    producer.send("Lim", b"0")
+    held = [_pull_in_thread(first, "Lim", offset=1, suspend_ms=30_000) for _ in range(2)]
+    _wait_held(b, 2)
+    # the connection's third pull is not held: PULL_NOT_FOUND at once, while its two others still wait
+    over = first.pull("Lim", offset=1, suspend_ms=30_000)
+    assert over.code == R.PULL_NOT_FOUND and over.ext_fields["nextBeginOffset"] == "1"
+    assert hold.held_count == 2 and all(t.is_alive() for t, _ in held)
+    held.append(_pull_in_thread(second, "Lim", offset=1, suspend_ms=30_000))
+    _wait_held(b, 3)
+    # the broker holds max_held_pulls: another connection's pull is answered at once too
+    assert second.pull("Lim", offset=1, suspend_ms=30_000).code == R.PULL_NOT_FOUND
+    assert hold.refused_full == 2 and hold.held_count == 3
+    # a normal client is served meanwhile
+    assert producer.pull("Lim", offset=0).code == R.SUCCESS
+    # and a message wakes every held pull
+    assert producer.send("Lim", b"1").code == R.SUCCESS
+    for t, out in held:
+        t.join(10)
+        assert out["resp"].code == R.SUCCESS and bodies(out["resp"]) == [b"1"]
+    _wait(lambda: hold.held_count == 0, "held pulls not released")
+    # under the limits again: held once more
+    t, out = _pull_in_thread(first, "Lim", offset=2, suspend_ms=30_000)
+    _wait_held(b, 1)
+    producer.send("Lim", b"2")
+    t.join(10)
+    assert bodies(out["resp"]) == [b"2"]
+
+
+def test_held_pulls_of_a_closed_connection_are_dropped(make_broker):
+    b = make_broker()
+    hold = b.broker.hold
+    consumer, producer = b.rpc(), b.rpc()
+    producer.send("Gone", b"0")
+    threads = [_pull_in_thread(consumer, "Gone", offset=1, suspend_ms=30_000) for _ in range(5)]
+    _wait_held(b, 5)
+    consumer.close()
+    _wait(lambda: hold.held_count == 0, "the closed connection's pulls are still held")
+    assert not hold._held and not hold._per_owner
+    for t, out in threads:
+        t.join(10)
+        assert "closed" in str(out["error"])
+    assert producer.pull("Gone", offset=0).code == R.SUCCESS

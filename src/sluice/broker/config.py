@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from sluice.errors import InvalidParameterError
+from sluice.store.config import MAX_FRAME, PULL_BODY_CEILING
 from sluice.transport.limits import DEFAULT_FRAME_BUDGET, DEFAULT_MAX_CONNECTIONS
 
 
@@ -71,6 +72,17 @@ class BrokerConfig:
     pull_on_event_loop: bool = True
     #: Held pulls are re-checked this often besides being woken by arrivals (PullRequestHoldService: 5 s).
     long_polling_check_ms: int = 5000
+    #: Bytes one pull answer carries at most, whatever its maxMsgBytes (maxTransferBytesOnMessageInMemory,
+    #: 256 KiB); the first record goes even when larger. Refused above 16 MiB - 64 KiB: real clients refuse
+    #: frames over 16 MiB.
+    max_transfer_bytes: int = 256 * 1024
+    #: Messages one pull answer carries at most, whatever its maxMsgNums (RocketMQ's in-memory count is 32;
+    #: 1024 is the largest pull_batch_size of Sluice's SDK, and max_transfer_bytes bounds the memory).
+    max_transfer_count: int = 1024
+    #: Pulls held (long polling) at most per connection and in all; a pull over either is answered
+    #: PULL_NOT_FOUND at once, unheld (docs/broker.md). A client holds one per queue it consumes.
+    max_held_pulls_per_connection: int = 4096
+    max_held_pulls: int = 65_536
     #: Broker → namesrv registration period (registerNameServerPeriod).
     register_namesrv_period_ms: int = 30_000
     #: Committed offsets are written to disk this often (flushConsumerOffsetInterval).
@@ -129,6 +141,14 @@ class BrokerConfig:
             raise InvalidParameterError("frame_budget and max_connections must be positive")
         if self.server_channel_max_idle_time_seconds < 0:
             raise InvalidParameterError("server_channel_max_idle_time_seconds must not be negative (0: never)")
+        if not 1 <= self.max_transfer_bytes <= PULL_BODY_CEILING:
+            raise InvalidParameterError(
+                f"max_transfer_bytes {self.max_transfer_bytes} must be 1..{PULL_BODY_CEILING}: a pull answer must "
+                f"fit a {MAX_FRAME}-byte frame with its header (real clients refuse bigger frames)")
+        if self.max_transfer_count < 1:
+            raise InvalidParameterError(f"max_transfer_count {self.max_transfer_count} must be positive")
+        if self.max_held_pulls_per_connection < 0 or self.max_held_pulls < 0:
+            raise InvalidParameterError("max_held_pulls_per_connection and max_held_pulls must not be negative")
         if not 1 <= self.max_error_rate_of_bloom_filter < 100:
             raise InvalidParameterError("max_error_rate_of_bloom_filter must be 1..99 (percent)")
         return self

@@ -131,7 +131,8 @@ class BrokerController:
         self.store = store = MessageStore(root, StoreConfig(
             flush_mode=config.flush,  # type: ignore[arg-type]
             commitlog_file_size=config.commitlog_file_size, max_message_size=config.max_message_size,
-            retention_hours=config.retention_hours, store_host=(_advertised_ip(host), port)))
+            retention_hours=config.retention_hours, store_host=(_advertised_ip(host), port),
+            max_transfer_bytes=config.max_transfer_bytes, max_transfer_count=config.max_transfer_count))
         self.pool = pool = BlockingPool(STORE_THREADS)
         self.topics = topics = TopicConfigManager(root / "config", auto_create=config.auto_create_topic,
                                                   default_queue_nums=config.default_topic_queue_nums)
@@ -149,7 +150,9 @@ class BrokerController:
         self.bitmap_dispatcher = CalcBitmapDispatcher(fm) if config.enable_calc_filter_bitmap else None
         if self.bitmap_dispatcher is not None:
             store.add_dispatcher(self.bitmap_dispatcher)
-        self.hold = hold = HoldService(store.get_max_offset, check_interval_s=config.long_polling_check_ms / 1000.0)
+        self.hold = hold = HoldService(store.get_max_offset, check_interval_s=config.long_polling_check_ms / 1000.0,
+                                       max_per_owner=config.max_held_pulls_per_connection,
+                                       max_total=config.max_held_pulls)
         store.add_dispatcher(hold)
         self.appender = appender = Appender(store, pool.executor)
         store.dispatch.drive_externally()  # every append happens on the loop, which dispatches after it

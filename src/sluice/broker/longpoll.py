@@ -14,11 +14,18 @@ A held pull waits on a Future until one of:
 Dispatchers run *before* the consume-queue units are written, so a wake-up
 carries the commit-log offset the waiter must let dispatch reach
 (``store.dispatch.wait_for``) before it pulls again.
+
+Held pulls are bounded per connection and in all. RocketMQ's ManyPullRequest
+has no bound; over Sluice's, a pull is not held but answered PULL_NOT_FOUND at
+once, which every client takes as "poll again" (no error, no back-off). A
+woken pull leaves the structure at once, in O(1); a pull whose connection
+closes leaves it when its handler task is cancelled.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -28,13 +35,15 @@ from sluice.protocol.properties import decode_properties
 from sluice.store.dispatch_columns import DispatchBatch
 from sluice.store.types import DispatchRequest
 
-__all__ = ["HoldService", "TIMED_OUT"]
+__all__ = ["HoldService", "TIMED_OUT", "FULL"]
 
 log = logging.getLogger(__name__)
 
 Key = tuple[str, int]
 #: ``hold()`` result when nothing arrived in time.
 TIMED_OUT = -1
+#: ``hold()`` result, at once, when the connection or the broker holds as many pulls as allowed.
+FULL = -2
 
 
 @dataclass(eq=False, slots=True)
@@ -42,21 +51,35 @@ class _Held:
     key: Key
     offset: int
     filter: SelectorFilter | None
+    owner: object
     future: asyncio.Future[int] = field(repr=False)
 
 
 class HoldService:
-    def __init__(self, max_offset: Callable[[str, int], int], *, check_interval_s: float = 5.0) -> None:
+    """Held pulls by queue, each queue's in a dict (insertion-ordered, removal O(1): a list's remove made
+    releasing n pulls of one queue cost O(n^2)); counted per owner (the connection) and in all."""
+
+    def __init__(self, max_offset: Callable[[str, int], int], *, check_interval_s: float = 5.0,
+                 max_per_owner: int = 4096, max_total: int = 65_536) -> None:
         self._max_offset = max_offset
         self.check_interval_s = check_interval_s
-        self._held: dict[Key, list[_Held]] = {}
-        #: Snapshot of held keys, replaced (never mutated) so the dispatch thread reads it without a lock.
-        self._watched: frozenset[Key] = frozenset()
+        self.max_per_owner = max_per_owner
+        self.max_total = max_total
+        #: Pulls waiting, by queue. The dispatch thread only tests ``key in self._held`` (atomic under the
+        #: GIL); the loop alone changes it, and removes a queue's entry when its last pull goes.
+        self._held: dict[Key, dict[_Held, None]] = {}
+        self._count = 0
+        self._per_owner: dict[object, int] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
         self.woken_by_arrival = 0
         self.woken_by_check = 0
         self.timed_out = 0
+        #: Pulls answered at once, unheld, because a limit was reached.
+        self.refused_full = 0
+        #: Held pulls taken out of the structure (for tests: releasing n pulls is n removals, no scans).
+        self.removals = 0
+        self._full_logged_at = 0.0
 
     # ---- lifecycle (event loop) --------------------------------------------------------------------
     def start(self) -> None:
@@ -69,24 +92,38 @@ class HoldService:
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
         for waiters in list(self._held.values()):
-            for h in waiters:
-                if not h.future.done():
-                    h.future.set_result(TIMED_OUT)
+            for h in list(waiters):
+                self._wake(h, TIMED_OUT)
 
     @property
     def held_count(self) -> int:
-        return sum(len(v) for v in self._held.values())
+        """Pulls being held now (woken ones count until their coroutine has finished with the hold)."""
+        return self._count
+
+    def held_by(self, owner: object) -> int:
+        return self._per_owner.get(owner, 0)
 
     # ---- holding (event loop) ----------------------------------------------------------------------
     async def hold(self, topic: str, queue_id: int, offset: int, message_filter: SelectorFilter | None,
-                   timeout_s: float) -> int:
+                   timeout_s: float, owner: object = None) -> int:
         """Wait for a message past ``offset``; returns the commit-log offset dispatch must reach, 0 when
-        only a re-check noticed it, or TIMED_OUT."""
+        only a re-check noticed it, TIMED_OUT, or FULL at once (unheld) when ``owner`` (the connection)
+        or the broker holds as many pulls as allowed."""
+        per_owner = self._per_owner
+        mine = per_owner.get(owner, 0)
+        if mine >= self.max_per_owner or self._count >= self.max_total:
+            self.refused_full += 1
+            self._log_full(owner, mine)
+            return FULL
         loop = asyncio.get_running_loop()
         key = (topic, queue_id)
-        h = _Held(key, offset, message_filter, loop.create_future())
-        self._held.setdefault(key, []).append(h)
-        self._watched = frozenset(self._held)
+        h = _Held(key, offset, message_filter, owner, loop.create_future())
+        waiters = self._held.get(key)
+        if waiters is None:
+            waiters = self._held[key] = {}
+        waiters[h] = None
+        self._count += 1
+        per_owner[owner] = mine + 1
         try:
             # The queue may have grown between the pull and now (a send raced us): re-check first.
             if self._max_offset(topic, queue_id) > offset:
@@ -98,26 +135,42 @@ class HoldService:
             except TimeoutError:
                 self.timed_out += 1
                 return TIMED_OUT
-        finally:
-            waiters = self._held.get(key)
-            if waiters is not None:
-                try:
-                    waiters.remove(h)
-                except ValueError:
-                    pass
-                if not waiters:
-                    del self._held[key]
-                    self._watched = frozenset(self._held)
+        finally:  # also when cancelled: the connection closed (its handler tasks are cancelled)
+            self._remove(h)
+            self._count -= 1
+            left = per_owner[owner] - 1
+            if left:
+                per_owner[owner] = left
+            else:
+                del per_owner[owner]
+
+    def _remove(self, h: _Held) -> None:
+        waiters = self._held.get(h.key)
+        if waiters is not None and waiters.pop(h, 0) is None:
+            self.removals += 1
+            if not waiters:
+                del self._held[h.key]
+
+    def _log_full(self, owner: object, mine: int) -> None:
+        now = time.monotonic()
+        if now - self._full_logged_at >= 10.0:  # rate-limited: a client over the limit polls again at once
+            self._full_logged_at = now
+            log.warning("pull not held: %d held by %s (max_held_pulls_per_connection %d), %d in all "
+                        "(max_held_pulls %d); answered PULL_NOT_FOUND at once (%d so far)",
+                        mine, getattr(owner, "peer", owner), self.max_per_owner, self._count, self.max_total,
+                        self.refused_full)
 
     def _wake(self, h: _Held, value: int) -> None:
+        self._remove(h)
         if not h.future.done():
             h.future.set_result(value)
 
     def _arrived(self, hits: dict[Key, list[tuple[int, int, dict[str, str]]]], end: int) -> None:
         for key, msgs in hits.items():
-            for h in list(self._held.get(key, ())):
-                if h.future.done():
-                    continue
+            waiters = self._held.get(key)
+            if not waiters:
+                continue
+            for h in list(waiters):
                 f = h.filter
                 for qoff, tag, props in msgs:
                     if qoff >= h.offset and (f is None or f.match_dispatch(tag, props)):
@@ -137,10 +190,9 @@ class HoldService:
         """Wake every held pull whose queue now has messages past its offset (RocketMQ's periodic scan)."""
         for key, waiters in list(self._held.items()):
             newest = self._max_offset(*key)
-            for h in list(waiters):
-                if newest > h.offset and not h.future.done():
-                    self.woken_by_check += 1
-                    self._wake(h, 0)
+            for h in [h for h in waiters if newest > h.offset]:
+                self.woken_by_check += 1
+                self._wake(h, 0)
 
     # ---- the store's dispatch thread (store.types.Dispatcher) --------------------------------------
     #: Wakes pulls only: a rebuilt queue's old records need not be seen again.
@@ -148,7 +200,7 @@ class HoldService:
 
     def dispatch(self, requests: list[DispatchRequest]) -> None:
         """Store dispatcher hook: runs on the dispatch thread, so it only hands work to the loop."""
-        watched = self._watched
+        watched = self._held
         loop = self._loop
         if not watched or loop is None or not requests:
             return
@@ -168,7 +220,7 @@ class HoldService:
         """Columnar store dispatcher hook: with no pull held on a queue of the batch nothing is built;
         otherwise only the held queues' records get a tag code and decoded properties (no DispatchRequest
         per message, a cost the broker would pay per sent message)."""
-        watched = self._watched
+        watched = self._held
         loop = self._loop
         if not watched or loop is None or not batch.runs:
             return

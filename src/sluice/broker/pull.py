@@ -20,7 +20,7 @@ from sluice.broker.filter_data import LIVE_MARGIN_MS, ConsumerFilterData, Consum
 from sluice.broker.filtering import (
     SQL92_DISABLED, CompiledSubscription, SelectorFilter, SqlFilterDisabledError, compile_subscription,
 )
-from sluice.broker.longpoll import TIMED_OUT, HoldService
+from sluice.broker.longpoll import FULL, TIMED_OUT, HoldService
 from sluice.broker.offsets import ConsumerOffsetManager
 from sluice.broker.pool import BlockingPool
 from sluice.broker.retry import retry_filter
@@ -31,6 +31,7 @@ from sluice.protocol.codes import ResponseCode
 from sluice.protocol.command import RemotingCommand
 from sluice.protocol.headers import PullMessageRequestHeader
 from sluice.store import MessageStore
+from sluice.store.config import MAX_FRAME, PULL_BODY_CEILING
 from sluice.store.types import GetMessageResult, GetMessageStatus
 from sluice.transport.connection import RemotingConnection
 
@@ -179,26 +180,31 @@ class PullProcessor:
         max_msgs = max(1, h.max_msg_nums)
         max_bytes = h.max_msg_bytes if h.max_msg_bytes and h.max_msg_bytes > 0 else None
         if not self.config.pull_on_event_loop:
-            return self._wait_and_answer(request, h, max_msgs, mf, max_bytes, None)
+            return self._wait_and_answer(conn, request, h, max_msgs, mf, max_bytes, None)
         res = self._get_now(h, max_msgs, mf, max_bytes)
         code = pull_response_code(res.status, h.queue_offset)
         if code == _R.PULL_NOT_FOUND and h.sys_flag & FLAG_SUSPEND:
-            return self._wait_and_answer(request, h, max_msgs, mf, max_bytes, res)
+            return self._wait_and_answer(conn, request, h, max_msgs, mf, max_bytes, res)
         return self._answer(request, res, code)
 
-    async def _wait_and_answer(self, request: RemotingCommand, h: PullMessageRequestHeader, max_msgs: int,
+    async def _wait_and_answer(self, conn: RemotingConnection, request: RemotingCommand,
+                               h: PullMessageRequestHeader, max_msgs: int,
                                mf: SelectorFilter | None, max_bytes: int | None,
                                res: GetMessageResult | None) -> RemotingCommand:
         """Read on the thread pool (``res`` None), and hold a PULL_NOT_FOUND with the SUSPEND flag up to the
-        client's suspend timeout (long polling), then pull once more."""
+        client's suspend timeout (long polling), then pull once more. Over the held-pull limits (the
+        connection's or the broker's) the PULL_NOT_FOUND is answered at once: the client polls again."""
         if res is None:
             res = await self._get(h, max_msgs, mf, max_bytes)
         code = pull_response_code(res.status, h.queue_offset)
         if code == _R.PULL_NOT_FOUND and h.sys_flag & FLAG_SUSPEND:
             config = self.config
             timeout_ms = h.suspend_timeout_millis if config.long_polling_enable else config.short_polling_ms
-            woke = await self.hold.hold(h.topic, h.queue_id, h.queue_offset, mf, max(0, timeout_ms) / 1000.0)
-            if woke != TIMED_OUT and woke > 0:
+            woke = await self.hold.hold(h.topic, h.queue_id, h.queue_offset, mf, max(0, timeout_ms) / 1000.0,
+                                        conn)
+            if woke == FULL:
+                return self._answer(request, res, code)
+            if woke > 0 and self.store.dispatch.reput_offset < woke:  # no thread hop when dispatch is there
                 await self.pool.run(self.store.dispatch.wait_for, woke, 1.0)
             res = await self._get(h, max_msgs, mf, max_bytes)
             code = pull_response_code(res.status, h.queue_offset)
@@ -208,6 +214,10 @@ class PullProcessor:
         fields = {"suggestWhichBrokerId": "0", "nextBeginOffset": str(res.next_begin_offset),
                   "minOffset": str(res.min_offset), "maxOffset": str(res.max_offset)}
         if code == _R.SUCCESS:
+            if len(res.data) > PULL_BODY_CEILING:  # only a record stored under a larger max_message_size
+                raise SluiceError(f"the record at queue offset {res.queue_offsets[0]} is "
+                                  f"{len(res.data)} bytes, more than a {MAX_FRAME}-byte frame can carry",
+                                  code=_R.SYSTEM_ERROR)
             self.pulled_messages += res.message_count
             return request.make_response(code, ext_fields=fields, body=res.data)
         return request.make_response(code, _REMARKS.get(code), ext_fields=fields)

@@ -9,6 +9,13 @@ from sluice.errors import InvalidParameterError
 GiB = 1024 * 1024 * 1024
 MiB = 1024 * 1024
 
+#: The largest frame real clients accept (RocketMQ's NettyDecoder: 16 MiB); a pull answer's body stays below
+#: it with room for the frame's header (the response's ext fields are a few hundred bytes).
+MAX_FRAME = 16 * MiB
+PULL_BODY_CEILING = MAX_FRAME - 64 * 1024
+#: A stored record's bytes beyond its body at most: fixed fields, topic (< 128 bytes), properties (< 32 KiB).
+RECORD_OVERHEAD_MAX = 33 * 1024
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StoreConfig:
@@ -49,9 +56,16 @@ class StoreConfig:
     #: (sparse, so a queue with few units costs little disk) and the largest bitmap a unit may hold.
     consumequeue_ext_file_size: int = 48 * MiB
     consumequeue_ext_bitmap_max: int = 64
-    #: Bytes a pull returns at most when the caller does not say (RocketMQ's maxTransferBytesOnMessageInDisk
-    #: is 64 KiB; we allow a full default batch of 32 x 4 KiB bodies plus headers).
+    #: Bytes a pull returns at most, whatever the pull asks (RocketMQ's maxTransferBytesOnMessageInMemory,
+    #: 256 KiB; Sluice does not tell page-cache reads from disk reads, so there is no 64 KiB disk variant).
+    #: The first record is served even when alone it is larger, as RocketMQ's isTheBatchFull does. At
+    #: most PULL_BODY_CEILING.
     max_transfer_bytes: int = 256 * 1024
+    #: Messages a pull returns at most, whatever its maxMsgNums (RocketMQ's maxTransferCountOnMessageInMemory
+    #: is 32). 1024: Sluice's push consumer allows pull_batch_size up to 1024 and the Spark source asks 256
+    #: per pull; memory is bounded by max_transfer_bytes, and this bounds the per-message work (units read,
+    #: per-record lists) of one pull.
+    max_transfer_count: int = 1024
     #: Check the body CRC of every record a pull serves (a damaged record is never served).
     verify_crc_on_read: bool = True
     #: Records the dispatcher reads per batch (bounds latency of each step and memory).
@@ -68,6 +82,17 @@ class StoreConfig:
             raise InvalidParameterError(
                 f"max_message_size {self.max_message_size} does not fit a commit-log file of "
                 f"{self.commitlog_file_size} bytes with room for its header")
+        if not 1 <= self.max_transfer_bytes <= PULL_BODY_CEILING:
+            raise InvalidParameterError(
+                f"max_transfer_bytes {self.max_transfer_bytes} must be 1..{PULL_BODY_CEILING} (a pull answer "
+                f"must fit a {MAX_FRAME}-byte frame with its header: real clients refuse bigger frames)")
+        if self.max_transfer_count < 1:
+            raise InvalidParameterError(f"max_transfer_count {self.max_transfer_count} must be positive")
+        if self.max_message_size + RECORD_OVERHEAD_MAX > PULL_BODY_CEILING:
+            raise InvalidParameterError(
+                f"max_message_size {self.max_message_size} is too large: a stored record of that body could "
+                f"not be pulled in a frame under {MAX_FRAME} bytes (at most "
+                f"{PULL_BODY_CEILING - RECORD_OVERHEAD_MAX})")
         if self.consumequeue_units_per_file < 1:
             raise InvalidParameterError("consumequeue_units_per_file must be positive")
         if self.flush_mode not in ("sync", "async"):

@@ -55,8 +55,14 @@ class PullReader:
 
     def get_messages(self, topic: str, queue_id: int, offset: int, max_msgs: int,
                      message_filter: MessageFilter | None, max_bytes: int | None) -> GetMessageResult:
-        """A pull: up to ``max_msgs`` records from queue ``offset`` that pass ``message_filter``."""
-        max_bytes = self.config.max_transfer_bytes if max_bytes is None else max_bytes
+        """A pull: up to ``max_msgs`` records from queue ``offset`` that pass ``message_filter``.
+
+        Both bounds are capped by the store's max_transfer_count and max_transfer_bytes whatever the caller
+        asks (RocketMQ's DefaultMessageStore.isTheBatchFull); the first record is always served."""
+        c = self.config
+        max_msgs = max(1, min(max_msgs, c.max_transfer_count))
+        cap = c.max_transfer_bytes
+        max_bytes = cap if max_bytes is None or max_bytes <= 0 else min(max_bytes, cap)
         cq = self.queues.get(topic, queue_id)
         if cq is None:
             return GetMessageResult(_S.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0)
@@ -81,7 +87,6 @@ class PullReader:
         # Nothing matched in the first window. While units are being ruled out on their tag codes or
         # bitmaps alone (few records read), look further: a 0.1 % filter then needs a round trip per
         # tens of thousands of units instead of per 800. Bounded in units and time.
-        c = self.config
         deadline = time.monotonic() + c.max_filter_scan_ms / 1000.0
         scanned, reads = res.next_begin_offset - offset, res.records_read
         while (res.status is _S.NO_MATCHED_MESSAGE and res.next_begin_offset < cq.max_offset
