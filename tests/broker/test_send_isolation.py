@@ -61,7 +61,6 @@ async def _rounds(addr: str, topic: str, field: str, value: int) -> list[tuple[l
             await c.close()
 
 
-@pytest.mark.slow
 def test_an_integer_out_of_range_fails_only_its_own_send(tmp_path: Path) -> None:
     with running_cluster(tmp_path) as c:
         for n, (field, value, allowed) in enumerate(BAD):
