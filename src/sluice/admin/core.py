@@ -27,6 +27,7 @@ from typing import Any, BinaryIO, TextIO
 
 import click
 
+from sluice.acl.signature import Credentials
 from sluice.admin.output import Result, render, write_json
 from sluice.admin.session import AdminSession
 from sluice.admin.status import ExitStatus, exit_status_for
@@ -39,6 +40,8 @@ __all__ = ["FAMILIES", "AdminEnv", "admin_command", "admin_group", "cli_command"
 FAMILIES = ("topics", "cluster", "consumers", "messages", "deadletters", "explain", "backfill")
 #: Where the namesrv address comes from when -n is not given, in this order.
 NAMESRV_ENV = ("SLUICE_NAMESRV", "NAMESRV_ADDR")
+#: Where the ACL account comes from when --access-key / --secret-key are not given.
+ACCESS_KEY_ENV, SECRET_KEY_ENV = "SLUICE_ACCESS_KEY", "SLUICE_SECRET_KEY"
 #: Per-request timeout in seconds (RocketMQ's admin default is 3 s as well).
 DEFAULT_TIMEOUT = 3.0
 
@@ -55,6 +58,19 @@ class AdminEnv:
     json: bool = False
     timeout: float = DEFAULT_TIMEOUT
     traceback: bool = False
+    access_key: str | None = None
+    secret_key: str | None = None
+
+    def credentials(self) -> Credentials | None:
+        """The ACL account to sign with: flags first, then SLUICE_ACCESS_KEY / SLUICE_SECRET_KEY; None for none."""
+        ak = self.access_key or self.env.get(ACCESS_KEY_ENV, "").strip() or None
+        sk = self.secret_key or self.env.get(SECRET_KEY_ENV, "").strip() or None
+        if ak is None and sk is None:
+            return None
+        if ak is None or sk is None:
+            raise click.UsageError("an ACL account needs both --access-key and --secret-key (or "
+                                   f"{ACCESS_KEY_ENV} and {SECRET_KEY_ENV})")
+        return Credentials(ak, sk)
 
     def namesrv_addr(self) -> str:
         if self.namesrv:
@@ -101,7 +117,7 @@ def _set(attr: str) -> Callable[[click.Context, click.Parameter, Any], None]:
     return callback
 
 
-_COMMON = frozenset({"namesrv", "as_json", "timeout", "traceback"})
+_COMMON = frozenset({"namesrv", "as_json", "timeout", "traceback", "access_key", "secret_key"})
 
 
 def common_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -114,6 +130,10 @@ def common_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help=f"Seconds per request [default: {DEFAULT_TIMEOUT:g}]."),
         click.option("--traceback", is_flag=True, default=None, expose_value=False, callback=_set("traceback"),
                      help="Show the Python traceback of an error."),
+        click.option("--access-key", metavar="AK", expose_value=False, callback=_set("access_key"),
+                     help=f"ACL account to sign requests with [env: {ACCESS_KEY_ENV}]."),
+        click.option("--secret-key", metavar="SK", expose_value=False, callback=_set("secret_key"),
+                     help=f"The account's secret key [env: {SECRET_KEY_ENV}]."),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -139,9 +159,10 @@ def admin_command(name: str, *, aliases: Sequence[str] = ()) -> Callable[[AdminC
         def callback(**kwargs: Any) -> Result:
             env = click.get_current_context().ensure_object(AdminEnv)
             addr = env.namesrv_addr()
+            credentials = env.credentials()
 
             async def run() -> Result:
-                async with AdminSession(addr, timeout=env.timeout) as session:
+                async with AdminSession(addr, timeout=env.timeout, credentials=credentials) as session:
                     return await fn(session, **kwargs)
             result = asyncio.run(run())
             render(result, env.stdout, env.stderr, env.env, as_json=env.json)

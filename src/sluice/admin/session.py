@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from sluice.client.broker_api import decode_messages
+from sluice.acl.signature import Credentials
 from sluice.client.instance import ClientConfig, ClientInstance
 from sluice.client.producer import AsyncProducer
 from sluice.client.pull_consumer import FLAG_SUBSCRIPTION, process_pull_response
@@ -49,15 +50,17 @@ class BrokerRef:
 class AdminSession:
     """``async with AdminSession("127.0.0.1:9876", timeout=3.0) as s: await s.cluster_info()``."""
 
-    def __init__(self, namesrv: str, *, timeout: float = 3.0) -> None:
+    def __init__(self, namesrv: str, *, timeout: float = 3.0, credentials: Credentials | None = None) -> None:
         self.namesrv_addr = namesrv
         self.timeout = timeout
+        self.credentials = credentials  #: an ACL account: every request is signed with it
         self._instance: ClientInstance | None = None
         self._producer: AsyncProducer | None = None
 
     async def __aenter__(self) -> AdminSession:
         # A name of its own, so an admin call made inside a process that also runs clients never shares them.
-        cfg = ClientConfig(request_timeout=self.timeout, instance_name=f"sluice-admin-{os.getpid()}-{next(_ids)}")
+        cfg = ClientConfig(request_timeout=self.timeout, instance_name=f"sluice-admin-{os.getpid()}-{next(_ids)}",
+                           credentials=self.credentials)
         self._instance = await ClientInstance.acquire(self.namesrv_addr, cfg)
         return self
 

@@ -58,16 +58,17 @@ async def run_broker(config: BrokerConfig) -> None:
               help="TOML file with any broker setting (see docs/broker.md); flags win.")
 @click.option("--auto-create-topic/--no-auto-create-topic", default=None,
               help="Create unknown topics on first send [default: on].")
+@click.option("--acl", metavar="FILE", help="RocketMQ plain_acl.yml: check every request (docs/security.md).")
 def broker_command(config_path: Path | None, listen: str | None, namesrv: str | None, store: str | None,
                    broker_name: str | None, cluster_name: str | None, flush: str | None,
-                   auto_create_topic: bool | None) -> None:
+                   auto_create_topic: bool | None, acl: str | None = None) -> None:
     """Run a broker: stores messages, serves sends and (long-polling) pulls, registers with namesrvs."""
     level = os.environ.get("SLUICE_LOG_LEVEL", "INFO").upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = BrokerConfig.load(config_path, listen=listen, namesrv=namesrv, store=store,
                                    broker_name=broker_name, cluster_name=cluster_name, flush=flush,
-                                   auto_create_topic=auto_create_topic)
+                                   auto_create_topic=auto_create_topic, acl=acl)
     except SluiceError as exc:
         raise click.UsageError(str(exc)) from None
     try:

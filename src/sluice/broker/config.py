@@ -110,6 +110,12 @@ class BrokerConfig:
     dedup_window_keys: int = 200_000
     #: Backfill bitmaps (broker/backfill.py) held at most (bytes over every group and queue; 1 bit per message).
     backfill_max_bytes: int = 256 * 1024 * 1024
+    #: A RocketMQ 4.x ``plain_acl.yml`` (sluice.acl.policy); empty: no ACL, every request is served as before.
+    acl: str = ""
+    #: The account the broker signs its namesrv registrations with, for a namesrv run with ``--acl``
+    #: (RocketMQ brokers carry one too); empty: unsigned, so the broker's address must be whitelisted there.
+    acl_access_key: str = ""
+    acl_secret_key: str = ""
     #: Bytes of frames over 256 KiB being received at once, over all connections: four 16 MiB batch sends; a
     #: connection whose frame does not fit stops reading until one completes (transport/limits.py).
     frame_budget: int = DEFAULT_FRAME_BUDGET
@@ -131,6 +137,8 @@ class BrokerConfig:
             raise InvalidParameterError(f"flush must be 'sync' or 'async', got {self.flush!r}")
         if self.broker_id != 0:
             raise InvalidParameterError("only master brokers (broker_id = 0) are supported")
+        if bool(self.acl_access_key) != bool(self.acl_secret_key):
+            raise InvalidParameterError("acl_access_key and acl_secret_key are given together or not at all")
         if self.dedup_window_seconds <= 0 or self.dedup_window_keys < 1:
             raise InvalidParameterError("dedup_window_seconds and dedup_window_keys must be positive")
         if isinstance(self.dedup_producer_group_prefixes, (str, list)):  # TOML gives lists, flags strings

@@ -26,6 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from sluice import __version__
+from sluice.acl.guard import AclGuard
+from sluice.acl.signature import Credentials
+from sluice.acl.signing import remoting_client
+from sluice.broker.acl import need_of
 from sluice.broker.admin import AdminProcessor
 from sluice.broker.appender import Appender
 from sluice.broker.backfill import BackfillManager, BackfillProcessor
@@ -118,6 +122,7 @@ class BrokerController:
     server: RemotingServer
     remoting: RemotingClient
     namesrv: NamesrvClient | None
+    acl: AclGuard | None  #: None without ``acl``: no request is checked
     started_at: float
 
     def __init__(self, config: BrokerConfig) -> None:
@@ -168,7 +173,11 @@ class BrokerController:
         self.server = RemotingServer(host, port, frame_budget=config.frame_budget,
                                      max_connections=config.max_connections,
                                      idle_timeout=config.server_channel_max_idle_time_seconds)
-        self.remoting = RemotingClient()
+        # ACL (sluice.acl): checks each request before its handler; the broker's own account signs its
+        # namesrv registrations.
+        self.acl = AclGuard(config.acl) if config.acl else None
+        self.remoting = remoting_client(Credentials(config.acl_access_key, config.acl_secret_key)
+                                        if config.acl_access_key else None)
         self.namesrv = NamesrvClient(config.namesrv, remoting=self.remoting) if config.namesrv else None
 
         changed = self.topics_changed
@@ -198,7 +207,10 @@ class BrokerController:
         by_class = {type(p): p for p in processors}
         self.routes = {}
         for route in ROUTES:
-            self.server.register(route.code, self._guard(getattr(by_class[route.processor], route.method)))
+            handler = getattr(by_class[route.processor], route.method)
+            if self.acl is not None:
+                handler = self._acl_checked(self.acl, route, handler)
+            self.server.register(route.code, self._guard(handler))
             self.routes[int(route.code)] = route
         self.server.on_connection_close(self._connection_closed)
         self.started_at = 0.0
@@ -212,6 +224,21 @@ class BrokerController:
         self._stopped = False
 
     # ---- request handling ----------------------------------------------------------------------------
+    @staticmethod
+    def _acl_checked(acl: AclGuard, route: Route, handler: RequestHandler) -> RequestHandler:
+        """``handler`` behind the ACL (PlainAccessValidator): a refusal raises NoPermissionError before it
+        runs, so nothing changes. Keeps a plain handler plain and an async one async."""
+        if asyncio.iscoroutinefunction(handler):
+            async def checked(conn: RemotingConnection, request: RemotingCommand) -> Any:
+                acl.check(conn.peer, request.ext_fields, request.body, need_of(route, request))
+                return await handler(conn, request)
+            return checked
+
+        def checked_now(conn: RemotingConnection, request: RemotingCommand) -> Any:
+            acl.check(conn.peer, request.ext_fields, request.body, need_of(route, request))
+            return handler(conn, request)
+        return checked_now
+
     def _guard(self, handler: RequestHandler) -> RequestHandler:
         """Refuse work while stopping, count requests in flight (a stop drains them), log refusals.
 

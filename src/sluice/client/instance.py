@@ -20,12 +20,13 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
+from sluice.acl.signature import Credentials
+from sluice.acl.signing import remoting_client
 from sluice.client.broker_api import BrokerAPI
 from sluice.client.routing import default_topic_route
-from sluice.errors import ClientError, SluiceError, TopicNotExistError
+from sluice.errors import ClientError, InvalidParameterError, SluiceError, TopicNotExistError
 from sluice.namesrv.client import NamesrvClient, parse_namesrv_addrs
 from sluice.protocol.bodies import MASTER_ID, ConsumerData, HeartbeatData, ProducerData, TopicRouteData
-from sluice.transport.client import RemotingClient
 from sluice.protocol.msgid import local_ip
 
 __all__ = ["ClientConfig", "ClientInstance", "ConsumerInner"]
@@ -47,6 +48,13 @@ class ClientConfig:
     request_timeout: float = 3.0
     #: Distinguishes instances in one process (RocketMQ's instanceName); the pid by default.
     instance_name: str | None = None
+    #: An ACL account: every request the instance sends is signed with it (RocketMQ's AclClientRPCHook).
+    credentials: Credentials | None = None
+
+    def __post_init__(self) -> None:
+        if self.credentials is not None and not isinstance(self.credentials, Credentials):
+            raise InvalidParameterError("credentials must be sluice.Credentials(access_key, secret_key), not "
+                                        f"{type(self.credentials).__name__}")
 
 
 class ConsumerInner(Protocol):
@@ -60,12 +68,12 @@ class ConsumerInner(Protocol):
 
 
 class ClientInstance:
-    _registry: dict[tuple[int, tuple[str, ...], str | None], ClientInstance] = {}
+    _registry: dict[tuple[int, tuple[str, ...], str | None, Credentials | None], ClientInstance] = {}
 
     def __init__(self, namesrv: Iterable[str], config: ClientConfig | None = None) -> None:
         self.config = config or ClientConfig()
         self.namesrv_addrs = tuple(namesrv)
-        self.remoting = RemotingClient()
+        self.remoting = remoting_client(self.config.credentials)
         self.namesrv = NamesrvClient(self.namesrv_addrs, self.remoting, timeout=self.config.request_timeout)
         self.api = BrokerAPI(self.remoting)
         instance = self.config.instance_name or str(os.getpid())
@@ -78,7 +86,7 @@ class ClientInstance:
         self.consumers: dict[str, ConsumerInner] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._users = 0
-        self._key: tuple[int, tuple[str, ...], str | None] | None = None
+        self._key: tuple[int, tuple[str, ...], str | None, Credentials | None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.closed = False
 
@@ -90,7 +98,7 @@ class ClientInstance:
         addrs = tuple(parse_namesrv_addrs(namesrv))
         cfg = config or ClientConfig()
         loop = asyncio.get_running_loop()
-        key = (id(loop), addrs, cfg.instance_name)
+        key = (id(loop), addrs, cfg.instance_name, cfg.credentials)  # other keys: another instance
         inst = cls._registry.get(key)
         # A loop id can be reused by a later loop: an instance left unreleased on a dead loop is not shared.
         if inst is None or inst.closed or inst._loop is not loop:

@@ -14,7 +14,8 @@ from sluice.namesrv.server import NamesrvConfig, run_namesrv
 
 _CONFIG_KEYS = {"listen": str, "scan_interval": float, "broker_expiry": float, "max_frame_size": int, "log_level": str,
                 "frame_budget": int, "max_connections": int, "idle_timeout": float, "kv_max_entries": int,
-                "kv_max_key_bytes": int, "kv_max_value_bytes": int}
+                "kv_max_key_bytes": int, "kv_max_value_bytes": int,
+                "acl": str}
 
 
 def load_config_file(path: Path) -> dict[str, Any]:
@@ -48,6 +49,7 @@ def load_config_file(path: Path) -> dict[str, Any]:
 @click.option("--frame-budget", type=int, help="Bytes of big frames received at once, all connections [default: 64 MiB].")
 @click.option("--max-connections", type=int, help="Connections kept at once; more are closed at accept [default: 4096].")
 @click.option("--idle-timeout", type=float, help="Seconds without a frame before a connection is closed; 0 = never [default: 120].")
+@click.option("--acl", metavar="FILE", help="RocketMQ plain_acl.yml: writes need an admin account or a white address.")
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def namesrv_command(config_path: Path | None, log_level: str | None, **flags: Any) -> None:
     """Run a name server: brokers register here, clients ask it for topic routes."""
@@ -62,5 +64,7 @@ def namesrv_command(config_path: Path | None, log_level: str | None, **flags: An
         raise click.UsageError(str(exc)) from None
     try:
         asyncio.run(run_namesrv(config))
+    except SluiceError as exc:  # e.g. an ACL file that cannot be used
+        raise click.ClickException(f"namesrv failed: {exc}") from None
     except OSError as exc:  # typically the port is taken
         raise click.ClickException(f"cannot listen on {config.listen}: {exc}") from None

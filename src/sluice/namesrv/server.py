@@ -15,11 +15,15 @@ The connection bounds (frame budget, connection limit, idle timeout) are the Rem
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import signal
 import time
 from dataclasses import dataclass
+from typing import Any
 
+from sluice.acl.guard import AclGuard
+from sluice.acl.policy import Need
 from sluice.errors import InvalidParameterError, TopicNotExistError
 from sluice.namesrv.routeinfo import RouteInfoManager
 from sluice.protocol import headers as H
@@ -31,7 +35,12 @@ from sluice.protocol.frame import DEFAULT_MAX_FRAME_SIZE
 from sluice.transport.limits import DEFAULT_FRAME_BUDGET, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS
 from sluice.transport.server import RemotingServer
 
-__all__ = ["NamesrvConfig", "NamesrvServer", "run_namesrv"]
+__all__ = ["NamesrvConfig", "NamesrvServer", "run_namesrv", "ADMIN_CODES"]
+
+#: Writes: with ACL on they need an admin account or a white address. Route and KV reads need nothing.
+ADMIN_CODES = frozenset(int(c) for c in (
+    RequestCode.REGISTER_BROKER, RequestCode.UNREGISTER_BROKER, RequestCode.DELETE_TOPIC_IN_NAMESRV,
+    RequestCode.PUT_KV_CONFIG, RequestCode.DELETE_KV_CONFIG))
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +66,8 @@ class NamesrvConfig:
     kv_max_key_bytes: int = 255
     #: Bytes (UTF-8) of a KV value: ORDER_TOPIC_CONFIG values list brokers and queue counts, a few hundred bytes.
     kv_max_value_bytes: int = 64 * 1024
+    #: A RocketMQ ``plain_acl.yml``: writes then need an admin account or a white address; empty: no ACL.
+    acl: str = ""
 
     def __post_init__(self) -> None:
         split_addr(self.listen)
@@ -77,6 +88,7 @@ class NamesrvServer:
         self.server = RemotingServer(host, port, max_frame_size=c.max_frame_size, frame_budget=c.frame_budget,
                                      max_connections=c.max_connections, idle_timeout=c.idle_timeout)
         self._scan_task: asyncio.Task[None] | None = None
+        self.acl = AclGuard(self.config.acl) if self.config.acl else None
         handlers = {
             RequestCode.REGISTER_BROKER: self._register_broker,
             RequestCode.UNREGISTER_BROKER: self._unregister_broker,
@@ -90,12 +102,25 @@ class NamesrvServer:
             RequestCode.QUERY_DATA_VERSION: self._query_data_version,
         }
         for code, handler in handlers.items():
+            if self.acl is not None and code in ADMIN_CODES:
+                handler = self._admin_only(self.acl, code, handler)
             self.server.register(code, handler)
         self.server.on_connection_close(self._connection_closed)
 
     @property
     def address(self) -> str:
         return self.server.address
+
+    @staticmethod
+    def _admin_only(acl: AclGuard, code: int, handler: Any) -> Any:
+        """A write behind the ACL: a white address, or a request signed by an admin account."""
+        need = Need(int(code), admin=True)
+
+        async def checked(conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
+            acl.check(conn.peer, req.ext_fields, req.body, need)
+            result = handler(conn, req)
+            return await result if inspect.isawaitable(result) else result
+        return checked
 
     async def start(self) -> None:
         await self.server.start()

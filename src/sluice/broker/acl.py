@@ -1,0 +1,48 @@
+"""What each broker request asks of the ACL (acl/.../plain/PlainAccessValidator.java ``parse``).
+
+The permission comes from the request table's column (``requests.py``); the resources are the ones the
+request names: its topic (``b`` in the compact V2 send header, ``originTopic`` for a message sent back)
+with that permission, and its consumer group as the group's retry topic with SUB. A heartbeat names the
+groups and subscribed topics in its body. ADMIN rows need an admin account.
+"""
+from __future__ import annotations
+
+from sluice.acl.policy import PUB, SUB, Need, retry_topic
+from sluice.broker.requests import Permission, Route
+from sluice.protocol.bodies import HeartbeatData, decode_body
+from sluice.protocol.codes import RequestCode as R
+from sluice.protocol.command import RemotingCommand
+
+__all__ = ["need_of"]
+
+_PERM = {Permission.PUBLISH: PUB, Permission.SUBSCRIBE: SUB}
+_V2 = (int(R.SEND_MESSAGE_V2), int(R.SEND_BATCH_MESSAGE))
+
+
+def need_of(route: Route, request: RemotingCommand) -> Need:
+    code = int(route.code)
+    if route.permission is Permission.ADMIN:
+        return Need(code, admin=True)
+    perm = _PERM.get(route.permission)
+    if perm is None:
+        return Need(code)
+    ext = request.ext_fields
+    resources: dict[str, int] = {}
+    if code == int(R.HEART_BEAT):
+        try:
+            data = decode_body(HeartbeatData, request.body) if request.body else None
+        except Exception:  # a body the handler will refuse precisely; here it names no resource
+            data = None
+        for consumer in data.consumer_data_set if data is not None else ():
+            resources[retry_topic(consumer.group_name)] = SUB
+            for sub in consumer.subscription_data_set:
+                if not sub.topic.startswith("%RETRY%"):
+                    resources[sub.topic] = SUB
+        return Need(code, resources=resources)
+    topic = ext.get("b") if code in _V2 else ext.get("originTopic") or ext.get("topic")
+    if topic:
+        resources[topic] = perm
+    group = ext.get("consumerGroup") or ext.get("group")
+    if group and code not in _V2 and code != int(R.SEND_MESSAGE):
+        resources[retry_topic(group)] = SUB
+    return Need(code, resources=resources)
