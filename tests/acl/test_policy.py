@@ -88,7 +88,8 @@ def test_bad_address_patterns_are_refused(bad: str) -> None:
     ("accounts:\n  - {accessKey: abcdefg, secretKey: 12345678, topicPerms: [topicA]}\n",
      "accounts[0].topicPerms[0]: 'topicA' is not 'NAME=PERM'"),
     ("accounts:\n  - {accessKey: abcdefg, secretKey: 12345678, admin: yes-please}\n", "accounts[0].admin"),
-    ("accounts:\n  - {accessKey: abc, secretKey: 12345678}\n", "at least 6 characters"),
+    ("accounts:\n  - {accessKey: abcdefg, secretKey: 12345678}\n  - {accessKey: abcdefg, secretKey: x}\n",
+     "accounts[1].accessKey 'abcdefg' is given twice"),
     ("globalWhiteRemoteAddresses: [10.0.0.x]\n", "globalWhiteRemoteAddresses[0]"),
 ])
 def test_a_bad_file_names_the_file_and_the_place(text: str, where: str) -> None:

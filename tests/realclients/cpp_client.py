@@ -125,6 +125,8 @@ def cmd_send(args: argparse.Namespace, deadline: float) -> NoReturn:
     producer = Producer(args.group)
     producer.set_namesrv_addr(args.namesrv)
     producer.set_timeout(int(args.send_timeout * 1000))
+    if args.access_key:  # sign every request (RocketMQ ACL)
+        producer.set_session_credentials(args.access_key, args.secret_key, args.channel)
     producer.start()
     sent = 0
     error = None
@@ -266,6 +268,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.add_argument("--topic", required=True)
         p.add_argument("--group", required=True, help="producer or consumer group")
         p.add_argument("--timeout", type=float, default=30.0, help="seconds for the whole job")
+        p.add_argument("--access-key", default="", help="ACL account (send only): set_session_credentials")
+        p.add_argument("--secret-key", default="")
+        p.add_argument("--channel", default="ALIYUN")
         if name == "send":
             p.add_argument("--messages", required=True, help="JSON list, or @file holding one")
             p.add_argument("--batch", action="store_true", help="one SendBatchMessage for all")

@@ -83,8 +83,8 @@ function clientOptions(opts, extra) {
     // Required by ali-ons but never called when nameSrv is given (no HTTP address lookup).
     httpclient: { request: async () => { throw new Error('httpclient must not be used'); } },
     // The client signs every request; any non-empty pair does, a server without ACL ignores it.
-    accessKeyId: 'sluice',
-    accessKeySecret: 'sluice',
+    accessKeyId: opts['access-key'] || 'sluice',
+    accessKeySecret: opts['secret-key'] || 'sluice',
     logger: { info() {}, debug() {}, warn: (...a) => console.error('[ali-ons warn]', ...a),
       error: (...a) => console.error('[ali-ons error]', ...a) },
   }, extra);

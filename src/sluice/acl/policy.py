@@ -257,8 +257,6 @@ def parse_policy(text: str, source: str = "<acl>") -> Policy:
         if sk is None or not str(sk).strip():
             raise AclConfigError(f"{where}.secretKey is missing")
         ak, sk = str(ak), str(sk)
-        if len(ak) < 6 or len(sk) < 6:  # AclUtils.checkPlainAccessConfig: both keys at least 6 characters
-            raise AclConfigError(f"{where}: accessKey and secretKey must be at least 6 characters")
         if ak in accounts:
             raise AclConfigError(f"{where}.accessKey {ak!r} is given twice")
         admin = acc.get("admin", False)
