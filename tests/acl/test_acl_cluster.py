@@ -9,7 +9,10 @@ from pathlib import Path
 import pytest
 from servers import SluiceProcess, broker_argv, running_cluster, wait_for, wait_for_route
 
-from sluice import Credentials, Message, Producer, PullConsumer
+import threading
+import time
+
+from sluice import ConsumeResult, Credentials, Message, Producer, PullConsumer, PushConsumer
 from sluice.admin import ExitStatus, main
 from sluice.errors import SluiceError
 from sluice.namesrv.client import SyncNamesrvClient
@@ -59,6 +62,48 @@ def test_the_right_key_sends_and_pulls(cluster: object) -> None:
         mq = next(q for q in c.fetch_message_queues("TopicOk") if q.queue_id == result.queue.queue_id)
         pulled = c.pull(mq, "*", 0)
     assert [m.body for m in pulled.msg_found_list] == [b"signed"]
+
+
+def test_a_push_consumer_with_credentials_consumes(cluster: object) -> None:
+    ns = cluster.ns  # type: ignore[attr-defined]
+    got: list[bytes] = []
+    lock = threading.Lock()
+
+    def listener(msgs: list) -> ConsumeResult:  # type: ignore[type-arg]
+        with lock:
+            got.extend(m.body for m in msgs)
+        return ConsumeResult.SUCCESS
+
+    with Producer("PG_acl_push", ns, credentials=USER) as p:
+        p.send(Message("TopicOk", b"before-push"))
+    wait_for_route(ns, "TopicOk")
+    cons = PushConsumer("CG_acl_push", namesrv=ns, credentials=USER, consume_from_where="CONSUME_FROM_FIRST_OFFSET")
+    cons.subscribe("TopicOk", "*")
+    cons.register_listener(listener)
+    cons.start()
+    try:
+        wait_for(lambda: b"before-push" in got, 20, "a pushed message")
+    finally:
+        cons.shutdown()
+
+
+def test_the_file_is_reloaded_when_it_changes(cluster: object) -> None:
+    acl = cluster.tmp / "plain_acl.yml"  # type: ignore[attr-defined]
+    with Producer("PG_acl_reload", cluster.ns, credentials=USER, retry_times=0) as p:  # type: ignore
+        with pytest.raises(SluiceError, match="no PUB permission for topic TopicLater"):
+            p.send(Message("TopicLater", b"x"))
+        acl.write_text(ACL.replace("      - TopicDeny=DENY\n", "      - TopicDeny=DENY\n      - TopicLater=PUB\n"))
+        try:
+            deadline = time.monotonic() + 20
+            while True:  # reloaded within a few seconds (mtime checked every 3 s, on a request)
+                try:
+                    p.send(Message("TopicLater", b"now allowed"))
+                    break
+                except SluiceError:
+                    assert time.monotonic() < deadline, "the changed ACL file was not reloaded"
+                    time.sleep(0.5)
+        finally:
+            acl.write_text(ACL)
 
 
 @pytest.mark.parametrize("creds, remark", [
