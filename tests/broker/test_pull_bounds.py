@@ -12,6 +12,7 @@ from broker_support import Rpc, records
 from sluice.broker.config import BrokerConfig
 from sluice.errors import InvalidParameterError
 from sluice.protocol.codes import RequestCode, ResponseCode
+from sluice.store import MessageStore, StoreMessage
 from sluice.store.config import MAX_FRAME, PULL_BODY_CEILING, StoreConfig
 
 R = ResponseCode
@@ -110,8 +111,18 @@ def test_the_frame_ceiling_holds_with_the_largest_bodies(make_broker):
 def test_a_cap_above_the_ceiling_is_refused(setting):
     with pytest.raises(InvalidParameterError, match=next(iter(setting))):
         BrokerConfig.load(None, **setting)
-    with pytest.raises(InvalidParameterError, match=next(iter(setting))):
-        StoreConfig(**setting)
+    if "max_transfer_bytes" in setting:
+        with pytest.raises(InvalidParameterError, match="max_transfer_bytes"):
+            StoreConfig(**setting)
+
+
+def test_the_store_never_answers_past_the_ceiling_whatever_the_caller_asks(tmp_path):
+    with MessageStore(tmp_path / "s", StoreConfig(commitlog_file_size=8 * MiB)) as store:
+        for i in range(5):
+            store.put_messages([StoreMessage("S", bytes([65 + i]) * (4 * MiB - 1024))])
+        store.wait_dispatched(10)
+        got = store.get_messages("S", 0, 0, 1_000_000, max_bytes=1 << 40)
+        assert got.message_count == 3 and len(got.data) <= PULL_BODY_CEILING and got.next_begin_offset == 3
 
 
 def test_a_max_message_size_that_could_not_be_pulled_is_refused():

@@ -137,7 +137,7 @@ class BrokerController:
             flush_mode=config.flush,  # type: ignore[arg-type]
             commitlog_file_size=config.commitlog_file_size, max_message_size=config.max_message_size,
             retention_hours=config.retention_hours, store_host=(_advertised_ip(host), port),
-            max_transfer_bytes=config.max_transfer_bytes, max_transfer_count=config.max_transfer_count))
+            max_transfer_bytes=config.max_transfer_bytes))
         self.pool = pool = BlockingPool(STORE_THREADS)
         self.topics = topics = TopicConfigManager(root / "config", auto_create=config.auto_create_topic,
                                                   default_queue_nums=config.default_topic_queue_nums)

@@ -177,8 +177,11 @@ class PullProcessor:
         mf = retry_filter(self.consumers, h.consumer_group, h.topic, self._filter(h))
         if h.sys_flag & FLAG_COMMIT_OFFSET:
             self.offsets.commit(h.consumer_group, h.topic, h.queue_id, h.commit_offset)
-        max_msgs = max(1, h.max_msg_nums)
-        max_bytes = h.max_msg_bytes if h.max_msg_bytes and h.max_msg_bytes > 0 else None
+        # Bounded whatever the pull asks (RocketMQ's maxTransferCount/BytesOnMessageInMemory, docs/broker.md).
+        config = self.config
+        max_msgs = min(max(1, h.max_msg_nums), config.max_transfer_count)
+        max_bytes = min(h.max_msg_bytes, config.max_transfer_bytes) if h.max_msg_bytes and h.max_msg_bytes > 0 \
+            else config.max_transfer_bytes
         if not self.config.pull_on_event_loop:
             return self._wait_and_answer(conn, request, h, max_msgs, mf, max_bytes, None)
         res = self._get_now(h, max_msgs, mf, max_bytes)

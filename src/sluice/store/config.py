@@ -56,16 +56,11 @@ class StoreConfig:
     #: (sparse, so a queue with few units costs little disk) and the largest bitmap a unit may hold.
     consumequeue_ext_file_size: int = 48 * MiB
     consumequeue_ext_bitmap_max: int = 64
-    #: Bytes a pull returns at most, whatever the pull asks (RocketMQ's maxTransferBytesOnMessageInMemory,
-    #: 256 KiB; Sluice does not tell page-cache reads from disk reads, so there is no 64 KiB disk variant).
-    #: The first record is served even when alone it is larger, as RocketMQ's isTheBatchFull does. At
-    #: most PULL_BODY_CEILING.
+    #: Bytes a pull returns at most when the caller does not say (RocketMQ's maxTransferBytesOnMessageInMemory,
+    #: 256 KiB; the broker's max_transfer_bytes caps what a client asks). Whatever the caller says, a pull
+    #: never returns more than PULL_BODY_CEILING; the first record is served even when alone it is larger
+    #: than the limit, as RocketMQ's isTheBatchFull does.
     max_transfer_bytes: int = 256 * 1024
-    #: Messages a pull returns at most, whatever its maxMsgNums (RocketMQ's maxTransferCountOnMessageInMemory
-    #: is 32). 1024: Sluice's push consumer allows pull_batch_size up to 1024 and the Spark source asks 256
-    #: per pull; memory is bounded by max_transfer_bytes, and this bounds the per-message work (units read,
-    #: per-record lists) of one pull.
-    max_transfer_count: int = 1024
     #: Check the body CRC of every record a pull serves (a damaged record is never served).
     verify_crc_on_read: bool = True
     #: Records the dispatcher reads per batch (bounds latency of each step and memory).
@@ -86,8 +81,6 @@ class StoreConfig:
             raise InvalidParameterError(
                 f"max_transfer_bytes {self.max_transfer_bytes} must be 1..{PULL_BODY_CEILING} (a pull answer "
                 f"must fit a {MAX_FRAME}-byte frame with its header: real clients refuse bigger frames)")
-        if self.max_transfer_count < 1:
-            raise InvalidParameterError(f"max_transfer_count {self.max_transfer_count} must be positive")
         if self.max_message_size + RECORD_OVERHEAD_MAX > PULL_BODY_CEILING:
             raise InvalidParameterError(
                 f"max_message_size {self.max_message_size} is too large: a stored record of that body could "

@@ -20,7 +20,7 @@ from sluice.format import crc32
 from sluice.protocol import properties as P
 from sluice.speedups import C
 from sluice.store.commitlog import CommitLog, parse_record, verify_record_bytes
-from sluice.store.config import StoreConfig
+from sluice.store.config import PULL_BODY_CEILING, StoreConfig
 from sluice.store.consumequeue import CQ_DTYPE, CQ_UNIT_SIZE, PAD_SIZE, ConsumeQueue, ConsumeQueueTable
 from sluice.store.ext_files import ExtTable, resolve_units
 from sluice.store.types import GetMessageResult, GetMessageStatus, MessageFilter
@@ -55,14 +55,15 @@ class PullReader:
 
     def get_messages(self, topic: str, queue_id: int, offset: int, max_msgs: int,
                      message_filter: MessageFilter | None, max_bytes: int | None) -> GetMessageResult:
-        """A pull: up to ``max_msgs`` records from queue ``offset`` that pass ``message_filter``.
-
-        Both bounds are capped by the store's max_transfer_count and max_transfer_bytes whatever the caller
-        asks (RocketMQ's DefaultMessageStore.isTheBatchFull); the first record is always served."""
+        """A pull: up to ``max_msgs`` records from queue ``offset`` that pass ``message_filter``, up to
+        ``max_bytes`` (None: max_transfer_bytes) but never past PULL_BODY_CEILING, so an answer always fits a
+        frame; the first record is always served (RocketMQ's DefaultMessageStore.isTheBatchFull). The broker
+        caps both by its settings first (broker/pull.py)."""
         c = self.config
-        max_msgs = max(1, min(max_msgs, c.max_transfer_count))
-        cap = c.max_transfer_bytes
-        max_bytes = cap if max_bytes is None or max_bytes <= 0 else min(max_bytes, cap)
+        max_msgs = max(1, max_msgs)
+        if max_bytes is None or max_bytes <= 0:
+            max_bytes = c.max_transfer_bytes
+        max_bytes = min(max_bytes, PULL_BODY_CEILING)
         cq = self.queues.get(topic, queue_id)
         if cq is None:
             return GetMessageResult(_S.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0)
