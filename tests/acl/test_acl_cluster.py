@@ -118,6 +118,7 @@ def test_unsigned_or_wrongly_signed_sends_are_refused_with_the_account(cluster: 
         with pytest.raises(SluiceError) as info:
             p.send(Message("TopicOk", b"x"))
     assert remark in str(info.value)
+    assert getattr(info.value, "code", None) == ResponseCode.NO_PERMISSION
 
 
 def test_a_denied_topic_is_refused_and_nothing_is_stored(cluster: object) -> None:
