@@ -127,6 +127,7 @@ def test_held_pulls_are_bounded_per_connection_and_in_all(make_broker):
     # the broker holds max_held_pulls: another connection's pull is answered at once too
     assert second.pull("Lim", offset=1, suspend_ms=30_000).code == R.PULL_NOT_FOUND
     assert hold.refused_full == 2 and hold.held_count == 3
+    assert b.broker.runtime_info()["pullNotHeldOverLimit"] == 2
     # a normal client is served meanwhile
     assert producer.pull("Lim", offset=0).code == R.SUCCESS
     # and a message wakes every held pull

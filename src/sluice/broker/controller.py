@@ -469,6 +469,7 @@ class BrokerController:
             "pullHeldCount": self.hold.held_count,
             "pullWokenByArrival": self.hold.woken_by_arrival,
             "pullTimedOut": self.hold.timed_out,
+            "pullNotHeldOverLimit": self.hold.refused_full,  # max_held_pulls[_per_connection] reached
             "consumerGroups": len(self.consumers.groups),
             "producerGroups": len(self.consumers.producers),
             "topics": len(self.topics.all()),
