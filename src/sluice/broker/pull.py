@@ -6,7 +6,9 @@ heartbeat or its restored filter data (``_filter``). Store statuses map to respo
 (broker/src/main/java/org/apache/rocketmq/broker/processor/PullMessageProcessor.java).
 A PULL_NOT_FOUND with the SUSPEND flag is held in the
 HoldService up to the client's suspendTimeoutMillis, then pulled once more
-and answered whatever that gives.
+and answered whatever that gives. An answer carries at most max_transfer_count
+messages and max_transfer_bytes bytes whatever the pull asks (the first record
+always goes), and never more than a 16 MiB frame holds.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from sluice.broker.filter_data import LIVE_MARGIN_MS, ConsumerFilterData, Consum
 from sluice.broker.filtering import (
     SQL92_DISABLED, CompiledSubscription, SelectorFilter, SqlFilterDisabledError, compile_subscription,
 )
-from sluice.broker.longpoll import FULL, TIMED_OUT, HoldService
+from sluice.broker.longpoll import FULL, HoldService
 from sluice.broker.offsets import ConsumerOffsetManager
 from sluice.broker.pool import BlockingPool
 from sluice.broker.retry import retry_filter
