@@ -68,8 +68,9 @@ def test_a_huge_pull_over_a_big_queue_is_bounded_and_the_client_continues(make_b
     assert len(records(rpc.pull("Big", offset=100))) == 3
 
 
-def test_the_message_cap_holds_whatever_maxmsgnums_says(make_broker):
-    b = make_broker(max_transfer_count=5)
+@pytest.mark.parametrize("on_loop", [True, False])
+def test_the_message_cap_holds_whatever_maxmsgnums_says(make_broker, on_loop):
+    b = make_broker(max_transfer_count=5, pull_on_event_loop=on_loop)
     rpc = b.rpc()
     _fill(rpc, "Small", 10, 23)
     assert _drain(rpc, "Small", 23, 64 * KiB) == [5, 5, 5, 5, 3]
