@@ -56,8 +56,9 @@ class _Held:
 
 
 class HoldService:
-    """Held pulls by queue, each queue's in a dict (insertion-ordered, removal O(1): a list's remove made
-    releasing n pulls of one queue cost O(n^2)); counted per owner (the connection) and in all."""
+    """Held pulls by queue, each queue's in a dict (insertion-ordered, removal O(1)); counted per owner (the
+    connection) and in all. A list per queue (remove scans it) and a frozenset of held queues rebuilt on
+    every hold and release (for the dispatch thread) made releasing n pulls cost O(n^2)."""
 
     def __init__(self, max_offset: Callable[[str, int], int], *, check_interval_s: float = 5.0,
                  max_per_owner: int = 4096, max_total: int = 65_536) -> None:
