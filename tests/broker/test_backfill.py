@@ -74,8 +74,8 @@ def test_a_one_bit_is_only_maybe_and_coverage_is_partial(make_broker, tmp_path: 
 
 def test_changed_selector_drops_the_backfill(make_broker, tmp_path: Path) -> None:
     b = make_broker()
-    _fill(b)
-    write_backfill(tmp_path / "bf", "B", "G1", EXPR, {0: (0, [False] * N)})  # would hide every message
+    hits = set(_fill(b))
+    write_backfill(tmp_path / "bf", "B", "G1", EXPR, {0: (0, [i in hits for i in range(N)])})
     assert _hand_over(b, tmp_path / "bf")[0] == 0
     other = "k = 'miss' AND i < 5"
     got, reads = _pull(b, "G1", other)
@@ -161,3 +161,72 @@ def test_admin_command_errors(make_broker, args) -> None:
     status = admin_main(["-n", "127.0.0.1:9", "loadBackfill", *args, "-b", b.addr], env={}, stdout=stdout,
                         stderr=stderr)
     assert int(status) == 5 and "manifest" in stderr.getvalue()
+
+
+def _put(b: Broker, body: bytes, **fields):
+    return b.call(RequestCode.PUT_FILTER_BACKFILL, {"consumerGroup": "G1", "topic": "B", "queueId": 0,
+                                                    "expressionType": "SQL92", "expression": EXPR, **fields}, body)
+
+
+def _body(d: Path) -> bytes:
+    return (d / "B" / "0" / "G1.bitmap").read_bytes()
+
+
+@pytest.mark.parametrize("hidden", ["all", "few", "first", "last"])
+def test_forged_bitmap_hiding_matches_is_refused(make_broker, tmp_path: Path, hidden: str) -> None:
+    # Samples cover every 0 bit here, so the refusal is certain (the default, 256, is probabilistic); with no
+    # samples at all the first and last offsets are still checked.
+    b = make_broker(backfill_verify_samples=0 if hidden in ("first", "last") else N)
+    n = 295  # the last offset, 294, matches
+    hits = _fill(b, n=n)
+    cleared = {"all": set(hits), "few": {hits[3], hits[17], hits[30]}, "first": {0}, "last": {n - 1}}[hidden]
+    bits = [i in set(hits) and i not in cleared for i in range(n)]
+    write_backfill(tmp_path / "bf", "B", "G1", EXPR, {0: (0, bits)})
+    r = _put(b, _body(tmp_path / "bf"))
+    assert r.code == ResponseCode.INVALID_PARAMETER, r.remark
+    assert "matches the selector but the bitmap marks it 0" in r.remark and "queue 0 offset" in r.remark
+    assert int(r.remark.split(" offset ")[1].split()[0]) in cleared
+    # Nothing changed: no table entry, no file, and a pull still delivers every match.
+    assert not b.broker.backfills.table
+    assert not list((Path(b.broker.config.store) / "filterbackfill").rglob("*.bitmap"))
+    got, reads = _pull(b, "G1")
+    assert got == hits and reads == n
+
+
+def test_forged_bitmap_refused_by_admin_command_with_the_default_samples(make_broker, tmp_path: Path) -> None:
+    b = make_broker()
+    hits = _fill(b)
+    write_backfill(tmp_path / "bf", "B", "G1", EXPR, {0: (0, [False] * N)})  # would hide every message
+    status, out = _hand_over(b, tmp_path / "bf")
+    assert status == 5 and "marks it 0" in out["queues"]["0"]["error"]
+    assert not b.broker.backfills.table
+    assert _pull(b, "G1")[0] == hits
+
+
+def test_range_and_count_checked_against_the_store(make_broker, tmp_path: Path) -> None:
+    b = make_broker()
+    hits = set(_fill(b))
+    bits = [i in hits for i in range(N)]
+    # A range below the queue's first stored offset: the queue's min offset is raised by hand, as retention does.
+    write_backfill(tmp_path / "ok", "B", "G1", EXPR, {0: (0, bits)})
+    cq = b.broker.store.queues.get("B", 0)
+    saved, cq.min_offset = cq.min_offset, 10
+    try:
+        r = _put(b, _body(tmp_path / "ok"))
+    finally:
+        cq.min_offset = saved
+    assert r.code == ResponseCode.INVALID_PARAMETER and "first stored offset is 10" in r.remark
+    # A wrong 'matched' count, one more than the set bits.
+    wrong = bytearray(_body(tmp_path / "ok"))
+    wrong[56:64] = (len(hits) + 1).to_bytes(8, "big")
+    r = _put(b, bytes(wrong))
+    assert r.code == ResponseCode.INVALID_PARAMETER and "the bits hold" in r.remark
+    # A length that does not match the header's range.
+    r = _put(b, _body(tmp_path / "ok") + b"\0")
+    assert r.code == ResponseCode.INVALID_PARAMETER and "bitmap bytes" in r.remark
+    assert not b.broker.backfills.table
+    # The genuine one is accepted and used.
+    r = _put(b, _body(tmp_path / "ok"))
+    assert r.code == 0, r.remark
+    got, reads = _pull(b, "G1")
+    assert got == sorted(hits) and reads == len(hits)

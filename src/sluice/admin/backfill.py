@@ -2,7 +2,8 @@
 was computed over (PUT_FILTER_BACKFILL, Sluice's request code 20021, one request per queue).
 
 The broker validates each queue's bitmap (selector hash, sizes, offsets against its consume queue, the
-group's live subscription) and refuses what does not fit; see broker/backfill.py and docs/spark.md.
+group's live subscription, and sampled stored records against the bits marked 0) and refuses what does
+not fit; see broker/backfill.py and docs/spark.md. An ADMIN request when the broker runs with ACL.
 """
 from __future__ import annotations
 

@@ -13,8 +13,14 @@ Taken safely while running:
 
 * validated before use: magic/version, the header's selector hash equals the request's expression, the
   bit count covers ``end - first``, ``matched`` equals the set bits, ``end`` is not past the consume queue's
-  max offset (the bitmap was computed over this queue's stored history, not a longer one), and when the
-  group has a live subscription on the topic (heartbeat or filter data) it is the same expression;
+  max offset and ``first`` not below its min offset (the bitmap was computed over this queue's stored
+  history), and when the group has a live subscription on the topic (heartbeat or filter data) it is the
+  same expression;
+* bound to the stored messages: the selector is evaluated on the stored records at the first and last
+  offsets and at up to ``backfill_verify_samples`` offsets the bitmap marks 0 (drawn at random by the
+  broker, so an uploader cannot tell which will be read); a 0 bit on a message that matches refuses the
+  whole upload, naming the offset, and nothing changes. 1 bits are not checked: they promise only
+  "maybe" and every one is evaluated again at pull time;
 * written to ``{store}/filterbackfill/{topic}/{queue}/{group}.bitmap`` by temp file + fsync + rename, then
   mapped read-only (numpy memmap: resident only as pulls touch it) and swapped into the table by one dict
   assignment on the event loop; a pull that holds the old one keeps its own mapping;
@@ -28,6 +34,7 @@ Restored at broker start from the files (those wholly below the queue's min offs
 from __future__ import annotations
 
 import logging
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -40,6 +47,7 @@ from sluice.broker.filter_data import ConsumerFilterManager
 from sluice.broker.pool import BlockingPool
 from sluice.errors import BackfillRefusedError, InvalidParameterError
 from sluice.filter import compile_selector
+from sluice.filter.base import Selector
 from sluice.format import BACKFILL_HEADER as HEADER
 from sluice.format import BACKFILL_MAGIC as MAGIC
 from sluice.format import BACKFILL_VERSION as VERSION
@@ -110,9 +118,10 @@ def _parse(raw: bytes | np.ndarray, where: str) -> tuple[bytes, int, int, int]:
 
 class BackfillManager:
     def __init__(self, store_root: Path, *, max_bytes: int, store: MessageStore, consumers: ConsumerManager,
-                 filter_data: ConsumerFilterManager) -> None:
+                 filter_data: ConsumerFilterManager, verify_samples: int = 256) -> None:
         self.root = Path(store_root) / DIR_NAME
         self.max_bytes = max_bytes
+        self.verify_samples = verify_samples
         self.store = store
         self.consumers = consumers
         self.filter_data = filter_data
@@ -169,7 +178,7 @@ class BackfillManager:
         if etype != "SQL92":
             raise BackfillRefusedError(f"backfill is for SQL92 subscriptions (a {etype or 'TAG'} filter reads "
                                        "consume-queue tag codes only, never the commit log)")
-        compile_selector(etype, expression)
+        selector = compile_selector(etype, expression)
         where = f"backfill of {group}/{topic}/{queue_id}"
         digest, first, end, matched = _parse(data, where)
         if digest != selector_hash(etype, expression):
@@ -185,10 +194,15 @@ class BackfillManager:
         if end > cq.max_offset:
             raise BackfillRefusedError(f"{where}: covers offsets up to {end}, the queue ends at {cq.max_offset} "
                                        "(computed over another store?)")
+        if first < cq.min_offset:
+            raise BackfillRefusedError(f"{where}: starts at offset {first}, the queue's first stored offset is "
+                                       f"{cq.min_offset}")
         bits = np.frombuffer(data, dtype=np.uint8, offset=HEADER.size)
-        ones = int(np.unpackbits(bits)[: end - first].sum())
+        unpacked = np.unpackbits(bits)[: end - first]
+        ones = int(unpacked.sum())
         if ones != matched:
             raise BackfillRefusedError(f"{where}: header says {matched} matches, the bits hold {ones}")
+        self._verify(where, cq, selector, first, end, unpacked)
         old = self.table.get((group, topic, queue_id))
         if self.held_bytes - (old.nbytes if old else 0) + len(data) > self.max_bytes:
             raise BackfillRefusedError(f"{where}: {len(data)} more bytes would exceed backfill_max_bytes "
@@ -198,6 +212,31 @@ class BackfillManager:
         write_atomic(path, data)
         log.info("%s stored: offsets [%d, %d), %d matching", where, first, end, matched)
         return self._open(path, group, topic, queue_id)
+
+    def _verify(self, where: str, cq, selector: Selector, first: int, end: int, unpacked: np.ndarray) -> None:
+        """Bind the bitmap to the stored messages: evaluate the selector on the records at the first and last
+        offsets and at up to ``verify_samples`` random offsets marked 0; refuse if a 0 bit hides a match.
+        Bounded: at most ``verify_samples + 2`` records are read per queue (blocking: the thread pool)."""
+        zeros = np.flatnonzero(unpacked == 0)
+        k = max(0, min(self.verify_samples, len(zeros)))
+        picked = random.SystemRandom().sample(range(len(zeros)), k) if k else []
+        offsets = sorted({first, end - 1, *(first + int(zeros[i]) for i in picked)})
+        for offset in offsets:
+            bit = int(unpacked[offset - first])
+            unit = cq.unit(offset)
+            msg = self.store.get_message_by_offset(unit[0]) if unit is not None else None
+            if msg is None:
+                raise BackfillRefusedError(f"{where}: queue offset {offset} has no stored message to check the "
+                                           "bitmap against")
+            try:
+                ok = selector.evaluate(msg.properties) is True
+            except Exception:  # an evaluation error is no match, as at pull time (broker/filtering.py)
+                ok = False
+            if ok and not bit:
+                log.warning("%s refused: offset %d matches but its bit is 0", where, offset)
+                raise BackfillRefusedError(f"{where}: queue {cq.queue_id} offset {offset} matches the selector "
+                                           "but the bitmap marks it 0 (the bitmap does not describe the stored "
+                                           "messages)")
 
     def install(self, bf: QueueBackfill) -> None:
         """The swap (event loop): pulls from now on use ``bf``; one that holds the old one keeps its mapping."""

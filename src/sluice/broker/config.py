@@ -110,6 +110,14 @@ class BrokerConfig:
     dedup_window_keys: int = 200_000
     #: Backfill bitmaps (broker/backfill.py) held at most (bytes over every group and queue; 1 bit per message).
     backfill_max_bytes: int = 256 * 1024 * 1024
+    #: A backfill upload is checked against the store (broker/backfill.py): the selector is evaluated on the
+    #: records at this many random offsets the bitmap marks 0 (plus the first and last), so a forged bitmap
+    #: hiding matches is caught with high probability while an upload reads a bounded number of records.
+    backfill_verify_samples: int = 256
+    #: At most this many topics are created by sends to unknown topics (broker/topics.py): each keeps files
+    #: and a route entry for good, so a client sending to random names could otherwise exhaust descriptors
+    #: and disk. Topics created by admin (UPDATE_AND_CREATE_TOPIC), retry and DLQ topics are not counted.
+    max_auto_created_topics: int = 1000
     #: A RocketMQ 4.x ``plain_acl.yml`` (sluice.acl.policy); empty: no ACL, every request is served as before.
     acl: str = ""
     #: The account the broker signs its namesrv registrations with, for a namesrv run with ``--acl``

@@ -140,7 +140,8 @@ class BrokerController:
             max_transfer_bytes=config.max_transfer_bytes))
         self.pool = pool = BlockingPool(STORE_THREADS)
         self.topics = topics = TopicConfigManager(root / "config", auto_create=config.auto_create_topic,
-                                                  default_queue_nums=config.default_topic_queue_nums)
+                                                  default_queue_nums=config.default_topic_queue_nums,
+                                                  max_auto_created=config.max_auto_created_topics)
         self.offsets = offsets = ConsumerOffsetManager(root / "config")
         self.locks = RebalanceLockManager(config.rebalance_lock_max_live_ms)
         self.consumers = consumers = ConsumerManager(channel_expiry_s=CHANNEL_EXPIRY_S,
@@ -169,7 +170,8 @@ class BrokerController:
                                         topics=topics, appender=appender)
         # Bitmaps from `sluice spark backfill` (backfill.py).
         self.backfills = backfills = BackfillManager(root, max_bytes=config.backfill_max_bytes, store=store,
-                                                     consumers=consumers, filter_data=fm)
+                                                     consumers=consumers, filter_data=fm,
+                                                     verify_samples=config.backfill_verify_samples)
         self.server = RemotingServer(host, port, frame_budget=config.frame_budget,
                                      max_connections=config.max_connections,
                                      idle_timeout=config.server_channel_max_idle_time_seconds)

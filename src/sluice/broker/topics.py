@@ -4,9 +4,16 @@ Auto-creation follows RocketMQ: a producer sending to an unknown topic names a
 default topic (``TBW102``); when the broker has auto-creation on, the new topic
 takes the requested queue count (capped by the default topic's) and the default
 topic's permissions.
+
+Auto-created topics are capped (``max_auto_created_topics``): past the cap a send to an unknown topic
+gets TOPIC_NOT_EXIST with RocketMQ's "topic[X] not exist, apply first please!" (its answer when
+auto-creation is off, broker/.../processor/AbstractSendMessageProcessor.java msgCheck) plus the cap.
+Which topics were auto-created is kept in topics.json (``autoCreated``, a Sluice key the namesrv never
+sees); an admin update of such a topic adopts it, so it no longer counts.
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -16,6 +23,10 @@ from sluice.errors import InvalidParameterError, NoPermissionError, TopicNotExis
 from sluice.persist import read_json, write_json_atomic
 from sluice.protocol.bodies import PERM_INHERIT, PERM_READ, PERM_WRITE  # RocketMQ PermName bits: the wire format owns them
 from sluice.protocol.record import check_topic
+
+log = logging.getLogger(__name__)
+#: At most one log line per this many seconds for sends refused by the auto-create cap.
+_CAP_LOG_INTERVAL_S = 60.0
 
 AUTO_CREATE_TOPIC = "TBW102"  # MixAll.AUTO_CREATE_TOPIC_KEY_TOPIC
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
@@ -65,11 +76,16 @@ def dlq_topic(group: str) -> str:
 class TopicConfigManager:
     """Thread-safe table of topic configs with a data version bumped on every change."""
 
-    def __init__(self, config_dir: Path, *, auto_create: bool = True, default_queue_nums: int = 8) -> None:
+    def __init__(self, config_dir: Path, *, auto_create: bool = True, default_queue_nums: int = 8,
+                 max_auto_created: int = 1000) -> None:
         self._path = config_dir / "topics.json"
         self._lock = threading.RLock()
         self._topics: dict[str, TopicConfig] = {}
         self.auto_create = auto_create
+        self.max_auto_created = max_auto_created
+        self.auto_created: set[str] = set()  # topics created by sends, counted against the cap
+        self.refused_by_cap = 0
+        self._cap_logged_at = float("-inf")
         self.data_version = {"timestamp": int(time.time() * 1000), "counter": 0}
         self._load()
         # System topics RocketMQ brokers always have.
@@ -89,12 +105,13 @@ class TopicConfigManager:
                 topic_sys_flag=int(cfg.get("topicSysFlag", 0)),
                 order=bool(cfg.get("order", False)),
             )
+        self.auto_created = {n for n in data.get("autoCreated", ()) if n in self._topics}
         if "dataVersion" in data:
             self.data_version = dict(data["dataVersion"])
 
     def _persist(self) -> None:
         self.data_version = {"timestamp": int(time.time() * 1000), "counter": self.data_version["counter"] + 1}
-        write_json_atomic(self._path, self.to_wire())
+        write_json_atomic(self._path, {**self.to_wire(), "autoCreated": sorted(self.auto_created)})
 
     def _ensure(self, cfg: TopicConfig) -> None:
         with self._lock:
@@ -125,6 +142,7 @@ class TopicConfigManager:
                 f"queue numbers must be 1..1024, got read={cfg.read_queue_nums} write={cfg.write_queue_nums}")
         with self._lock:
             self._topics[cfg.topic_name] = cfg
+            self.auto_created.discard(cfg.topic_name)  # adopted by an admin: no longer counted
             self._persist()
         return cfg
 
@@ -132,6 +150,7 @@ class TopicConfigManager:
         with self._lock:
             if self._topics.pop(topic, None) is None:
                 return False
+            self.auto_created.discard(topic)
             self._persist()
             return True
 
@@ -153,9 +172,22 @@ class TopicConfigManager:
                     f"topic {topic!r} does not exist on this broker and auto-creation is "
                     f"{'off (set auto_create_topic = true)' if not self.auto_create else 'not allowed by the default topic'}; "
                     "create it with `sluice admin updateTopic`")
+            if len(self.auto_created) >= self.max_auto_created:
+                self.refused_by_cap += 1
+                now = time.monotonic()
+                if now - self._cap_logged_at >= _CAP_LOG_INTERVAL_S:
+                    self._cap_logged_at = now
+                    log.warning("send to unknown topic %r refused: %d topics auto-created, the cap "
+                                "(max_auto_created_topics) is %d; %d refused so far", topic,
+                                len(self.auto_created), self.max_auto_created, self.refused_by_cap)
+                raise TopicNotExistError(
+                    f"topic[{topic}] not exist, apply first please! (this broker has auto-created "
+                    f"{len(self.auto_created)} topics, the cap max_auto_created_topics = {self.max_auto_created}; "
+                    "create it with `sluice admin updateTopic`)")
             nums = max(1, min(queue_nums or default.write_queue_nums, default.write_queue_nums))
             cfg = TopicConfig(topic, nums, nums, default.perm & ~PERM_INHERIT)
             self._topics[topic] = cfg
+            self.auto_created.add(topic)
             self._persist()
             return cfg
 
