@@ -173,7 +173,8 @@ def _body(d: Path) -> bytes:
 
 
 @pytest.mark.parametrize("hidden", ["all", "few", "first", "last"])
-def test_forged_bitmap_hiding_matches_is_refused(make_broker, tmp_path: Path, hidden: str) -> None:
+def test_forged_bitmap_hiding_matches_is_refused(make_broker, tmp_path: Path, hidden: str, monkeypatch) -> None:
+    monkeypatch.setattr("sluice.broker.backfill._CHUNK_BITS", 64)  # the bitmap is checked in 5 chunks
     # Samples cover every 0 bit here, so the refusal is certain (the default, 256, is probabilistic); with no
     # samples at all the first and last offsets are still checked.
     b = make_broker(backfill_verify_samples=0 if hidden in ("first", "last") else N)
@@ -203,7 +204,10 @@ def test_forged_bitmap_refused_by_admin_command_with_the_default_samples(make_br
     assert _pull(b, "G1")[0] == hits
 
 
-def test_range_and_count_checked_against_the_store(make_broker, tmp_path: Path) -> None:
+@pytest.mark.parametrize("chunk_bits", [64, 1 << 20])
+def test_range_and_count_checked_against_the_store(make_broker, tmp_path: Path, chunk_bits: int,
+                                                   monkeypatch) -> None:
+    monkeypatch.setattr("sluice.broker.backfill._CHUNK_BITS", chunk_bits)
     b = make_broker()
     hits = set(_fill(b))
     bits = [i in hits for i in range(N)]

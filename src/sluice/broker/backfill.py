@@ -116,6 +116,16 @@ def _parse(raw: bytes | np.ndarray, where: str) -> tuple[bytes, int, int, int]:
     return digest, first, end, matched
 
 
+_CHUNK_BITS = 1 << 20  # bits unpacked at once while checking an upload
+
+
+def _chunks(bits: np.ndarray, n: int):
+    """The first ``n`` bits of a packed bitmap, unpacked ``_CHUNK_BITS`` at a time (0/1 uint8 arrays)."""
+    step = _CHUNK_BITS // 8
+    for b in range(0, -(-n // 8), step):
+        yield np.unpackbits(bits[b:b + step])[: n - b * 8]
+
+
 class BackfillManager:
     def __init__(self, store_root: Path, *, max_bytes: int, store: MessageStore, consumers: ConsumerManager,
                  filter_data: ConsumerFilterManager, verify_samples: int = 256) -> None:
@@ -198,11 +208,11 @@ class BackfillManager:
             raise BackfillRefusedError(f"{where}: starts at offset {first}, the queue's first stored offset is "
                                        f"{cq.min_offset}")
         bits = np.frombuffer(data, dtype=np.uint8, offset=HEADER.size)
-        unpacked = np.unpackbits(bits)[: end - first]
-        ones = int(unpacked.sum())
+        ones_per_chunk = [int(c.sum()) for c in _chunks(bits, end - first)]
+        ones = sum(ones_per_chunk)
         if ones != matched:
             raise BackfillRefusedError(f"{where}: header says {matched} matches, the bits hold {ones}")
-        self._verify(where, cq, selector, first, end, unpacked)
+        self._verify(where, cq, selector, first, end, bits, ones_per_chunk)
         old = self.table.get((group, topic, queue_id))
         if self.held_bytes - (old.nbytes if old else 0) + len(data) > self.max_bytes:
             raise BackfillRefusedError(f"{where}: {len(data)} more bytes would exceed backfill_max_bytes "
@@ -213,16 +223,28 @@ class BackfillManager:
         log.info("%s stored: offsets [%d, %d), %d matching", where, first, end, matched)
         return self._open(path, group, topic, queue_id)
 
-    def _verify(self, where: str, cq, selector: Selector, first: int, end: int, unpacked: np.ndarray) -> None:
+    def _verify(self, where: str, cq, selector: Selector, first: int, end: int, bits: np.ndarray,
+                ones_per_chunk: list[int]) -> None:
         """Bind the bitmap to the stored messages: evaluate the selector on the records at the first and last
-        offsets and at up to ``verify_samples`` random offsets marked 0; refuse if a 0 bit hides a match.
-        Bounded: at most ``verify_samples + 2`` records are read per queue (blocking: the thread pool)."""
-        zeros = np.flatnonzero(unpacked == 0)
-        k = max(0, min(self.verify_samples, len(zeros)))
-        picked = random.SystemRandom().sample(range(len(zeros)), k) if k else []
-        offsets = sorted({first, end - 1, *(first + int(zeros[i]) for i in picked)})
-        for offset in offsets:
-            bit = int(unpacked[offset - first])
+        offsets and at up to ``verify_samples`` offsets drawn uniformly among those marked 0; refuse if a 0
+        bit hides a match. Bounded: at most ``verify_samples + 2`` records read per queue, and the bitmap is
+        unpacked a chunk at a time (blocking: the thread pool)."""
+        n = end - first
+        zeros_per_chunk = [min(_CHUNK_BITS, n - i * _CHUNK_BITS) - o for i, o in enumerate(ones_per_chunk)]
+        total = sum(zeros_per_chunk)
+        k = max(0, min(self.verify_samples, total))
+        ranks = sorted(random.SystemRandom().sample(range(total), k)) if k else []
+        picked: set[int] = {0, n - 1}
+        base = 0  # zeros before this chunk
+        for i, (chunk, z) in enumerate(zip(_chunks(bits, n), zeros_per_chunk)):
+            mine = [r - base for r in ranks if base <= r < base + z]
+            if mine:
+                where0 = np.flatnonzero(chunk == 0)
+                picked.update(i * _CHUNK_BITS + int(where0[r]) for r in mine)
+            base += z
+        for rel in sorted(picked):
+            offset = first + rel
+            bit = int(bits[rel // 8] >> (7 - rel % 8) & 1)
             unit = cq.unit(offset)
             msg = self.store.get_message_by_offset(unit[0]) if unit is not None else None
             if msg is None:
