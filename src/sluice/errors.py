@@ -148,3 +148,10 @@ class NotFoundError(SluiceError):
 class BackfillRefusedError(InvalidParameterError):
     """A backfill hand-over the broker will not use: another selector than the group's live subscription,
     offsets or sizes that do not fit the consume queue, or over the broker's memory bound."""
+
+
+class SelectorCompileBusyError(SluiceError):
+    """A client starting more new subscription compilations than max_selector_compiles_per_client_per_minute
+    allows: SYSTEM_BUSY, as RocketMQ answers a broker too busy to take the request (clients retry later)."""
+
+    code = ResponseCode.SYSTEM_BUSY

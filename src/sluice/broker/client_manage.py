@@ -2,7 +2,8 @@
 
 HEART_BEAT (34) accepts both enum forms (ordinals from librocketmq, names from
 ali-ons/Java), recomputes tag codes from the subscription strings (never
-trusting the client's ``codeSet``), compiles SQL92 subscriptions — one bad
+trusting the client's ``codeSet``), compiles SQL92 subscriptions — new ones off the
+event loop, bounded per connection (selector_compile.py); one bad
 expression refuses the whole heartbeat with SUBSCRIPTION_PARSE_FAILED — and
 creates the group's ``%RETRY%`` topic. A member subscribing differently from its
 group is refused (sub_conflicts.py); accepted subscriptions become the group's
@@ -15,7 +16,8 @@ from collections.abc import Callable
 
 from sluice.broker.consumers import ConsumerManager
 from sluice.broker.filter_data import ConsumerFilterManager
-from sluice.broker.filtering import CompiledSubscription, compile_subscription_data
+from sluice.broker.filtering import CompiledSubscription
+from sluice.broker.selector_compile import SelectorCompiler
 from sluice.broker.sub_conflicts import SubscriptionGuard
 from sluice.broker.topics import TopicConfigManager, retry_topic
 from sluice.errors import InvalidParameterError, SluiceError
@@ -35,13 +37,23 @@ CLIENT_ID = "client_id"  # key in RemotingConnection.attributes
 class ClientManageProcessor:
     def __init__(self, *, consumers: ConsumerManager, topics: TopicConfigManager, topics_changed: Callable[[], None],
                  filter_data: ConsumerFilterManager, sub_guard: SubscriptionGuard,
-                 enable_property_filter: bool) -> None:
+                 enable_property_filter: bool, compiler: SelectorCompiler | None = None) -> None:
         self.consumers = consumers
         self.topics = topics
         self.topics_changed = topics_changed
         self.filter_data = filter_data
         self.sub_guard = sub_guard
         self.enable_property_filter = enable_property_filter
+        self.compiler = compiler or SelectorCompiler(max_per_client_per_minute=600)
+
+    async def _compile(self, conn: RemotingConnection, sd: SubscriptionData) -> CompiledSubscription:
+        """From the compile cache at once, or compiled off the loop (counted against the connection)."""
+        c = self.compiler
+        sub = c.cached(sd.topic, sd.expression_type, sd.sub_string, sd.sub_version, self.enable_property_filter)
+        if sub is not None:
+            return sub
+        return await c.compile(conn.attributes, conn.peer, sd.topic, sd.expression_type, sd.sub_string,
+                               sd.sub_version, self.enable_property_filter)
 
     async def heartbeat(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         consumers, topics = self.consumers, self.topics
@@ -53,8 +65,7 @@ class ClientManageProcessor:
         for cd in hb.consumer_data_set:
             if not cd.group_name:
                 raise InvalidParameterError("heartbeat consumer data without groupName")
-            subs = [compile_subscription_data(sd, enable_property_filter=self.enable_property_filter)
-                    for sd in cd.subscription_data_set]
+            subs = [await self._compile(conn, sd) for sd in cd.subscription_data_set]
             compiled.append((cd, subs))
         # Members of a group must subscribe alike (sub_conflicts.py): refuse before registering anything.
         for cd, subs in compiled:
@@ -105,5 +116,5 @@ class ClientManageProcessor:
         if not isinstance(doc, dict) or not isinstance(doc.get("subscriptionData"), dict):
             raise InvalidParameterError("CHECK_CLIENT_CONFIG body needs a subscriptionData object")
         sd = from_jsonable(SubscriptionData, doc["subscriptionData"], "subscriptionData")
-        compile_subscription_data(sd, enable_property_filter=self.enable_property_filter)
+        await self._compile(conn, sd)
         return request.make_response(ResponseCode.SUCCESS)

@@ -55,6 +55,14 @@ class BrokerConfig:
     default_topic_queue_nums: int = 8
     #: RocketMQ's enablePropertyFilter is false; Sluice filters by SQL92 out of the box.
     enable_property_filter: bool = True
+    #: New (uncached) subscription compilations one client connection may start per minute; past it the
+    #: pull or heartbeat is refused with SYSTEM_BUSY. Generous for real clients (one per subscription
+    #: change), and it stops a client from keeping the compile thread busy with ever-new SQL92 selectors.
+    max_selector_compiles_per_client_per_minute: int = 600
+    #: Records one pull evaluates (SQL92 on properties) at most; the pull then answers what it has, with
+    #: nextBeginOffset after the last record looked at. Bounds the CPU one pull takes, as
+    #: max_filter_scan_units bounds its units.
+    max_evaluations_per_pull: int = 4096
     #: Bloom-filter bitmaps at dispatch time (RocketMQ's enableCalcFilterBitMap); on by default in Sluice.
     enable_calc_filter_bitmap: bool = True
     #: Bloom sizing: expected consumers using filters and error rate in percent (RocketMQ's 32 and 20).
@@ -165,6 +173,9 @@ class BrokerConfig:
             raise InvalidParameterError(f"max_transfer_count {self.max_transfer_count} must be positive")
         if self.max_held_pulls_per_connection < 0 or self.max_held_pulls < 0:
             raise InvalidParameterError("max_held_pulls_per_connection and max_held_pulls must not be negative")
+        if self.max_selector_compiles_per_client_per_minute < 1 or self.max_evaluations_per_pull < 1:
+            raise InvalidParameterError("max_selector_compiles_per_client_per_minute and max_evaluations_per_pull "
+                                        "must be positive")
         if not 1 <= self.max_error_rate_of_bloom_filter < 100:
             raise InvalidParameterError("max_error_rate_of_bloom_filter must be 1..99 (percent)")
         return self

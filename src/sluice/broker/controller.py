@@ -196,7 +196,8 @@ class BrokerController:
         processors: list[object] = [
             self.send_processor, self.pull_processor, self.retry_processor,
             ClientManageProcessor(consumers=consumers, topics=topics, topics_changed=changed, filter_data=fm,
-                                  sub_guard=sub_guard, enable_property_filter=config.enable_property_filter),
+                                  sub_guard=sub_guard, enable_property_filter=config.enable_property_filter,
+                                  compiler=self.pull_processor.compiler),
             QueryProcessor(store=store, pool=pool, offsets=offsets),
             AdminProcessor(cluster_name=config.cluster_name, broker_name=config.broker_name, store=store, pool=pool,
                            topics=topics, topics_changed=changed, offsets=offsets, consumers=consumers,
@@ -340,6 +341,7 @@ class BrokerController:
         await self.server.close()
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.pool.shutdown)
+        self.pull_processor.compiler.shutdown()
         try:
             self.offsets.persist(force=True)
         except OSError:

@@ -47,7 +47,7 @@ class SelectorFilter:
     """
 
     __slots__ = ("selector", "needs_record", "_tag", "metrics", "bloom", "bloom_data", "live_after",
-                 "_hits", "_skip", "_backfill", "_cursor", "_ruled_out")
+                 "_hits", "_skip", "_backfill", "_cursor", "_ruled_out", "max_evaluations")
 
     def __init__(self, selector: Selector) -> None:
         self.selector = selector
@@ -62,6 +62,8 @@ class SelectorFilter:
         self._backfill = None  # broker.backfill.QueueBackfill of this pull's group and queue
         self._cursor = 0
         self._ruled_out: np.ndarray | None = None
+        #: Records one pull evaluates at most (the store stops there, store/pull_read.py); 0: no bound.
+        self.max_evaluations = 0
 
     def use_backfill(self, backfill, offset: int) -> None:
         """Consult ``backfill`` (broker/backfill.py) for this pull starting at queue ``offset``: units it rules

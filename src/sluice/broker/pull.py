@@ -12,7 +12,6 @@ always goes), and never more than a 16 MiB frame holds.
 """
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Any
 
 from sluice.broker.backfill import BackfillManager
@@ -20,12 +19,13 @@ from sluice.broker.config import BrokerConfig
 from sluice.broker.consumers import ConsumerManager
 from sluice.broker.filter_data import LIVE_MARGIN_MS, ConsumerFilterData, ConsumerFilterManager
 from sluice.broker.filtering import (
-    SQL92_DISABLED, CompiledSubscription, SelectorFilter, SqlFilterDisabledError, compile_subscription,
+    SQL92_DISABLED, CompiledSubscription, SelectorFilter, SqlFilterDisabledError,
 )
 from sluice.broker.longpoll import FULL, HoldService
 from sluice.broker.offsets import ConsumerOffsetManager
 from sluice.broker.pool import BlockingPool
 from sluice.broker.retry import retry_filter
+from sluice.broker.selector_compile import SelectorCompiler
 from sluice.broker.sub_conflicts import SubscriptionGuard
 from sluice.broker.topics import TopicConfigManager
 from sluice.errors import FilterError, SluiceError, TopicNotExistError
@@ -57,15 +57,6 @@ _FIXED = {
 }
 
 
-@lru_cache(maxsize=4096)
-def _compiled(topic: str, expression_type: str | None, expression: str | None, sub_version: int,
-              enable_property_filter: bool) -> CompiledSubscription:
-    """A pull's inline subscription, compiled once: clients send the same one with every pull (the result
-    is shared and never changed; a pull filters with its own copy, SelectorFilter.for_pull)."""
-    return compile_subscription(topic, expression_type, expression, sub_version,
-                                enable_property_filter=enable_property_filter)
-
-
 def pull_response_code(status: GetMessageStatus, requested_offset: int) -> ResponseCode:
     """RocketMQ's mapping; an empty or unknown queue means 'moved' unless the client asked for offset 0."""
     code = _FIXED.get(status)
@@ -78,7 +69,8 @@ def pull_response_code(status: GetMessageStatus, requested_offset: int) -> Respo
 class PullProcessor:
     def __init__(self, *, config: BrokerConfig, store: MessageStore, pool: BlockingPool, topics: TopicConfigManager,
                  offsets: ConsumerOffsetManager, consumers: ConsumerManager, filter_data: ConsumerFilterManager,
-                 sub_guard: SubscriptionGuard, backfills: BackfillManager, hold: HoldService) -> None:
+                 sub_guard: SubscriptionGuard, backfills: BackfillManager, hold: HoldService,
+                 compiler: SelectorCompiler | None = None) -> None:
         self.config = config
         self.store = store
         self.pool = pool
@@ -89,24 +81,28 @@ class PullProcessor:
         self.sub_guard = sub_guard
         self.backfills = backfills
         self.hold = hold
+        #: Inline subscriptions, compiled once (clients send the same one with every pull; the result is
+        #: shared and never changed, a pull filters with its own copy, SelectorFilter.for_pull); new SQL92
+        #: ones compile off the event loop (broker/selector_compile.py).
+        self.compiler = compiler or SelectorCompiler(
+            max_per_client_per_minute=config.max_selector_compiles_per_client_per_minute)
         self.pulled_messages = 0
 
-    def _filter(self, h: PullMessageRequestHeader) -> SelectorFilter | None:
+    def _filter(self, h: PullMessageRequestHeader, sub: CompiledSubscription | None) -> SelectorFilter | None:
         """The pull's filter (None: everything passes), with the group's Bloom data where it applies.
 
         A pull carrying its subscription (flag 0x4, every real client) is checked against the group's
         (sub_conflicts.py) and uses the group's registered filter data when the expression is the same;
         otherwise the subscription comes from the group's heartbeat, or after a broker restart from the
-        restored filter data. Version checks as RocketMQ's PullMessageProcessor.
+        restored filter data. Version checks as RocketMQ's PullMessageProcessor. ``sub`` is the pull's
+        compiled inline subscription (flag 0x4).
         """
         config = self.config
         fm = self.filter_data
         group, topic = h.consumer_group, h.topic
         info = self.consumers.get(group)
         fd = fm.get(topic, group)
-        if h.sys_flag & FLAG_SUBSCRIPTION:
-            sub = _compiled(topic, h.expression_type, h.subscription, h.sub_version,
-                            config.enable_property_filter)
+        if sub is not None:
             self.sub_guard.check_pull(group, topic, sub.expression_type, sub.expression, h.sub_version,
                                    info.channels if info is not None else ())
             base = sub.filter
@@ -139,8 +135,11 @@ class PullProcessor:
             return None
         if base.needs_record and fd is not None and fd.is_sql and fd.selector is not None \
                 and fd.expression == base.selector.expression and config.enable_calc_filter_bitmap:
-            return base.for_pull(fm.metrics_of(group, topic), fm.bloom, fd.bloom, fd.born_time + LIVE_MARGIN_MS)
-        return base.for_pull(fm.metrics_of(group, topic))
+            mf = base.for_pull(fm.metrics_of(group, topic), fm.bloom, fd.bloom, fd.born_time + LIVE_MARGIN_MS)
+        else:
+            mf = base.for_pull(fm.metrics_of(group, topic))
+        mf.max_evaluations = config.max_evaluations_per_pull
+        return mf
 
     @staticmethod
     def _check_filter_data(fd: ConsumerFilterData | None, h: PullMessageRequestHeader) -> None:
@@ -175,8 +174,25 @@ class PullProcessor:
         if not 0 <= h.queue_id < cfg.read_queue_nums:
             raise SluiceError(f"queueId[{h.queue_id}] is illegal, topic:[{h.topic}] "
                               f"topicConfig.readQueueNums:[{cfg.read_queue_nums}] consumer:[{conn.peer}]")
+        sub = None
+        if h.sys_flag & FLAG_SUBSCRIPTION:
+            sub = self.compiler.cached(h.topic, h.expression_type, h.subscription, h.sub_version,
+                                       self.config.enable_property_filter)
+            if sub is None:  # a new SQL92 expression: compiled off the loop while this pull waits
+                return self._compile_and_pull(conn, request, h)
+        return self._pull(conn, request, h, sub)
+
+    async def _compile_and_pull(self, conn: RemotingConnection, request: RemotingCommand,
+                                h: PullMessageRequestHeader) -> RemotingCommand:
+        sub = await self.compiler.compile(conn.attributes, conn.peer, h.topic, h.expression_type, h.subscription,
+                                          h.sub_version, self.config.enable_property_filter)
+        res = self._pull(conn, request, h, sub)
+        return res if isinstance(res, RemotingCommand) else await res
+
+    def _pull(self, conn: RemotingConnection, request: RemotingCommand, h: PullMessageRequestHeader,
+              sub: CompiledSubscription | None) -> Any:
         # %RETRY%<group>: filtered by the group's subscriptions of the original topics
-        mf = retry_filter(self.consumers, h.consumer_group, h.topic, self._filter(h))
+        mf = retry_filter(self.consumers, h.consumer_group, h.topic, self._filter(h, sub))
         if h.sys_flag & FLAG_COMMIT_OFFSET:
             self.offsets.commit(h.consumer_group, h.topic, h.queue_id, h.commit_offset)
         # Bounded whatever the pull asks (RocketMQ's maxTransferCount/BytesOnMessageInMemory, docs/broker.md).

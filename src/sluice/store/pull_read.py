@@ -76,13 +76,16 @@ class PullReader:
             return GetMessageResult(_S.OFFSET_OVERFLOW_ONE, offset, lo, hi)
         if offset > hi:
             return GetMessageResult(_S.OFFSET_OVERFLOW_BADLY, lo if lo == 0 else hi, lo, hi)
+        # A filter may bound the records one pull evaluates (broker/filtering.py max_evaluations): the pull
+        # stops before the first record over it and goes on from there next time.
+        budget = [getattr(message_filter, "max_evaluations", 0) or -1]
         # Like RocketMQ, a filtered pull looks at a bounded number of units (maxFilterMessageSize).
         scan = max(max_msgs, self.config.max_filter_scan_bytes // CQ_UNIT_SIZE) if message_filter else max_msgs
         units = cq.get_units(offset, scan)
         if units is None or len(units) == 0:
             upf = self.config.consumequeue_units_per_file
             return GetMessageResult(_S.OFFSET_FOUND_NULL, (offset // upf + 1) * upf, lo, hi)
-        res = self._collect(cq, offset, units, max_msgs, max_bytes, message_filter, lo, hi)
+        res = self._collect(cq, offset, units, max_msgs, max_bytes, message_filter, lo, hi, budget)
         if message_filter is None or res.status is not _S.NO_MATCHED_MESSAGE:
             return res
         # Nothing matched in the first window. While units are being ruled out on their tag codes or
@@ -91,12 +94,13 @@ class PullReader:
         deadline = time.monotonic() + c.max_filter_scan_ms / 1000.0
         scanned, reads = res.next_begin_offset - offset, res.records_read
         while (res.status is _S.NO_MATCHED_MESSAGE and res.next_begin_offset < cq.max_offset
-               and scanned < c.max_filter_scan_units and reads * 8 < scanned and time.monotonic() < deadline):
+               and scanned < c.max_filter_scan_units and reads * 8 < scanned and budget[0] != 0
+               and time.monotonic() < deadline):
             at = res.next_begin_offset
             units = cq.get_units(at, min(scan * 8, c.max_filter_scan_units - scanned))
             if units is None or len(units) == 0:
                 break
-            more = self._collect(cq, at, units, max_msgs, max_bytes, message_filter, lo, hi)
+            more = self._collect(cq, at, units, max_msgs, max_bytes, message_filter, lo, hi, budget)
             scanned += more.next_begin_offset - at
             reads += more.records_read
             if more.status is _S.MESSAGE_WAS_REMOVING:
@@ -106,8 +110,10 @@ class PullReader:
         return res
 
     def _collect(self, cq: ConsumeQueue, offset: int, units: np.ndarray, max_msgs: int,
-                 max_bytes: int, mf: MessageFilter | None, lo: int, hi: int) -> GetMessageResult:
-        """One window of units: decide what the units alone can, then read (and evaluate) the records."""
+                 max_bytes: int, mf: MessageFilter | None, lo: int, hi: int,
+                 budget: list[int] | None = None) -> GetMessageResult:
+        """One window of units: decide what the units alone can, then read (and evaluate) the records;
+        ``budget[0]`` is the evaluations left to the pull (-1: no bound), spent here."""
         res = GetMessageResult(_S.FOUND, offset, lo, hi)
         if mf is None and C is not None:  # the usual pull: no numpy work on the units at all
             parts, stop_at, removed = self._gather_runs(cq, offset, units, None, max_msgs, max_bytes, res)
@@ -130,7 +136,7 @@ class PullReader:
         else:
             parts, stop_at, removed, evaluated_out = self._read_each(cq, offset, len(units), phys, sizes,
                                                                      np.flatnonzero(wanted), max_msgs, max_bytes,
-                                                                     mf, check, res)
+                                                                     mf, check, res, budget)
             filtered = filtered or evaluated_out
         if mf is not None:
             mf.consumed(stop_at)
@@ -220,10 +226,12 @@ class PullReader:
 
     def _read_each(self, cq: ConsumeQueue, offset: int, n_units: int, phys: np.ndarray,
                    sizes: np.ndarray, idxs: np.ndarray, max_msgs: int, max_bytes: int, mf: MessageFilter | None,
-                   check: np.ndarray | None, res: GetMessageResult) -> tuple[list[bytes], int, bool, bool]:
-        """Record by record: read, check, evaluate where ``check`` says so. Returns the records taken, the
-        unit (relative) to go on from, whether a record was gone from the log, and whether the filter
-        turned a record down."""
+                   check: np.ndarray | None, res: GetMessageResult, budget: list[int] | None = None
+                   ) -> tuple[list[bytes], int, bool, bool]:
+        """Record by record: read, check, evaluate where ``check`` says so, stopping before the record that
+        would exceed the evaluation ``budget``. Returns the records taken, the unit (relative) to go on
+        from, whether a record was gone from the log, and whether the filter turned a record down."""
+        left = -1 if budget is None else budget[0]
         match_at = mf.match_record_at if mf is not None else None  # check is None without a filter
         verify = self.config.verify_crc_on_read
         cl = self.commitlog
@@ -235,6 +243,9 @@ class PullReader:
         for i in idxs.tolist():
             p, s = int(phys[i]), int(sizes[i])
             if parts and total + s > max_bytes:
+                stop_at = i
+                break
+            if left == 0 and check is not None and check[i]:  # out of evaluations: go on from here next pull
                 stop_at = i
                 break
             data = cl.read(p, s) if p >= clog_min else None
@@ -255,6 +266,8 @@ class PullReader:
                     stop_at = i
                     break
             if check is not None and check[i]:
+                if left > 0:
+                    left -= 1
                 props = P.decode_properties(parse_record(data, 0, check_crc=False).properties)
                 if not match_at(i, props):  # type: ignore[misc]
                     filtered = True
@@ -267,6 +280,8 @@ class PullReader:
             if len(parts) >= max_msgs:
                 stop_at = i + 1  # like RocketMQ: resume right after the last message taken
                 break
+        if budget is not None:
+            budget[0] = left
         return parts, stop_at, removed, filtered
 
 

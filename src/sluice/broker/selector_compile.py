@@ -1,0 +1,98 @@
+"""Subscription compilation off the event loop, cached by exact expression, bounded per client.
+
+A 400-term SQL92 selector takes long to compile; done on the event loop, a
+storm of distinct ones stalls every other connection. A subscription already
+compiled (cache hit) is answered from the cache on the loop at no extra cost;
+a new one is compiled on one dedicated thread (not the store's pool, so reads
+never queue behind compilations) while the request waits as a coroutine. Each
+connection may start at most ``max_selector_compiles_per_client_per_minute``
+new compilations per minute; past it the request is refused with SYSTEM_BUSY
+naming the setting (clients retry later), logged at most once a minute per
+connection. TAG subscriptions compile in linear time and stay on the loop.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+
+from sluice.broker.filtering import CompiledSubscription, compile_subscription, is_tag_type
+from sluice.errors import SelectorCompileBusyError
+
+__all__ = ["SelectorCompiler", "COMPILES"]
+
+log = logging.getLogger(__name__)
+
+#: Key in RemotingConnection.attributes: [minute window start (monotonic s), compiles in it, last log time].
+COMPILES = "selector_compiles"
+
+Key = tuple[str, str | None, str | None, int, bool]
+
+
+class SelectorCompiler:
+    def __init__(self, *, max_per_client_per_minute: int, cache_size: int = 4096) -> None:
+        self.max_per_minute = max_per_client_per_minute
+        self.cache_size = cache_size
+        self._cache: OrderedDict[Key, CompiledSubscription] = OrderedDict()
+        self._executor: ThreadPoolExecutor | None = None
+        #: New compilations done off the loop, and requests refused over the per-client limit.
+        self.compiled = 0
+        self.refused = 0
+
+    def cached(self, topic: str, expression_type: str | None, expression: str | None, sub_version: int,
+               enable_property_filter: bool) -> CompiledSubscription | None:
+        """The compiled subscription when it needs no new compilation (cache hit, or a TAG expression,
+        compiled here: linear in its length); None when it must go through :meth:`compile`."""
+        key = (topic, expression_type, expression, sub_version, enable_property_filter)
+        sub = self._cache.get(key)
+        if sub is not None:
+            self._cache.move_to_end(key)
+            return sub
+        if is_tag_type(expression_type):
+            return self._put(key, compile_subscription(topic, expression_type, expression, sub_version,
+                                                       enable_property_filter=enable_property_filter))
+        return None
+
+    async def compile(self, attributes: dict, peer: str, topic: str, expression_type: str | None,
+                      expression: str | None, sub_version: int, enable_property_filter: bool) -> CompiledSubscription:
+        """Compile on the compile thread (after the per-connection limit); raises the compile error."""
+        sub = self.cached(topic, expression_type, expression, sub_version, enable_property_filter)
+        if sub is not None:
+            return sub
+        self._charge(attributes, peer)
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sluice-selector-compile")
+        sub = await asyncio.get_running_loop().run_in_executor(
+            self._executor, lambda: compile_subscription(topic, expression_type, expression, sub_version,
+                                                         enable_property_filter=enable_property_filter))
+        self.compiled += 1
+        return self._put((topic, expression_type, expression, sub_version, enable_property_filter), sub)
+
+    def _charge(self, attributes: dict, peer: str) -> None:
+        now = time.monotonic()
+        state = attributes.get(COMPILES)
+        if state is None or now - state[0] >= 60.0:
+            state = attributes[COMPILES] = [now, 0, state[2] if state else -1e9]
+        if state[1] >= self.max_per_minute:
+            self.refused += 1
+            if now - state[2] >= 60.0:
+                state[2] = now
+                log.warning("client %s refused: more than %d new selector compilations in a minute "
+                            "(max_selector_compiles_per_client_per_minute)", peer, self.max_per_minute)
+            raise SelectorCompileBusyError(
+                f"too many new subscription expressions from this client: at most {self.max_per_minute} "
+                "compilations per minute (max_selector_compiles_per_client_per_minute); retry later")
+        state[1] += 1
+
+    def _put(self, key: Key, sub: CompiledSubscription) -> CompiledSubscription:
+        self._cache[key] = sub
+        self._cache.move_to_end(key)
+        while len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+        return sub
+
+    def shutdown(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
