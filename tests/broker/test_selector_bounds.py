@@ -3,6 +3,7 @@ the plain-handler path), new compilations are bounded per connection, and a pull
 records, going on exactly where it stopped."""
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -117,12 +118,49 @@ def test_new_compilations_are_bounded_per_connection(make_broker):
     assert b.broker.pull_processor.compiler.refused == 2
 
 
-def test_a_bad_expression_is_still_a_parse_failure(make_broker):
-    b = make_broker()
+def test_a_bad_expression_is_still_a_parse_failure_and_charged_once(make_broker):
+    b = make_broker(max_selector_compiles_per_client_per_minute=2)
     rpc = b.rpc()
     assert rpc.send("T", b"m0", {"a": "1"}).code == R.SUCCESS
-    r = rpc.pull("T", sub="a >")
-    assert r.code == R.SUBSCRIPTION_PARSE_FAILED, (r.code, r.remark)
+    for _ in range(5):  # the compile error is cached: repeating it costs no new compilation
+        r = rpc.pull("T", sub="a >")
+        assert r.code == R.SUBSCRIPTION_PARSE_FAILED, (r.code, r.remark)
+    assert rpc.pull("T", sub="a > 0").code == R.SUCCESS
+
+
+def test_one_compilation_serves_concurrent_requests_for_the_same_expression(make_broker, monkeypatch):
+    b = make_broker(max_selector_compiles_per_client_per_minute=1)
+    rpc = b.rpc()
+    assert rpc.send("T", b"m0", {"a": "1"}).code == R.SUCCESS
+    assert b.broker.store.wait_dispatched(5.0)
+    gate, entered = threading.Event(), threading.Event()
+    real = sc.compile_subscription
+    calls = []
+
+    def held_compile(*args, **kw):
+        calls.append(args)
+        entered.set()
+        gate.wait(20)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(sc, "compile_subscription", held_compile)
+    conn = _Conn()  # one connection, allowed one compilation: the waiters are not charged
+    compiler = b.broker.pull_processor.compiler
+
+    async def storm():
+        tasks = [asyncio.ensure_future(compiler.compile(conn.attributes, conn.peer, "T", "SQL92", "a > 0", 0, True))
+                 for _ in range(6)]
+        await asyncio.sleep(0)
+        return tasks
+
+    async def finish(tasks):
+        return await asyncio.gather(*tasks)
+
+    tasks = b.loop.run(storm(), 10)
+    assert entered.wait(10)
+    gate.set()
+    subs = b.loop.run(finish(tasks), 10)
+    assert len(calls) == 1 and all(s is subs[0] for s in subs)
 
 
 def test_the_evaluation_budget_stops_a_pull_and_the_next_goes_on_exactly(make_broker):

@@ -9,17 +9,21 @@ connection may start at most ``max_selector_compiles_per_client_per_minute``
 new compilations per minute; past it the request is refused with SYSTEM_BUSY
 naming the setting (clients retry later), logged at most once a minute per
 connection. TAG subscriptions compile in linear time and stay on the loop.
+Compile errors are cached like results (a client repeating a bad expression
+gets SUBSCRIPTION_PARSE_FAILED at once, uncharged), and requests arriving for an
+expression already being compiled wait for that one compilation.
 """
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
 from sluice.broker.filtering import CompiledSubscription, compile_subscription, is_tag_type
-from sluice.errors import SelectorCompileBusyError
+from sluice.errors import SelectorCompileBusyError, SluiceError
 
 __all__ = ["SelectorCompiler", "COMPILES"]
 
@@ -35,7 +39,8 @@ class SelectorCompiler:
     def __init__(self, *, max_per_client_per_minute: int, cache_size: int = 4096) -> None:
         self.max_per_minute = max_per_client_per_minute
         self.cache_size = cache_size
-        self._cache: OrderedDict[Key, CompiledSubscription] = OrderedDict()
+        self._cache: OrderedDict[Key, CompiledSubscription | SluiceError] = OrderedDict()
+        self._pending: dict[Key, asyncio.Future[CompiledSubscription]] = {}
         self._executor: ThreadPoolExecutor | None = None
         #: New compilations done off the loop, and requests refused over the per-client limit.
         self.compiled = 0
@@ -49,10 +54,14 @@ class SelectorCompiler:
         sub = self._cache.get(key)
         if sub is not None:
             self._cache.move_to_end(key)
+            if isinstance(sub, SluiceError):
+                raise copy.copy(sub)
             return sub
         if is_tag_type(expression_type):
-            return self._put(key, compile_subscription(topic, expression_type, expression, sub_version,
-                                                       enable_property_filter=enable_property_filter))
+            sub = compile_subscription(topic, expression_type, expression, sub_version,
+                                       enable_property_filter=enable_property_filter)
+            self._put(key, sub)
+            return sub
         return None
 
     async def compile(self, attributes: dict, peer: str, topic: str, expression_type: str | None,
@@ -61,14 +70,27 @@ class SelectorCompiler:
         sub = self.cached(topic, expression_type, expression, sub_version, enable_property_filter)
         if sub is not None:
             return sub
+        key = (topic, expression_type, expression, sub_version, enable_property_filter)
+        pending = self._pending.get(key)
+        if pending is not None:  # the same new expression is being compiled for another request
+            return await asyncio.shield(pending)
         self._charge(attributes, peer)
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sluice-selector-compile")
-        sub = await asyncio.get_running_loop().run_in_executor(
+        fut = asyncio.get_running_loop().run_in_executor(
             self._executor, lambda: compile_subscription(topic, expression_type, expression, sub_version,
                                                          enable_property_filter=enable_property_filter))
+        self._pending[key] = fut
+        try:
+            sub = await asyncio.shield(fut)
+        except SluiceError as e:
+            self._put(key, e.with_traceback(None))
+            raise
+        finally:
+            self._pending.pop(key, None)
         self.compiled += 1
-        return self._put((topic, expression_type, expression, sub_version, enable_property_filter), sub)
+        self._put(key, sub)
+        return sub
 
     def _charge(self, attributes: dict, peer: str) -> None:
         now = time.monotonic()
@@ -86,12 +108,11 @@ class SelectorCompiler:
                 "compilations per minute (max_selector_compiles_per_client_per_minute); retry later")
         state[1] += 1
 
-    def _put(self, key: Key, sub: CompiledSubscription) -> CompiledSubscription:
+    def _put(self, key: Key, sub: CompiledSubscription | SluiceError) -> None:
         self._cache[key] = sub
         self._cache.move_to_end(key)
         while len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
-        return sub
 
     def shutdown(self) -> None:
         if self._executor is not None:
