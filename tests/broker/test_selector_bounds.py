@@ -224,3 +224,17 @@ def test_compiled_selectors_take_the_plain_handler_path(make_broker):
     kind, again = b.loop.run(handle("a > 0"), 10)
     assert kind == "plain" and bodies(again) == [b"m0"]  # cached: answered at once, no task, no thread
     assert pp.compiler.compiled == 1
+
+
+def test_the_budget_bounds_a_retry_topic_pull_too(make_broker):
+    """%RETRY%<group> pulls evaluate each message on the group's subscription of its original topic."""
+    b = make_broker(max_evaluations_per_pull=4)
+    rpc = b.rpc()
+    assert rpc.send("T", b"x", {"a": "-1"}).code == R.SUCCESS
+    assert rpc.heartbeat("c1", "G", [sub_data("T", "a >= 10")]).code == R.SUCCESS
+    for i in range(20):
+        assert rpc.send("%RETRY%G", f"r{i}".encode(), {"a": str(i), "RETRY_TOPIC": "T"}).code == R.SUCCESS
+    first = rpc.pull("%RETRY%G", sub="*", expr_type="TAG")
+    assert first.code == R.PULL_RETRY_IMMEDIATELY and first.ext_fields["nextBeginOffset"] == "4"
+    got = rpc.pull_all("%RETRY%G", sub="*", expr_type="TAG")
+    assert got == [f"r{i}".encode() for i in range(10, 20)]

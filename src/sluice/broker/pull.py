@@ -135,11 +135,8 @@ class PullProcessor:
             return None
         if base.needs_record and fd is not None and fd.is_sql and fd.selector is not None \
                 and fd.expression == base.selector.expression and config.enable_calc_filter_bitmap:
-            mf = base.for_pull(fm.metrics_of(group, topic), fm.bloom, fd.bloom, fd.born_time + LIVE_MARGIN_MS)
-        else:
-            mf = base.for_pull(fm.metrics_of(group, topic))
-        mf.max_evaluations = config.max_evaluations_per_pull
-        return mf
+            return base.for_pull(fm.metrics_of(group, topic), fm.bloom, fd.bloom, fd.born_time + LIVE_MARGIN_MS)
+        return base.for_pull(fm.metrics_of(group, topic))
 
     @staticmethod
     def _check_filter_data(fd: ConsumerFilterData | None, h: PullMessageRequestHeader) -> None:
@@ -193,6 +190,8 @@ class PullProcessor:
               sub: CompiledSubscription | None) -> Any:
         # %RETRY%<group>: filtered by the group's subscriptions of the original topics
         mf = retry_filter(self.consumers, h.consumer_group, h.topic, self._filter(h, sub))
+        if mf is not None:  # records evaluated per pull (store/pull_read.py stops there): this pull's own filter
+            mf.max_evaluations = self.config.max_evaluations_per_pull  # type: ignore[union-attr]
         if h.sys_flag & FLAG_COMMIT_OFFSET:
             self.offsets.commit(h.consumer_group, h.topic, h.queue_id, h.commit_offset)
         # Bounded whatever the pull asks (RocketMQ's maxTransferCount/BytesOnMessageInMemory, docs/broker.md).
