@@ -191,7 +191,7 @@ class PullProcessor:
         # %RETRY%<group>: filtered by the group's subscriptions of the original topics
         mf = retry_filter(self.consumers, h.consumer_group, h.topic, self._filter(h, sub))
         if mf is not None:  # records evaluated per pull (store/pull_read.py stops there): this pull's own filter
-            mf.max_evaluations = self.config.max_evaluations_per_pull  # type: ignore[union-attr]
+            mf.max_evaluations = self.config.max_evaluations_per_pull
         if h.sys_flag & FLAG_COMMIT_OFFSET:
             self.offsets.commit(h.consumer_group, h.topic, h.queue_id, h.commit_offset)
         # Bounded whatever the pull asks (RocketMQ's maxTransferCount/BytesOnMessageInMemory, docs/broker.md).

@@ -76,9 +76,9 @@ class PullReader:
             return GetMessageResult(_S.OFFSET_OVERFLOW_ONE, offset, lo, hi)
         if offset > hi:
             return GetMessageResult(_S.OFFSET_OVERFLOW_BADLY, lo if lo == 0 else hi, lo, hi)
-        # A filter may bound the records one pull evaluates (broker/filtering.py max_evaluations): the pull
+        # The filter may bound the records one pull evaluates (MessageFilter.max_evaluations): the pull
         # stops before the first record over it and goes on from there next time.
-        budget = [getattr(message_filter, "max_evaluations", 0) or -1]
+        budget = [(message_filter.max_evaluations if message_filter is not None else 0) or -1]
         # Like RocketMQ, a filtered pull looks at a bounded number of units (maxFilterMessageSize).
         scan = max(max_msgs, self.config.max_filter_scan_bytes // CQ_UNIT_SIZE) if message_filter else max_msgs
         units = cq.get_units(offset, scan)

@@ -94,6 +94,11 @@ class MessageFilter(Protocol):
     on tag codes and properties alone.
     """
 
+    #: How many records one pull may evaluate with :meth:`match_record_at` (0: no bound). The pull stops
+    #: just before the first record over it and answers what it has; its next begin offset is that
+    #: record, so the next pull goes on from there and nothing is skipped.
+    max_evaluations: int
+
     def select_units(self, tag_codes: np.ndarray, ext_batch: ExtBatch | None, unresolved: np.ndarray | None
                      ) -> tuple[np.ndarray | None, np.ndarray | None]:
         """Decide a window of units before any record is read.
@@ -128,6 +133,7 @@ class TagCodeFilter(MessageFilter):
 
     #: True when every unit that passes match_units must also pass match_record on its record.
     needs_record: bool = False
+    max_evaluations: int = 0
 
     def match_units(self, tag_codes: np.ndarray) -> np.ndarray | None:
         """A boolean mask over ``tag_codes`` (int64) of units that may match; None for "all may"."""
