@@ -53,16 +53,25 @@ def _java_key(key: str) -> list[int]:
     return [int.from_bytes(data[i:i + 2], "big") for i in range(0, len(data), 2)]
 
 
+def _signed_head(ext_fields: Mapping[str, Any]) -> bytes:
+    """The extField values in signing order (``Signature`` and null values left out), UTF-8."""
+    keys = [k for k, v in ext_fields.items() if k != SIGNATURE and v is not None]
+    # ASCII keys (every real client's) sort the same by code points as by UTF-16 code units.
+    keys = sorted(keys) if "".join(keys).isascii() else sorted(keys, key=_java_key)
+    return "".join([_java_string(ext_fields[k]) for k in keys]).encode("utf-8")
+
+
 def signed_content(ext_fields: Mapping[str, Any], body: bytes | None) -> bytes:
     """The bytes RocketMQ signs: sorted extField values (``Signature`` left out, null values too), then the body."""
-    keys = sorted((k for k, v in ext_fields.items() if k != SIGNATURE and v is not None), key=_java_key)
-    head = "".join(_java_string(ext_fields[k]) for k in keys).encode("utf-8")
+    head = _signed_head(ext_fields)
     return head + bytes(body) if body else head
 
 
 def compute_signature(secret_key: str, ext_fields: Mapping[str, Any], body: bytes | None) -> str:
-    digest = hmac.new(secret_key.encode("utf-8"), signed_content(ext_fields, body), hashlib.sha1).digest()
-    return base64.b64encode(digest).decode("ascii")
+    mac = hmac.new(secret_key.encode("utf-8"), _signed_head(ext_fields), hashlib.sha1)
+    if body:
+        mac.update(body)  # the body is signed after the header values, without copying it onto them
+    return base64.b64encode(mac.digest()).decode("ascii")
 
 
 def sign_fields(credentials: Credentials, ext_fields: dict[str, str], body: bytes | None) -> None:
