@@ -8,6 +8,7 @@ shutdown steps stay in its module.
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from typing import Any, ClassVar, Literal, Self, TypeVar, cast
 
@@ -20,7 +21,7 @@ __all__ = ["AsyncClient"]
 O = TypeVar("O")
 
 
-class AsyncClient:
+class AsyncClient(ABC):
     #: Registers as a producer group or a consumer group in the ClientInstance.
     _kind: ClassVar[Literal["producer", "consumer"]]
     #: How errors name this client ("producer", "pull consumer", ...).
@@ -79,11 +80,13 @@ class AsyncClient:
             raise ClientError(f"{self._role} {self.group!r} is not started")
         return self._instance
 
+    @abstractmethod
     async def start(self) -> None:
-        raise NotImplementedError
+        """Start the client (join the ClientInstance, begin its work)."""
 
+    @abstractmethod
     async def shutdown(self) -> None:
-        raise NotImplementedError
+        """Stop the client and leave the ClientInstance."""
 
     async def __aenter__(self) -> Self:
         await self.start()

@@ -6,6 +6,7 @@ that only writers take.
 from __future__ import annotations
 
 import threading
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Generic, Protocol, TypeVar
 
@@ -23,7 +24,7 @@ class PerQueueFiles(Protocol):
 T = TypeVar("T", bound=PerQueueFiles)
 
 
-class PerQueueTable(Generic[T]):
+class PerQueueTable(ABC, Generic[T]):
     """Objects of one kind, one per (topic, queue id), loaded from disk or created on first use."""
 
     def __init__(self, root: Path) -> None:
@@ -31,9 +32,9 @@ class PerQueueTable(Generic[T]):
         self.by_queue: dict[tuple[str, int], T] = {}
         self._lock = threading.Lock()
 
+    @abstractmethod
     def _new(self, topic: str, queue_id: int, directory: Path) -> T:
         """The object of one queue, whose files live in ``directory``."""
-        raise NotImplementedError
 
     def load(self) -> None:
         if not self.root.is_dir():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from abc import abstractmethod
 from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
@@ -190,8 +191,8 @@ class RequestDispatcher(Dispatcher):
 
     rebuilds_bitmaps: bool = False
 
-    def dispatch(self, requests: list[DispatchRequest]) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def dispatch(self, requests: list[DispatchRequest]) -> None: ...
 
     def dispatch_batch(self, batch: DispatchBatch) -> None:
         self.dispatch(batch.requests())

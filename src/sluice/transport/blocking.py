@@ -7,6 +7,7 @@ with it. Several facades may share one LoopThread.
 from __future__ import annotations
 
 import asyncio
+from abc import ABC, abstractmethod
 import threading
 from collections.abc import Coroutine
 from typing import Any, Self, TypeVar
@@ -67,7 +68,7 @@ class LoopThread:
             self._thread.join(timeout)
 
 
-class LoopBoundClient:
+class LoopBoundClient(ABC):
     """A blocking wrapper of an async client whose calls run on a LoopThread: its own one unless one
     is given. ``close`` (or leaving ``with``) closes the async client on that loop, then stops the
     loop if it is the wrapper's own."""
@@ -76,9 +77,9 @@ class LoopBoundClient:
         self._owns_loop = loop_thread is None
         self.loop_thread = loop_thread or LoopThread(thread_name)
 
+    @abstractmethod
     def _close_async(self) -> Coroutine[Any, Any, None]:
         """The wrapped client's ``close()``."""
-        raise NotImplementedError
 
     def close(self) -> None:
         if self.loop_thread.running:
