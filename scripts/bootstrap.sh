@@ -13,6 +13,6 @@ stamp="$venv/.sluice-installed"
 want="$(cat "$root/pyproject.toml" "$root/setup.py" "$root/constraints.txt" "$root"/src/csrc/speedups/* \
   | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check -c "$root/constraints.txt" -e "$root[test,spark]"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check -c "$root/constraints.txt" -e "$root[test,spark,plot]"
   echo "$want" > "$stamp"
 fi
