@@ -155,3 +155,17 @@ class SelectorCompileBusyError(SluiceError):
     allows: SYSTEM_BUSY, as RocketMQ answers a broker too busy to take the request (clients retry later)."""
 
     code = ResponseCode.SYSTEM_BUSY
+
+
+class FilterClassError(FilterError):
+    """A class filter (``MessageSelector.by_class``) that cannot be used: no filter server for a broker,
+    registration refused (uploads off, class not found, import failure, conflict), or the class failing
+    on a batch (raise, deadline, memory). ``.class_name`` and ``.cause`` say which class and why;
+    ``.code`` is the code the filter server or broker answered with."""
+
+    code = ResponseCode.SYSTEM_ERROR
+
+    def __init__(self, message: str, *, class_name: str = "", cause: str = "", code: int | None = None) -> None:
+        super().__init__(message, code=code)
+        self.class_name = class_name
+        self.cause = cause or message
