@@ -12,7 +12,7 @@ Layers, bottom to top (a module may import its own package and any lower layer):
                                                and never the store
     broker
     admin | spark                              siblings
-    cli, demo, embedded, __main__              entry points
+    cli, demo, embedded, __main__, bench       entry points (bench: `sluice bench`, Sluice beside its peers)
 
 * In a fresh interpreter, importing every module of a layer (or the SDK's face) loads nothing it may not.
 * Statically, every ``import`` under src/sluice (also inside functions and under TYPE_CHECKING) follows the table.
@@ -29,7 +29,7 @@ import pytest
 import sluice
 
 SRC = Path(sluice.__file__).resolve().parent
-_TOP = {"cli", "demo", "embedded", "__main__"}
+_TOP = {"cli", "demo", "embedded", "__main__", "bench"}
 RANK = {
     "errors": 0, "format": 0, "persist": 0, "speedups": 0, "_speedups": 0,
     "protocol": 1, "message": 2, "transport": 3, "store": 4, "filter": 4, "acl": 4, "namesrv": 5, "client": 5,

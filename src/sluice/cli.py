@@ -35,3 +35,7 @@ main.add_command(spark_group)
 from sluice.admin import cli_command as admin_command  # noqa: E402
 
 main.add_command(admin_command)
+
+from sluice.bench.command import bench_command  # noqa: E402
+
+main.add_command(bench_command)

@@ -1,0 +1,240 @@
+"""The common workload against Sluice: an embedded namesrv and broker (subprocesses) driven through the SDK.
+
+* produce: ``send_batch`` of 32 from 4 threads sharing one ``Producer``, under ``--flush async`` and, on a second
+  broker, ``--flush sync``;
+* drains: push consumers, one group per filter; the "before" groups subscribed (heartbeat, so the broker builds
+  their bitmaps at dispatch) before the writes and were stopped, the "catch-up" groups subscribe afterwards;
+* latency: a push consumer on ``region = 'eu'`` while single messages are sent at a paced rate.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+from sluice.bench.procs import rss_bytes
+from sluice.bench.workload import (
+    FILTERS, LATENCY_FILTER, Counter, Filter, LatencyProbe, Props, Workload, body_with_stamp, chunks,
+    expected_counts, generate, paced, wait_until,
+)
+from sluice.client import ConsumeResult, MessageSelector, Producer, PullConsumer, PushConsumer
+from sluice.embedded import SluiceProcess
+from sluice.message import Message
+from sluice.namesrv.client import SyncNamesrvClient
+
+__all__ = ["TOPIC", "cluster", "create_topic", "produce", "push", "run_sluice", "wait_owned", "wait_visible"]
+
+TOPIC = "BenchCommon"
+Step = Callable[[str], None]
+
+
+def _message(p: Props, body: bytes) -> Message:
+    return Message(TOPIC, body, tags=p.tag, properties={"region": p.region, "a": str(p.a)})
+
+
+def _selector(f: Filter) -> MessageSelector:
+    return MessageSelector.by_tag(f.expression) if f.kind == "TAG" else MessageSelector.by_sql(f.expression)
+
+
+def _wait_route(ns: str, timeout: float = 30.0) -> None:
+    with SyncNamesrvClient(ns) as nc:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                nc.get_route("TBW102")
+                return
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+
+def cluster(workdir: Path, flush: str) -> tuple[SluiceProcess, SluiceProcess]:
+    logs = workdir / f"logs-{flush}"
+    logs.mkdir(parents=True, exist_ok=True)
+    ns = SluiceProcess.start(["namesrv"], logs, name="namesrv")
+    try:
+        broker = SluiceProcess.start(["broker", "--namesrv", ns.addr, "--store", str(workdir / f"store-{flush}"),
+                                      "--flush", flush], logs, name="broker")
+    except BaseException:
+        ns.stop()
+        raise
+    try:
+        _wait_route(ns.addr)
+    except BaseException:
+        broker.stop()
+        ns.stop()
+        raise
+    return ns, broker
+
+
+def produce(ns: str, props: list[Props], wl: Workload) -> float:
+    """msgs/s of ``send_batch`` batches from ``wl.threads`` threads sharing one producer."""
+    body = body_with_stamp(wl.body_size)
+    errors: list[BaseException] = []
+    with Producer("bench-producer", ns) as producer:
+        def work(part: list[Props]) -> None:
+            try:
+                for i in range(0, len(part), wl.batch):
+                    producer.send_batch([_message(p, body) for p in part[i:i + wl.batch]])
+            except BaseException as exc:  # reported after the join
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(part,), name=f"bench-send-{i}")
+                   for i, part in enumerate(chunks(props, wl.threads))]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        seconds = time.perf_counter() - t0
+    if errors:
+        raise RuntimeError(f"produce failed: {errors[0]!r}") from errors[0]
+    return len(props) / seconds
+
+
+def push(group: str, ns: str, f: Filter, listener: Callable[[list[Any]], ConsumeResult],
+          first: bool = True) -> PushConsumer:
+    c = PushConsumer(group, namesrv=ns,
+                     consume_from_where="CONSUME_FROM_FIRST_OFFSET" if first else "CONSUME_FROM_LAST_OFFSET")
+    c.subscribe(TOPIC, _selector(f))
+    c.register_listener(listener)
+    c.start()
+    return c
+
+
+def wait_owned(c: PushConsumer, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not c.owned_queues():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"push consumer {c.group} owned no queue within {timeout:g} s")
+        time.sleep(0.05)
+
+
+def create_topic(ns: str) -> None:
+    """One message no filter matches creates the topic (and its route) before any group subscribes."""
+    with Producer("bench-producer", ns) as producer:
+        producer.send(Message(TOPIC, b"warm-up", tags="Warm", properties={"region": "none", "a": "-1"}))
+
+
+def _preregister(ns: str) -> None:
+    """The 'before' groups subscribe and leave: the broker keeps their filter data and builds bitmaps."""
+    for f in FILTERS:
+        c = push(f"bench-before-{f.name}", ns, f, lambda msgs: ConsumeResult.SUCCESS)
+        try:
+            wait_owned(c)
+        finally:
+            c.shutdown()
+
+
+def wait_visible(ns: str, total: int, timeout: float) -> None:
+    with PullConsumer("bench-probe", ns) as pc:
+        queues = pc.fetch_message_queues(TOPIC)
+        deadline = time.monotonic() + timeout
+        while sum(pc.max_offset(q) for q in queues) < total:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the broker did not make {total} messages visible within {timeout:g} s")
+            time.sleep(0.05)
+
+
+def _drain(ns: str, group: str, f: Filter, expected: int, timeout: float) -> dict[str, Any]:
+    counter = Counter(expected)
+    wrong = [0]
+
+    def listener(msgs: list[Any]) -> ConsumeResult:
+        for m in msgs:
+            p = m.properties
+            if f.kind == "TAG":
+                ok = m.tags == f.expression
+            else:
+                ok = f.matches(Props(m.tags or "", p.get("region", ""), int(p.get("a", "-1"))))
+            if not ok:
+                wrong[0] += 1
+        counter.add(len(msgs))
+        return ConsumeResult.SUCCESS
+
+    started = time.perf_counter()
+    c = push(group, ns, f, listener)
+    try:
+        done = counter.wait(timeout)
+    finally:
+        c.shutdown()
+    out = counter.rate(started)
+    if wrong[0]:
+        out["error"] = f"{wrong[0]} delivered messages do not match {f.expression!r}"
+    elif not done:
+        out["error"] = f"drained {counter.count} of {expected} within {timeout:g} s"
+    return out
+
+
+def _latency(ns: str, wl: Workload, step: Step) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    probe_box: list[LatencyProbe] = [LatencyProbe()]
+
+    def listener(msgs: list[Any]) -> ConsumeResult:
+        probe = probe_box[0]
+        for m in msgs:
+            probe.seen(m.body)
+        return ConsumeResult.SUCCESS
+
+    c = push("bench-latency", ns, LATENCY_FILTER, listener, first=False)
+    try:
+        wait_owned(c)
+        with Producer("bench-latency-producer", ns) as producer:
+            for rate in wl.latency_rates:
+                step(f"sluice: latency at {rate:,} msgs/s")
+                probe = probe_box[0] = LatencyProbe()
+                futures: list[Future[Any]] = []
+                expected = 0
+                t0 = time.perf_counter()
+                for due, p in paced(rate, wl.latency_seconds, wl.seed + rate):
+                    wait_until(due)
+                    expected += LATENCY_FILTER.matches(p)
+                    futures.append(producer.send_async(_message(p, body_with_stamp(wl.body_size,
+                                                                                   time.perf_counter_ns()))))
+                seconds = time.perf_counter() - t0
+                for fut in futures:
+                    fut.result(30)
+                probe.wait_for(expected, 30)
+                results[str(rate)] = probe.summary(len(futures), expected, seconds)
+    finally:
+        c.shutdown()
+    return results
+
+
+def run_sluice(wl: Workload, workdir: Path, step: Step = lambda s: None, *, sync_flush: bool = True) -> dict[str, Any]:
+    """Every row for Sluice; a row that failed carries an ``error`` instead of its figure."""
+    props = generate(wl.messages, wl.seed)
+    expected = expected_counts(props)
+    out: dict[str, Any] = {"available": True, "drains": {}, "produce": {}}
+    step("sluice: starting namesrv and broker (--flush async)")
+    ns, broker = cluster(workdir, "async")
+    try:
+        create_topic(ns.addr)
+        _preregister(ns.addr)
+        step(f"sluice: produce {wl.messages:,} messages")
+        out["produce"]["msgs_per_s"] = round(produce(ns.addr, props, wl))
+        wait_visible(ns.addr, wl.messages + 1, wl.drain_timeout)
+        for f in FILTERS:
+            for case in ("before", "catchup"):
+                step(f"sluice: {f.name} drain ({case})")
+                out["drains"].setdefault(f.name, {})[case] = _drain(
+                    ns.addr, f"bench-{case}-{f.name}", f, expected[f.name], wl.drain_timeout)
+        out["broker_rss_bytes"] = rss_bytes(broker.pid)
+        out["latency"] = _latency(ns.addr, wl, step)
+    finally:
+        broker.stop()
+        ns.stop()
+    if sync_flush:
+        step("sluice: produce with --flush sync")
+        ns, broker = cluster(workdir, "sync")
+        try:
+            create_topic(ns.addr)
+            out["produce"]["sync_msgs_per_s"] = round(produce(ns.addr, props, wl))
+        finally:
+            broker.stop()
+            ns.stop()
+    return out

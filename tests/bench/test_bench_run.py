@@ -1,0 +1,52 @@
+"""`sluice bench --quick` end to end against Sluice (real namesrv and broker subprocesses) with a tiny load, and
+the usage errors."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+
+def _bench(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sluice", "bench", "--quick", "--no-scripts", "--messages", "400",
+                           "--latency-seconds", "0.3", "--out", str(out), *args],
+                          capture_output=True, text=True, timeout=280)
+
+
+def test_bench_quick_against_sluice_writes_positive_figures(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = _bench(out, "--peers", "")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads((out / "bench.json").read_text())
+    sluice = result["systems"]["sluice"]
+    assert sluice["produce"]["msgs_per_s"] > 0 and sluice["produce"]["sync_msgs_per_s"] > 0
+    for name in ("tag", "region", "sql92"):
+        for case in ("before", "catchup"):
+            d = sluice["drains"][name][case]
+            assert "error" not in d, d
+            assert d["matched"] == d["expected"] > 0 and d["matched_per_s"] > 0
+    for rate in ("1000", "10000"):
+        lat = sluice["latency"][rate]
+        assert lat["received"] == lat["expected"] > 0 and 0 < lat["p50_ms"] <= lat["p99_ms"]
+    assert result["machine"]["cores"] >= 1 and result["load"]["messages"] == 400
+    text = (out / "bench.md").read_text()
+    assert "| produce msgs/s |" in text and "## How each system filters and persists" in text
+    for png in ("throughput.png", "latency.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+
+    # A second run into the same directory compares with the first.
+    proc = _bench(out, "--peers", "", "--flush", "async")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (out / "bench.previous.json").exists()
+    assert "change from the previous result" in (out / "bench.md").read_text()
+
+
+def test_bench_refuses_an_unknown_peer(tmp_path: Path) -> None:
+    proc = _bench(tmp_path, "--peers", "kafka")
+    assert proc.returncode == 2 and "unknown peer(s) kafka" in proc.stderr
