@@ -9,16 +9,20 @@
 A connection that closes fails its pending requests with RemotingError and is
 replaced on the next call. Requests the server sends on a client connection
 (NOTIFY_CONSUMER_IDS_CHANGED, ...) go to handlers registered with :meth:`register`.
+With ``tls=ClientTls(...)`` (transport/tls.py) every connection is TLS, its server's certificate
+checked against the CA file unless ``verify`` is off.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 
 from sluice.errors import RemotingError, RemotingTimeoutError
 from sluice.protocol.command import RemotingCommand
 from sluice.transport.connection import Dispatcher, RemotingConnection, RequestHandler, split_addr
 from sluice.protocol.frame import DEFAULT_MAX_FRAME_SIZE
+from sluice.transport.tls import ClientTls
 
 __all__ = ["RemotingClient"]
 
@@ -30,9 +34,11 @@ DEFAULT_TIMEOUT = 3.0  # RocketMQ's sendMsgTimeout
 class RemotingClient:
     def __init__(
         self, *, connect_timeout: float = 3.0, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
-        dispatcher: Dispatcher | None = None,
+        dispatcher: Dispatcher | None = None, tls: ClientTls | None = None,
     ) -> None:
         self.connect_timeout = connect_timeout
+        self.tls = tls
+        self._ssl: ssl.SSLContext | None = tls.context() if tls is not None else None
         self.max_frame_size = max_frame_size
         self.dispatcher = dispatcher or Dispatcher()
         self._conns: dict[str, RemotingConnection] = {}
@@ -57,11 +63,22 @@ class RemotingClient:
                 return conn
             host, port = split_addr(addr)
             loop = asyncio.get_running_loop()
+            tls = {} if self._ssl is None else {
+                "ssl": self._ssl, "server_hostname": self.tls.server_name or host,  # type: ignore[union-attr]
+                "ssl_handshake_timeout": self.connect_timeout}
             try:
                 async with asyncio.timeout(self.connect_timeout):
-                    _, conn = await loop.create_connection(self._new_connection, host, port)
+                    _, conn = await loop.create_connection(self._new_connection, host, port, **tls)
             except TimeoutError:
                 raise RemotingTimeoutError(f"connect to {addr} timed out after {self.connect_timeout:g} s") from None
+            except ssl.SSLError as exc:  # before OSError, its base: name the TLS part
+                hint = "" if isinstance(exc, ssl.SSLCertVerificationError) else " (does the server speak TLS?)"
+                raise RemotingError(f"TLS handshake with {addr} failed: {exc}{hint}") from exc
+            except ConnectionError as exc:
+                if self._ssl is not None and not isinstance(exc, ConnectionRefusedError):
+                    # a plain server closes on a TLS hello (it reads a frame length far over its limit)
+                    raise RemotingError(f"TLS handshake with {addr} failed: {exc} (does the server speak TLS?)") from exc
+                raise RemotingError(f"cannot connect to {addr}: {exc}") from exc
             except OSError as exc:
                 raise RemotingError(f"cannot connect to {addr}: {exc}") from exc
             conn.on_close(lambda c, addr=addr: self._forget(addr, c))

@@ -14,11 +14,16 @@ A malformed or oversized frame closes only the connection it came on. Bounds (tr
 does not fit stops reading until it does), ``max_connections`` (more are closed at accept, with a
 rate-limited log line) and ``idle_timeout`` (a connection with no complete frame received, no handler
 answering and no request of either side outstanding for that long is closed; 0 turns it off).
+
+TLS (transport/tls.py): ``tls_mode`` ``"disabled"`` (the default: accepted sockets go straight to
+RemotingConnection, as without TLS), ``"permissive"`` (TLS and plain clients on the one port) or
+``"enforcing"`` (TLS only), with ``ssl_context`` from ``tls.server_context(cert, key)``.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 
 from sluice.errors import RemotingError
 from sluice.transport.connection import (
@@ -28,6 +33,7 @@ from sluice.protocol.frame import DEFAULT_MAX_FRAME_SIZE
 from sluice.transport.limits import (
     DEFAULT_FRAME_BUDGET, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, FrameBudget, RateLimitedLog,
 )
+from sluice.transport.tls import DEFAULT_HANDSHAKE_TIMEOUT, TlsAcceptor, check_tls_mode
 
 __all__ = ["RemotingServer"]
 
@@ -39,7 +45,8 @@ class RemotingServer:
         self, host: str = "127.0.0.1", port: int = 0, *, dispatcher: Dispatcher | None = None,
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, max_inflight: int = DEFAULT_MAX_INFLIGHT,
         frame_budget: int = DEFAULT_FRAME_BUDGET, max_connections: int = DEFAULT_MAX_CONNECTIONS,
-        idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+        idle_timeout: float = DEFAULT_IDLE_TIMEOUT, tls_mode: str = "disabled",
+        ssl_context: ssl.SSLContext | None = None, tls_handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
     ) -> None:
         if max_connections < 1:
             raise ValueError(f"max_connections {max_connections} must be positive")
@@ -62,6 +69,14 @@ class RemotingServer:
         self.idle_closed = 0
         self._refusals = RateLimitedLog(log)
         self._idle_task: asyncio.Task[None] | None = None
+        mode = check_tls_mode(tls_mode)
+        #: Permissive or enforcing: the sniffer every accepted socket starts with (None when disabled).
+        self.tls: TlsAcceptor | None = None
+        if mode != "disabled":
+            if ssl_context is None:
+                raise ValueError(f"tls_mode {mode} needs an ssl_context (sluice.transport.tls.server_context)")
+            self.tls = TlsAcceptor(mode, ssl_context, self._new_connection, self._full, tls_handshake_timeout)
+        self.tls_mode = mode
 
     def register(self, code: int, handler: RequestHandler) -> None:
         self.dispatcher.register(code, handler)
@@ -81,12 +96,14 @@ class RemotingServer:
         if self._server is not None:
             raise RemotingError("server already started")
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(self._new_connection, self.host, self.port, reuse_address=True)
+        factory = self._new_connection if self.tls is None else self.tls.protocol
+        self._server = await loop.create_server(factory, self.host, self.port, reuse_address=True)
         sock = self._server.sockets[0]
         self.port = sock.getsockname()[1]
         if self.idle_timeout:
             self._idle_task = loop.create_task(self._close_idle(), name=f"idle-check-{self.port}")
-        log.info("remoting server listening on %s", self.address)
+        log.info("remoting server listening on %s%s", self.address,
+                 "" if self.tls is None else f" (TLS {self.tls_mode})")
 
     async def serve_forever(self) -> None:
         if self._server is None:
@@ -98,6 +115,8 @@ class RemotingServer:
         """Stop accepting, close every connection (failing their pending requests), wait for it."""
         if self._server is not None:
             self._server.close()
+        if self.tls is not None:
+            self.tls.close()
         if self._idle_task is not None:
             self._idle_task.cancel()
             await asyncio.gather(self._idle_task, return_exceptions=True)
@@ -111,6 +130,11 @@ class RemotingServer:
     def _new_connection(self) -> RemotingConnection:
         return RemotingConnection(dispatcher=self.dispatcher, max_frame_size=self.max_frame_size,
                                   max_inflight=self.max_inflight, on_open=self._opened, budget=self.budget)
+
+    def _full(self) -> bool:
+        """No room for another connection (TLS: those still in their handshake count too)."""
+        pending = len(self.tls.pending) if self.tls is not None else 0
+        return len(self.connections) + pending >= self.max_connections
 
     def _opened(self, conn: RemotingConnection) -> None:
         if len(self.connections) >= self.max_connections:
