@@ -15,6 +15,7 @@ header that does not fit its Java type (MESSAGE_ILLEGAL naming the field and its
 range), a transactional half message until transactions exist, and a send to a
 system topic the broker moves messages into itself (both NO_PERMISSION, as
 RocketMQ's SendMessageProcessor / AbstractSendMessageProcessor.msgCheck answer).
+Every refusal is logged once per client and reason a minute (refusal_log.py).
 """
 from __future__ import annotations
 
@@ -29,9 +30,11 @@ from typing import Any
 
 from sluice.broker.appender import Appender, Payload, Prepare, Stored
 from sluice.broker.dedup import DedupWindow
+from sluice.broker.refusal_log import RefusalLog
 from sluice.broker.schedule import TIMER_TOPIC
 from sluice.broker.topics import AUTO_CREATE_TOPIC, RETRY_PREFIX, SCHEDULE_TOPIC, TopicConfigManager, dlq_topic
-from sluice.errors import InvalidParameterError, MessageIllegalError, NoPermissionError, QueueIdIllegalError
+from sluice.errors import (InvalidParameterError, MessageIllegalError, NoPermissionError, QueueIdIllegalError,
+                           SluiceError)
 from sluice.format import FLAG_TRANSACTION_COMMIT, TRANSACTION_MASK
 from sluice.protocol import properties as P
 from sluice.protocol.batch import decode_batch_messages
@@ -114,23 +117,24 @@ class SendProcessor:
         self.max_reconsume_times = max_reconsume_times
         self.store_host = store_host
         self.max_message_size = max_message_size
+        self.refusals = RefusalLog(log, "send")
 
     def handle(self, conn: RemotingConnection, request: RemotingCommand) -> Any:
         """A plain handler: answered at once when the append need not wait (asynchronous flush, a batch:
         no task, no loop iteration); otherwise (single sends merged with the others of this loop
         iteration, synchronous flush, the duplicate window) returns the coroutine that finishes it."""
-        header = SendMessageRequestHeader.from_command(request)
-        try:
-            check_header_ranges(header)
-        except MessageIllegalError as exc:
-            log.warning("send from %s refused: %s", conn.peer, exc)
-            raise
-        batch = request.code == RequestCode.SEND_BATCH_MESSAGE or header.batch or _batch_flag(request)
-        window = self.dedup if self.dedup.applies(header.producer_group) else None  # opted in: replays answered
         appender = self.appender
         sync = appender.sync_flush
-        topic, queue_id, payload = self._build(conn, request, header, batch,
-                                               encode=batch and window is None and not sync)
+        try:
+            header = SendMessageRequestHeader.from_command(request)
+            check_header_ranges(header)
+            batch = request.code == RequestCode.SEND_BATCH_MESSAGE or header.batch or _batch_flag(request)
+            window = self.dedup if self.dedup.applies(header.producer_group) else None  # opted in: replays answered
+            topic, queue_id, payload = self._build(conn, request, header, batch,
+                                                   encode=batch and window is None and not sync)
+        except SluiceError as exc:  # refused before anything is stored: the caller's error, logged rate-limited
+            self.refusals.refused(conn.peer, exc)
+            raise
         result = appender.put(topic, queue_id, payload, dedup=window, sync=sync, prepare=self.divert)
         if type(result) is tuple:
             return request.make_response(ext_fields=_reply_fields(result, batch))
