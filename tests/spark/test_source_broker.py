@@ -131,11 +131,11 @@ def test_offsets_json_timestamps_and_min_partitions(spark, cluster):
     per_queue = {}
     for r in rows:
         per_queue[r.queue_id] = per_queue.get(r.queue_id, 0) + 1
-    ending = '{"%s": {"0": 5}}' % broker
+    ending = '{"SparkIn": {"%s:0": 5}}' % broker
     got = _read(spark, cluster, endingOffsets=ending).select("queue_id").collect()
     want = 5 + sum(v for q, v in per_queue.items() if q != 0)
     assert len(got) == want and sum(1 for r in got if r.queue_id == 0) == 5
-    starting = '{"%s": {"0": 3, "1": -1}}' % broker
+    starting = '{"SparkIn": {"0": 3, "%s:1": -1}}' % broker  # a bare queue id: the topic has one broker
     got = _read(spark, cluster, startingOffsets=starting).select("queue_id").collect()
     assert len(got) == len(rows) - 3 - per_queue.get(1, 0)
     future = str(int(time.time() * 1000) + 3_600_000)

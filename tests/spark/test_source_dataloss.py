@@ -38,7 +38,7 @@ def retained(tmp_path_factory):
 def test_requested_range_already_deleted(spark, retained):
     ns, broker, lo = retained
     r = (spark.read.format("sluice").option("namesrv", ns).option("topic", "Lossy")
-         .option("startingOffsets", '{"%s": {"0": 0}}' % broker))
+         .option("startingOffsets", '{"Lossy": {"%s:0": 0}}' % broker))
     with pytest.raises(Exception, match="data loss"):
         r.load().count()
     rows = r.option("failOnDataLoss", "false").load().select("queue_offset").collect()

@@ -74,11 +74,11 @@ def test_options_are_checked_on_the_driver():
     with pytest.raises(InvalidParameterError, match="namesrv"):
         Options({})
     with pytest.raises(InvalidParameterError, match="selectorType"):
-        Options({"namesrv": "x:1", "selectorType": "XPATH"})
+        Options({"namesrv": "x:1", "topic": "T", "selectorType": "XPATH"})
     with pytest.raises(InvalidParameterError, match="maxOffsetsPerTrigger"):
-        Options({"namesrv": "x:1", "maxOffsetsPerTrigger": "lots"})
+        Options({"namesrv": "x:1", "topic": "T", "maxOffsetsPerTrigger": "lots"})
     with pytest.raises(Exception, match="SQL92"):
-        Options({"namesrv": "x:1", "selectorType": "SQL92", "selector": "a >"})
+        Options({"namesrv": "x:1", "topic": "T", "selectorType": "SQL92", "selector": "a >"})
 
 
 def test_store_timestamp_bounds_become_whole_milliseconds():

@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sluice.errors import FilterEvaluationError, InvalidParameterError
+from sluice.errors import FilterEvaluationError, InvalidParameterError, SelectorSyntaxError
 from sluice.filter import sql_runtime as rt
 from sluice.filter.limits import DEFAULT_LIMITS
 from sluice.filter.sql_ast import (
@@ -101,6 +101,31 @@ def _F():
     return F
 
 
+def check_selector(expression_type: str, expression: str | None) -> None:
+    """Refuse, in one short error, a selector the broker would refuse, and a SQL92 one naming the
+    DataFrame's ``tags`` column: in SQL92 a message's tag is ``TAGS`` (upper case) and ``tags`` is an
+    ordinary property, which messages rarely carry, so such a selector would match nothing."""
+    from sluice.filter import compile_selector
+
+    kind = (expression_type or "TAG").upper()
+    try:
+        compile_selector(kind, expression)
+    except SelectorSyntaxError as exc:
+        raise SelectorSyntaxError(f"option selector: {exc}", position=exc.position).with_traceback(None) \
+            from None
+    if kind == "SQL92" and expression is not None:
+        _refuse_tags_name(expression)
+
+
+def _refuse_tags_name(expression: str) -> None:
+    named = [n for n in properties_of(parse(expression, DEFAULT_LIMITS)) if n.upper() == "TAGS" and n != "TAGS"]
+    if named:
+        raise SelectorSyntaxError(
+            f"SQL92 selector {expression!r} names {named[0]!r}: the tag is TAGS in SQL92 (upper case; "
+            f"{named[0]!r} would be a message property, which matches nothing here): write TAGS",
+            position=expression.find(named[0]))
+
+
 def selector_column(expression: str, expression_type: str = "SQL92", *, tags: str = "tags",
                     properties: str = "properties") -> Column:
     """A boolean Column that is true exactly where the broker would deliver the message.
@@ -119,6 +144,7 @@ def selector_column(expression: str, expression_type: str = "SQL92", *, tags: st
     if kind != "SQL92":
         raise InvalidParameterError(f"selector type {expression_type!r} has no Spark form (TAG or SQL92)")
     ast = parse(expression, DEFAULT_LIMITS)
+    _refuse_tags_name(expression)
     state = _Compiler(tags, properties).pred(ast)
     return (state == F.lit(T_)) if not isinstance(state, int) else F.lit(state == T_)
 
