@@ -5,27 +5,32 @@ broker filters by the selector given to each pull; a TAG selector's result is
 re-checked on the exact tag strings as PullAPIWrapper.processPullResult does.
 Offsets set with :meth:`update_consumer_offset` are kept locally and sent to
 the broker by :meth:`commit`, every 5 s by the client instance, and at shutdown
-(RemoteBrokerOffsetStore).
+(RemoteBrokerOffsetStore). A class-filter selector (``MessageSelector.by_class``)
+pulls through a filter server of the queue's broker (client/class_filter.py);
+its failures raise :class:`sluice.errors.FilterClassError`, naming the class and
+the cause.
 """
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Iterable
 from typing import Any
 
 from sluice.client.broker_api import decode_messages
+from sluice.client.class_filter import ClassFilters
 from sluice.client.lifecycle import AsyncClient
 from sluice.client.options import PullConsumerOptions
 from sluice.client.results import MessageQueue, PullResult, PullStatus, queue_sort_key
 from sluice.client.routing import subscribe_queues
 from sluice.client.selector import MessageSelector, as_selector
-from sluice.errors import ClientError, InvalidParameterError, SluiceError, TopicNotExistError
+from sluice.errors import ClientError, FilterClassError, InvalidParameterError, SluiceError, TopicNotExistError
 from sluice.message import MessageExt
 from sluice.protocol import headers as H
 from sluice.protocol import properties as P
-from sluice.protocol.bodies import ConsumerData
+from sluice.protocol.bodies import ConsumerData, SubscriptionData
 from sluice.protocol.codes import RequestCode, ResponseCode
 from sluice.protocol.command import RemotingCommand, error_for_response
 from sluice.protocol.msgid import decode_offset_msg_id
@@ -81,6 +86,7 @@ class AsyncPullConsumer(AsyncClient):
     def __init__(self, group: str, namesrv: str | Iterable[str], **options: Any) -> None:
         self.options = self._setup(group, namesrv, PullConsumerOptions, options)
         self._subscriptions: dict[str, tuple[MessageSelector, int]] = {}
+        self._last_heartbeat_sub: dict[str, MessageSelector] = {}
         self._offsets: dict[MessageQueue, int] = {}
         self._dirty: set[MessageQueue] = set()
 
@@ -97,6 +103,7 @@ class AsyncPullConsumer(AsyncClient):
         try:
             await self.persist_offsets()
         finally:
+            await ClassFilters.of(inst).detach(self)
             await self._leave(inst)
 
     def consumer_data(self) -> ConsumerData:
@@ -104,9 +111,22 @@ class AsyncPullConsumer(AsyncClient):
         return ConsumerData(
             group_name=self.group, consume_type="CONSUME_ACTIVELY", message_model=self.options.message_model,
             consume_from_where="CONSUME_FROM_LAST_OFFSET",
-            subscription_data_set=[sel.subscription_data(topic, version)
+            subscription_data_set=[self._with_class_error(sel.subscription_data(topic, version))
                                    for topic, (sel, version) in sorted(self._subscriptions.items())],
         )
+
+    def _with_class_error(self, sd: SubscriptionData) -> SubscriptionData:
+        err = self.class_filter_error(sd.topic) if sd.class_filter_mode else None
+        return sd if err is None else dataclasses.replace(sd, filter_class_error=str(err))
+
+    def class_filters(self) -> dict[str, MessageSelector]:
+        """The topics pulled with a class filter, and their selectors (registered with filter servers)."""
+        return {topic: sel for topic, (sel, _v) in self._subscriptions.items() if sel.is_class}
+
+    def class_filter_error(self, topic: str) -> FilterClassError | None:
+        """The group's current class-filter error on ``topic`` (None when its last pull worked)."""
+        inst = self._instance
+        return None if inst is None else ClassFilters.of(inst).last_error(self.group, topic)
 
     def _note_subscription(self, topic: str, selector: MessageSelector) -> None:
         old = self._subscriptions.get(topic)
@@ -154,15 +174,25 @@ class AsyncPullConsumer(AsyncClient):
             raise InvalidParameterError(f"max_nums must be positive, got {max_nums}")
         sel = as_selector(selector)
         self._note_subscription(mq.topic, sel)
-        addr = await self._addr(mq)
         header = H.PullMessageRequestHeader(
             consumer_group=self.group, topic=mq.topic, queue_id=mq.queue_id, queue_offset=offset,
             max_msg_nums=max_nums, sys_flag=FLAG_SUBSCRIPTION | (FLAG_SUSPEND if suspend is not None else 0),
             commit_offset=0, suspend_timeout_millis=int((suspend or 0) * 1000), subscription=sel.expression,
-            sub_version=0, expression_type=sel.expression_type,
+            sub_version=0, expression_type=sel.wire_expression_type,
         )
-        request = RemotingCommand.request(RequestCode.PULL_MESSAGE, header.to_ext())
-        response = await self.instance.remoting.invoke(addr, request, timeout)
+        if sel.is_class:  # through a filter server of mq's broker, never from the broker itself
+            filters = ClassFilters.of(self.instance)
+            if self._last_heartbeat_sub.get(mq.topic) != sel:
+                # A new class: brokers learn the group's subscription first (conflicts are checked there),
+                # and the class stays registered with the filter servers from now on.
+                self._last_heartbeat_sub[mq.topic] = sel
+                filters.attach(self)
+                await self.instance.send_heartbeat_to_all()
+            response = await filters.pull(self.group, mq, sel, header.to_ext(), timeout)
+        else:
+            addr = await self._addr(mq)
+            request = RemotingCommand.request(RequestCode.PULL_MESSAGE, header.to_ext())
+            response = await self.instance.remoting.invoke(addr, request, timeout)
         return process_pull_response(response, sel, check_crc=self.options.check_crc)
 
     # ------------------------------------------------------------------------------ offsets

@@ -19,17 +19,22 @@ per owned queue long-polls the broker (here), with flow control; a consume
 service runs the listener on a thread pool (consume_service.py); an offset
 store keeps progress (offset_store.py). In CLUSTERING the group's
 ``%RETRY%<group>`` topic is subscribed too, and a retried message reaches the
-listener with its original topic restored.
+listener with its original topic restored. A topic subscribed with
+``MessageSelector.by_class`` is pulled through the filter servers of its brokers
+(client/class_filter.py); a class error is logged at WARNING, kept as
+:meth:`AsyncPushConsumer.class_filter_error` and shown by consumerProgress.
 """
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from sluice.client.class_filter import ClassFilters
 from sluice.client.consume_service import ConcurrentConsumeService, Listener, OrderlyConsumeService
 from sluice.client.push_options import MessageModel, PushConsumerOptions, parse_consume_timestamp
 from sluice.client.facade import _SLACK, _Facade, _release_loop
@@ -40,11 +45,11 @@ from sluice.client.pull_consumer import FLAG_COMMIT_OFFSET, FLAG_SUBSCRIPTION, F
 from sluice.client.rebalance import RETRY_PREFIX, RebalanceService, Rebalancer
 from sluice.client.results import MessageQueue, PullResult, PullStatus
 from sluice.client.selector import MessageSelector, as_selector
-from sluice.errors import ClientError, InvalidParameterError, SluiceError
+from sluice.errors import ClientError, FilterClassError, InvalidParameterError, SluiceError
 from sluice.message import MessageExt
 from sluice.protocol import headers as H
 from sluice.protocol import properties as P
-from sluice.protocol.bodies import ConsumerData
+from sluice.protocol.bodies import ConsumerData, SubscriptionData
 from sluice.protocol.codes import RequestCode
 from sluice.protocol.command import RemotingCommand
 from sluice.protocol.record import check_topic
@@ -102,6 +107,10 @@ class AsyncPushConsumer(AsyncClient):
             self._subs[topic] = (sel, int(time.time() * 1000))
         if self._instance is not None:
             self._spawn_housekeeping(self._instance.send_heartbeat_to_all())
+            if sel.is_class and self._running:
+                filters = ClassFilters.of(self._instance)
+                filters.attach(self)
+                self._spawn_housekeeping(filters.register_everywhere(self.group, topic, sel))
             RebalanceService.of(self._instance).wakeup()
 
     def unsubscribe(self, topic: str) -> None:
@@ -159,6 +168,10 @@ class AsyncPushConsumer(AsyncClient):
             except SluiceError as exc:
                 log.warning("no route for %s yet (%s); the rebalance will look again", topic, exc)
         await inst.send_heartbeat_to_all()
+        if self.class_filters():  # registered before the first pull; errors are kept, pulls report them
+            filters = ClassFilters.of(inst)
+            filters.attach(self)
+            await filters.upload_all()
         RebalanceService.of(inst).attach(self)
         if self.orderly and self.options.model is MessageModel.CLUSTERING:
             self._lock_task = asyncio.get_running_loop().create_task(self._renew_locks(), name="sluice-lock-renew")
@@ -188,6 +201,7 @@ class AsyncPushConsumer(AsyncClient):
             for pq in self.rebalancer.process_queues.values():
                 pq.dropped = True
         finally:
+            await ClassFilters.of(inst).detach(self)
             await self._leave(inst)
 
     def _spawn_housekeeping(self, coro: Any) -> None:
@@ -201,12 +215,26 @@ class AsyncPushConsumer(AsyncClient):
     # ------------------------------------------------------------------------------ ConsumerInner
 
     def consumer_data(self) -> ConsumerData:
-        subs = [sel.subscription_data(topic, version) for topic, (sel, version) in sorted(self._subs.items())]
+        subs = [self._with_class_error(sel.subscription_data(topic, version))
+                for topic, (sel, version) in sorted(self._subs.items())]
         if self.options.model is MessageModel.CLUSTERING and subs:
             subs.append(MessageSelector.by_tag("*").subscription_data(RETRY_PREFIX + self.group, 0))
         return ConsumerData(group_name=self.group, consume_type="CONSUME_PASSIVELY",
                             message_model=self.options.message_model,
                             consume_from_where=self.options.consume_from_where, subscription_data_set=subs)
+
+    def _with_class_error(self, sd: SubscriptionData) -> SubscriptionData:
+        err = self.class_filter_error(sd.topic) if sd.class_filter_mode else None
+        return sd if err is None else dataclasses.replace(sd, filter_class_error=str(err))
+
+    def class_filters(self) -> dict[str, MessageSelector]:
+        """The topics subscribed with a class filter, and their selectors (registered with filter servers)."""
+        return {topic: sel for topic, (sel, _v) in self._subs.items() if sel.is_class}
+
+    def class_filter_error(self, topic: str) -> FilterClassError | None:
+        """The group's current class-filter error on ``topic``: the class and the cause (None while it works)."""
+        inst = self._instance
+        return None if inst is None else ClassFilters.of(inst).last_error(self.group, topic)
 
     async def persist_offsets(self) -> None:
         await self.offset_store.persist_all(list(self.rebalancer.process_queues))
@@ -269,6 +297,10 @@ class AsyncPushConsumer(AsyncClient):
                 continue
             try:
                 result = await self._pull_once(mq, offset)
+            except FilterClassError as exc:  # logged at WARNING once per new error (class_filter.py)
+                log.debug("pull of %s at offset %d failed: %s", mq, offset, exc)
+                await asyncio.sleep(o.pull_time_delay_when_exception)
+                continue
             except SluiceError as exc:
                 log.warning("pull of %s at offset %d failed: %s", mq, offset, exc)
                 await asyncio.sleep(o.pull_time_delay_when_exception)
@@ -313,7 +345,11 @@ class AsyncPushConsumer(AsyncClient):
             consumer_group=self.group, topic=mq.topic, queue_id=mq.queue_id, queue_offset=offset,
             max_msg_nums=o.pull_batch_size, sys_flag=flags, commit_offset=max(commit, 0),
             suspend_timeout_millis=int(o.broker_suspend_max * 1000), subscription=sel.expression,
-            sub_version=version, expression_type=sel.expression_type)
+            sub_version=version, expression_type=sel.wire_expression_type)
+        if sel.is_class:  # a filter server of mq's broker runs the class; the broker never serves it
+            response = await ClassFilters.of(inst).pull(self.group, mq, sel, header.to_ext(),
+                                                         o.consumer_timeout_when_suspend)
+            return process_pull_response(response, sel, check_crc=o.check_crc)
         addr = await inst.broker_addr_for(mq.topic, mq.broker_name, master_only=False)
         request = RemotingCommand.request(RequestCode.PULL_MESSAGE, header.to_ext())
         response = await inst.remoting.invoke(addr, request, o.consumer_timeout_when_suspend)
@@ -381,4 +417,13 @@ class PushConsumer(_Facade):
     def owned_queues(self) -> list[MessageQueue]:
         async def on_loop() -> list[MessageQueue]:
             return self._impl.owned_queues()
+        return self._run(on_loop(), self._impl.options.request_timeout)
+
+    def class_filter_error(self, topic: str) -> FilterClassError | None:
+        """The group's current class-filter error on ``topic`` (None while the class works)."""
+        if self._loop is None:
+            return None
+
+        async def on_loop() -> FilterClassError | None:
+            return self._impl.class_filter_error(topic)
         return self._run(on_loop(), self._impl.options.request_timeout)

@@ -148,6 +148,9 @@ class SubscriptionData:
     code_set: list[int] = dataclasses.field(default_factory=list)
     sub_version: int = 0
     expression_type: str = "TAG"
+    #: Sluice's own: a class-filter subscription's last error on this client (the class and the cause),
+    #: so the broker can show it in consumerProgress; left out when there is none (Java ignores it).
+    filter_class_error: str | None = None
 
 
 @_BODY
