@@ -16,6 +16,7 @@ from sluice.namesrv.client import SyncNamesrvClient
 from sluice.protocol.bodies import TopicRouteData
 from sluice.protocol.command import RemotingCommand
 from sluice.transport.blocking import LoopThread, SyncRemotingClient
+from sluice.transport.tls import ClientTls
 
 __all__ = ["SMALL", "Cluster", "InProcessBroker", "SluiceProcess", "broker_argv", "free_port", "running_cluster",
            "start_broker", "start_cluster", "wait_for", "wait_for_route"]
@@ -36,9 +37,11 @@ def wait_for(pred: Callable[[], Any], timeout: float = 15.0, what: str = "condit
         time.sleep(interval)
 
 
-def wait_for_route(namesrv: str, topic: str, brokers: int = 1, timeout: float = 15.0) -> TopicRouteData:
-    """Wait until the namesrv routes ``topic`` to at least ``brokers`` brokers; returns that route."""
-    with SyncNamesrvClient(namesrv) as ns:
+def wait_for_route(namesrv: str, topic: str, brokers: int = 1, timeout: float = 15.0,
+                   tls: ClientTls | None = None) -> TopicRouteData:
+    """Wait until the namesrv routes ``topic`` to at least ``brokers`` brokers; returns that route.
+    ``tls``: ask over TLS (a namesrv in tls_mode enforcing)."""
+    with SyncNamesrvClient(namesrv, tls=tls) as ns:
         def ready() -> TopicRouteData | None:
             try:
                 route = ns.get_route(topic)
@@ -74,6 +77,7 @@ class Cluster:
     brokers: list[SluiceProcess] = field(default_factory=list)
     names: list[str] = field(default_factory=list)
     argv: list[list[str]] = field(default_factory=list)  # each broker's arguments, for restarts
+    tls: ClientTls | None = None  # how clients reach a TLS cluster (start_cluster's client_tls)
 
     @property
     def ns(self) -> str:
@@ -105,17 +109,21 @@ class Cluster:
 
 
 def start_cluster(tmp: Path, names: Sequence[str] = ("broker-a",), *extra: str, config: str | None = None,
-                  cls: type[Cluster] = Cluster) -> Cluster:
+                  cls: type[Cluster] = Cluster, namesrv_extra: Sequence[str] = (),
+                  client_tls: ClientTls | None = None) -> Cluster:
     """A namesrv and one broker per name (``broker_argv`` with ``extra`` and ``config``), returned once the
-    namesrv routes TBW102 to all of them. ``cls``: a Cluster subclass with a folder's helpers."""
-    c = cls(tmp, SluiceProcess.start(["namesrv"], tmp, name="namesrv"))
+    namesrv routes TBW102 to all of them. ``cls``: a Cluster subclass with a folder's helpers.
+    ``namesrv_extra``: arguments of ``sluice namesrv`` (e.g. ``--tls-mode``); ``client_tls``: how the
+    readiness check (and ``Cluster.tls`` users) reach a namesrv that only speaks TLS."""
+    c = cls(tmp, SluiceProcess.start(["namesrv", *namesrv_extra], tmp, name="namesrv"))
+    c.tls = client_tls
     try:
         for name in names:
             argv = broker_argv(tmp, c.ns, name, *extra, config=config)
             c.brokers.append(SluiceProcess.start(argv, tmp, name=name))
             c.names.append(name)
             c.argv.append(argv)
-        wait_for_route(c.ns, "TBW102", brokers=len(names), timeout=20.0)
+        wait_for_route(c.ns, "TBW102", brokers=len(names), timeout=20.0, tls=client_tls)
     except BaseException:
         c.stop()
         raise
@@ -124,9 +132,11 @@ def start_cluster(tmp: Path, names: Sequence[str] = ("broker-a",), *extra: str, 
 
 @contextmanager
 def running_cluster(tmp: Path, names: Sequence[str] = ("broker-a",), *extra: str, config: str | None = None,
-                    cls: type[Cluster] = Cluster) -> Iterator[Cluster]:
+                    cls: type[Cluster] = Cluster, namesrv_extra: Sequence[str] = (),
+                    client_tls: ClientTls | None = None) -> Iterator[Cluster]:
     """``start_cluster``, stopped on exit."""
-    c = start_cluster(tmp, names, *extra, config=config, cls=cls)
+    c = start_cluster(tmp, names, *extra, config=config, cls=cls, namesrv_extra=namesrv_extra,
+                      client_tls=client_tls)
     try:
         yield c
     finally:

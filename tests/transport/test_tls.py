@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import trustme
+from tls_certs import Certs
 
 from sluice.errors import InvalidParameterError, RemotingError
 from sluice.protocol.command import RemotingCommand
@@ -19,25 +20,6 @@ from sluice.transport.tls import ClientTls, check_tls_mode, server_context, serv
 
 ECHO = 9001
 MiB = 1024 * 1024
-
-
-class Certs:
-    """A throwaway CA and a server certificate for 127.0.0.1 and localhost, as PEM files."""
-
-    def __init__(self, tmp: Path) -> None:
-        self.ca = trustme.CA()
-        leaf = self.ca.issue_cert("127.0.0.1", "localhost")
-        self.ca_file = str(tmp / "ca.pem")
-        self.cert_file = str(tmp / "server.pem")
-        self.key_file = str(tmp / "server.key")
-        self.ca.cert_pem.write_to_path(self.ca_file)
-        leaf.private_key_pem.write_to_path(self.key_file)
-        with open(self.cert_file, "wb") as f:
-            for blob in leaf.cert_chain_pems:
-                f.write(blob.bytes())
-
-    def client(self, **kwargs: object) -> ClientTls:
-        return ClientTls(ca=self.ca_file, **kwargs)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,8 @@
 """A RemotingClient that signs every request it sends (RocketMQ's RPCHook on the client side)."""
 from __future__ import annotations
 
+from typing import Any
+
 from sluice.acl.signature import Credentials, sign_fields
 from sluice.protocol.command import RemotingCommand
 from sluice.transport.client import DEFAULT_TIMEOUT, RemotingClient
@@ -24,6 +26,6 @@ class SigningRemotingClient(RemotingClient):
         await super().invoke_oneway(addr, request)
 
 
-def remoting_client(credentials: Credentials | None) -> RemotingClient:
-    """A plain client without credentials, a signing one with them."""
-    return RemotingClient() if credentials is None else SigningRemotingClient(credentials)
+def remoting_client(credentials: Credentials | None, **options: Any) -> RemotingClient:
+    """A plain client without credentials, a signing one with them; ``options`` go to RemotingClient (``tls=``)."""
+    return RemotingClient(**options) if credentials is None else SigningRemotingClient(credentials, **options)

@@ -33,6 +33,7 @@ from sluice.admin.session import AdminSession
 from sluice.admin.status import ExitStatus, exit_status_for
 from sluice.errors import SluiceError
 from sluice.protocol.codes import ResponseCode
+from sluice.transport.tls import ClientTls
 
 __all__ = ["FAMILIES", "AdminEnv", "admin_command", "admin_group", "cli_command", "current_env", "main"]
 
@@ -42,6 +43,8 @@ FAMILIES = ("topics", "cluster", "consumers", "messages", "deadletters", "explai
 NAMESRV_ENV = ("SLUICE_NAMESRV", "NAMESRV_ADDR")
 #: Where the ACL account comes from when --access-key / --secret-key are not given.
 ACCESS_KEY_ENV, SECRET_KEY_ENV = "SLUICE_ACCESS_KEY", "SLUICE_SECRET_KEY"
+#: Where TLS settings come from when --tls / --tls-ca are not given (SLUICE_TLS: 1/true/yes turns TLS on).
+TLS_ENV, TLS_CA_ENV = "SLUICE_TLS", "SLUICE_TLS_CA"
 #: Per-request timeout in seconds (RocketMQ's admin default is 3 s as well).
 DEFAULT_TIMEOUT = 3.0
 
@@ -60,6 +63,15 @@ class AdminEnv:
     traceback: bool = False
     access_key: str | None = None
     secret_key: str | None = None
+    tls: bool = False
+    tls_ca: str | None = None
+
+    def client_tls(self) -> ClientTls | None:
+        """TLS to namesrvs and brokers: --tls / --tls-ca first, then SLUICE_TLS / SLUICE_TLS_CA; None: plain.
+        A CA file alone turns TLS on (it is only used by TLS)."""
+        ca = self.tls_ca or self.env.get(TLS_CA_ENV, "").strip() or None
+        on = self.tls or self.env.get(TLS_ENV, "").strip().lower() in ("1", "true", "yes", "on") or ca is not None
+        return ClientTls(ca=ca) if on else None
 
     def credentials(self) -> Credentials | None:
         """The ACL account to sign with: flags first, then SLUICE_ACCESS_KEY / SLUICE_SECRET_KEY; None for none."""
@@ -117,7 +129,7 @@ def _set(attr: str) -> Callable[[click.Context, click.Parameter, Any], None]:
     return callback
 
 
-_COMMON = frozenset({"namesrv", "as_json", "timeout", "traceback", "access_key", "secret_key"})
+_COMMON = frozenset({"namesrv", "as_json", "timeout", "traceback", "access_key", "secret_key", "tls", "tls_ca"})
 
 
 def common_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -134,6 +146,10 @@ def common_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help=f"ACL account to sign requests with [env: {ACCESS_KEY_ENV}]."),
         click.option("--secret-key", metavar="SK", expose_value=False, callback=_set("secret_key"),
                      help=f"The account's secret key [env: {SECRET_KEY_ENV}]."),
+        click.option("--tls", is_flag=True, default=None, expose_value=False, callback=_set("tls"),
+                     help=f"Connect over TLS (servers in tls_mode permissive or enforcing) [env: {TLS_ENV}=1]."),
+        click.option("--tls-ca", metavar="PEM", expose_value=False, callback=_set("tls_ca"),
+                     help=f"CA file the servers' certificates are checked with; implies --tls [env: {TLS_CA_ENV}]."),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -160,9 +176,10 @@ def admin_command(name: str, *, aliases: Sequence[str] = ()) -> Callable[[AdminC
             env = click.get_current_context().ensure_object(AdminEnv)
             addr = env.namesrv_addr()
             credentials = env.credentials()
+            tls = env.client_tls()
 
             async def run() -> Result:
-                async with AdminSession(addr, timeout=env.timeout, credentials=credentials) as session:
+                async with AdminSession(addr, timeout=env.timeout, credentials=credentials, tls=tls) as session:
                     return await fn(session, **kwargs)
             result = asyncio.run(run())
             render(result, env.stdout, env.stderr, env.env, as_json=env.json)

@@ -27,6 +27,7 @@ from sluice.protocol import headers as H
 from sluice.protocol.bodies import MASTER_ID, ClusterInfo, TopicRouteData
 from sluice.protocol.codes import RequestCode
 from sluice.protocol.command import RemotingCommand
+from sluice.transport.tls import ClientTls
 
 __all__ = ["ADMIN_PRODUCER_GROUP", "TOOLS_CONSUMER_GROUP", "AdminSession", "BrokerRef", "Settled", "settle"]
 
@@ -47,20 +48,29 @@ class BrokerRef:
     addr: str
 
 
+def _tls_options(tls: ClientTls | None) -> dict[str, Any]:
+    """ClientConfig's TLS keywords for ``tls``."""
+    if tls is None:
+        return {}
+    return {"tls": True, "tls_ca": tls.ca, "tls_server_name": tls.server_name, "tls_verify": tls.verify}
+
+
 class AdminSession:
     """``async with AdminSession("127.0.0.1:9876", timeout=3.0) as s: await s.cluster_info()``."""
 
-    def __init__(self, namesrv: str, *, timeout: float = 3.0, credentials: Credentials | None = None) -> None:
+    def __init__(self, namesrv: str, *, timeout: float = 3.0, credentials: Credentials | None = None,
+                 tls: ClientTls | None = None) -> None:
         self.namesrv_addr = namesrv
         self.timeout = timeout
         self.credentials = credentials  #: an ACL account: every request is signed with it
+        self.tls = tls  #: connect over TLS, checking certificates as it says
         self._instance: ClientInstance | None = None
         self._producer: AsyncProducer | None = None
 
     async def __aenter__(self) -> AdminSession:
         # A name of its own, so an admin call made inside a process that also runs clients never shares them.
         cfg = ClientConfig(request_timeout=self.timeout, instance_name=f"sluice-admin-{os.getpid()}-{next(_ids)}",
-                           credentials=self.credentials)
+                           credentials=self.credentials, **_tls_options(self.tls))
         self._instance = await ClientInstance.acquire(self.namesrv_addr, cfg)
         return self
 
@@ -201,7 +211,8 @@ class AdminSession:
         """The session's producer, started on first use (it only heartbeats as a producer group)."""
         if self._producer is None:
             p = AsyncProducer(ADMIN_PRODUCER_GROUP, self.namesrv_addr, send_timeout=max(self.timeout, 3.0),
-                              request_timeout=self.timeout, instance_name=self.instance.config.instance_name)
+                              request_timeout=self.timeout, instance_name=self.instance.config.instance_name,
+                              credentials=self.credentials, **_tls_options(self.tls))
             await p.start()
             self._producer = p
         return self._producer

@@ -59,16 +59,26 @@ async def run_broker(config: BrokerConfig) -> None:
 @click.option("--auto-create-topic/--no-auto-create-topic", default=None,
               help="Create unknown topics on first send [default: on].")
 @click.option("--acl", metavar="FILE", help="RocketMQ plain_acl.yml: check every request (docs/security.md).")
+@click.option("--tls-mode", type=click.Choice(["disabled", "permissive", "enforcing"], case_sensitive=False),
+              help="TLS: plain only, both on one port, or TLS only (docs/security.md) [default: disabled].")
+@click.option("--tls-cert", metavar="PEM", help="The broker's certificate chain (for permissive and enforcing).")
+@click.option("--tls-key", metavar="PEM", help="The certificate's private key.")
+@click.option("--namesrv-tls/--no-namesrv-tls", default=None, help="Register with the namesrvs over TLS [default: off].")
+@click.option("--namesrv-tls-ca", metavar="PEM", help="CA file the namesrvs' certificates are checked with.")
 def broker_command(config_path: Path | None, listen: str | None, namesrv: str | None, store: str | None,
                    broker_name: str | None, cluster_name: str | None, flush: str | None,
-                   auto_create_topic: bool | None, acl: str | None = None) -> None:
+                   auto_create_topic: bool | None, acl: str | None = None, tls_mode: str | None = None,
+                   tls_cert: str | None = None, tls_key: str | None = None, namesrv_tls: bool | None = None,
+                   namesrv_tls_ca: str | None = None) -> None:
     """Run a broker: stores messages, serves sends and (long-polling) pulls, registers with namesrvs."""
     level = os.environ.get("SLUICE_LOG_LEVEL", "INFO").upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = BrokerConfig.load(config_path, listen=listen, namesrv=namesrv, store=store,
                                    broker_name=broker_name, cluster_name=cluster_name, flush=flush,
-                                   auto_create_topic=auto_create_topic, acl=acl)
+                                   auto_create_topic=auto_create_topic, acl=acl, tls_mode=tls_mode,
+                                   tls_cert=tls_cert, tls_key=tls_key, namesrv_tls=namesrv_tls,
+                                   namesrv_tls_ca=namesrv_tls_ca)
     except SluiceError as exc:
         raise click.UsageError(str(exc)) from None
     try:

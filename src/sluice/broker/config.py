@@ -13,6 +13,7 @@ from typing import Any
 from sluice.errors import InvalidParameterError
 from sluice.store.config import MAX_FRAME, PULL_BODY_CEILING
 from sluice.transport.limits import DEFAULT_FRAME_BUDGET, DEFAULT_MAX_CONNECTIONS
+from sluice.transport.tls import ClientTls, check_tls_mode
 
 
 def parse_address(text: str, *, what: str = "address") -> tuple[str, int]:
@@ -140,10 +141,35 @@ class BrokerConfig:
     #: A connection with no complete frame for this long, and no request of its own still being served
     #: (a held pull counts), is closed: RocketMQ's serverChannelMaxIdleTimeSeconds (120). 0 never closes.
     server_channel_max_idle_time_seconds: float = 120.0
+    #: RocketMQ's TlsMode (tls.server.mode; transport/tls.py) for the broker's port: "disabled" keeps today's
+    #: plain TCP (and no per-connection TLS work); "permissive" serves TLS and plain clients on the one port,
+    #: told apart by their first byte; "enforcing" closes plain clients. RocketMQ defaults to permissive
+    #: with a self-signed certificate; Sluice stays plain until given a certificate clients can check.
+    tls_mode: str = "disabled"
+    #: PEM files of the broker's certificate chain and private key (tls.server.certPath / keyPath); needed
+    #: by permissive and enforcing.
+    tls_cert: str = ""
+    tls_key: str = ""
+    #: Connect to the namesrvs over TLS (for registration; tls.client.*): off by default, as the namesrv's
+    #: own tls_mode is. namesrv_tls_ca: the CA file their certificates are checked with (empty: the system's
+    #: CAs); namesrv_tls_server_name: the name checked (empty: each namesrv's host); namesrv_tls_verify: false
+    #: skips the check (testing only: it gives up namesrv authentication).
+    namesrv_tls: bool = False
+    namesrv_tls_ca: str = ""
+    namesrv_tls_server_name: str = ""
+    namesrv_tls_verify: bool = True
 
     @property
     def host_port(self) -> tuple[str, int]:
         return parse_address(self.listen, what="listen address")
+
+    @property
+    def namesrv_client_tls(self) -> ClientTls | None:
+        """How the broker's namesrv connections use TLS; None: plain."""
+        if not self.namesrv_tls:
+            return None
+        return ClientTls(ca=self.namesrv_tls_ca or None, server_name=self.namesrv_tls_server_name or None,
+                         verify=self.namesrv_tls_verify)
 
     def validate(self) -> BrokerConfig:
         self.host_port  # noqa: B018 - raises on a bad address
@@ -163,6 +189,11 @@ class BrokerConfig:
                                tuple(prefixes.split(",") if isinstance(prefixes, str) else prefixes))
         if self.frame_budget < 1 or self.max_connections < 1:
             raise InvalidParameterError("frame_budget and max_connections must be positive")
+        object.__setattr__(self, "tls_mode", check_tls_mode(self.tls_mode))
+        if self.tls_mode != "disabled" and not (self.tls_cert and self.tls_key):
+            raise InvalidParameterError(f"tls_mode {self.tls_mode} needs tls_cert and tls_key (PEM files)")
+        if not self.namesrv_tls and (self.namesrv_tls_ca or self.namesrv_tls_server_name):
+            raise InvalidParameterError("namesrv_tls_ca / namesrv_tls_server_name are set but namesrv_tls is off")
         if self.server_channel_max_idle_time_seconds < 0:
             raise InvalidParameterError("server_channel_max_idle_time_seconds must not be negative (0: never)")
         if not 1 <= self.max_transfer_bytes <= PULL_BODY_CEILING:

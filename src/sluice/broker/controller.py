@@ -63,6 +63,7 @@ from sluice.store import MessageStore, StoreConfig
 from sluice.transport.client import RemotingClient
 from sluice.transport.connection import RemotingConnection, RequestHandler
 from sluice.transport.server import RemotingServer
+from sluice.transport.tls import server_tls
 
 __all__ = ["BrokerController"]
 
@@ -132,6 +133,10 @@ class BrokerController:
             port = _pick_port(host)
         self.host, self.port = host, port
         self.address = f"{_advertised_ip(host)}:{port}"
+        # TLS files are read before the store opens, so a bad certificate or CA file fails the start cleanly.
+        tls_mode, ssl_context = server_tls(config.tls_mode, config.tls_cert, config.tls_key)
+        if (namesrv_tls := config.namesrv_client_tls) is not None:
+            namesrv_tls.context()
         root = Path(config.store)
         self.store = store = MessageStore(root, StoreConfig(
             flush_mode=config.flush,  # type: ignore[arg-type]
@@ -174,12 +179,13 @@ class BrokerController:
                                                      verify_samples=config.backfill_verify_samples)
         self.server = RemotingServer(host, port, frame_budget=config.frame_budget,
                                      max_connections=config.max_connections,
-                                     idle_timeout=config.server_channel_max_idle_time_seconds)
+                                     idle_timeout=config.server_channel_max_idle_time_seconds,
+                                     tls_mode=tls_mode, ssl_context=ssl_context)
         # ACL (sluice.acl): checks each request before its handler; the broker's own account signs its
         # namesrv registrations.
         self.acl = AclGuard(config.acl) if config.acl else None
         self.remoting = remoting_client(Credentials(config.acl_access_key, config.acl_secret_key)
-                                        if config.acl_access_key else None)
+                                        if config.acl_access_key else None, tls=namesrv_tls)
         self.namesrv = NamesrvClient(config.namesrv, remoting=self.remoting) if config.namesrv else None
 
         changed = self.topics_changed

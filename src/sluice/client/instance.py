@@ -28,6 +28,7 @@ from sluice.errors import ClientError, InvalidParameterError, SluiceError, Topic
 from sluice.namesrv.client import NamesrvClient, parse_namesrv_addrs
 from sluice.protocol.bodies import MASTER_ID, ConsumerData, HeartbeatData, ProducerData, TopicRouteData
 from sluice.protocol.msgid import local_ip
+from sluice.transport.tls import ClientTls
 
 __all__ = ["ClientConfig", "ClientInstance", "ConsumerInner"]
 
@@ -50,8 +51,27 @@ class ClientConfig:
     instance_name: str | None = None
     #: An ACL account: every request the instance sends is signed with it (RocketMQ's AclClientRPCHook).
     credentials: Credentials | None = None
+    #: Connect to namesrvs and brokers over TLS (RocketMQ's useTLS); their servers need tls_mode permissive
+    #: or enforcing. Off by default, as the servers' tls_mode is.
+    tls: bool = False
+    #: PEM file of the CA certificates the servers' certificates are checked with; None: the system's CAs.
+    tls_ca: str | None = None
+    #: The name servers' certificates must carry; None: the host of each address (IP subjectAltNames work).
+    tls_server_name: str | None = None
+    #: Check the servers' certificates (chain and name). False is for testing only: it gives up server
+    #: authentication, leaving encryption against passive eavesdroppers.
+    tls_verify: bool = True
+
+    @property
+    def client_tls(self) -> ClientTls | None:
+        """The transport's TLS settings; None: plain TCP."""
+        if not self.tls:
+            return None
+        return ClientTls(ca=self.tls_ca, server_name=self.tls_server_name, verify=self.tls_verify)
 
     def __post_init__(self) -> None:
+        if not self.tls and (self.tls_ca or self.tls_server_name):
+            raise InvalidParameterError("tls_ca / tls_server_name are given but tls is False: pass tls=True too")
         if self.credentials is not None and not isinstance(self.credentials, Credentials):
             raise InvalidParameterError("credentials must be sluice.Credentials(access_key, secret_key), not "
                                         f"{type(self.credentials).__name__}")
@@ -68,12 +88,13 @@ class ConsumerInner(Protocol):
 
 
 class ClientInstance:
-    _registry: dict[tuple[int, tuple[str, ...], str | None, Credentials | None], ClientInstance] = {}
+    _registry: dict[tuple[int, tuple[str, ...], str | None, Credentials | None, ClientTls | None],
+                    ClientInstance] = {}
 
     def __init__(self, namesrv: Iterable[str], config: ClientConfig | None = None) -> None:
         self.config = config or ClientConfig()
         self.namesrv_addrs = tuple(namesrv)
-        self.remoting = remoting_client(self.config.credentials)
+        self.remoting = remoting_client(self.config.credentials, tls=self.config.client_tls)
         self.namesrv = NamesrvClient(self.namesrv_addrs, self.remoting, timeout=self.config.request_timeout)
         self.api = BrokerAPI(self.remoting)
         instance = self.config.instance_name or str(os.getpid())
@@ -86,7 +107,7 @@ class ClientInstance:
         self.consumers: dict[str, ConsumerInner] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._users = 0
-        self._key: tuple[int, tuple[str, ...], str | None, Credentials | None] | None = None
+        self._key: tuple[int, tuple[str, ...], str | None, Credentials | None, ClientTls | None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.closed = False
 
@@ -98,7 +119,7 @@ class ClientInstance:
         addrs = tuple(parse_namesrv_addrs(namesrv))
         cfg = config or ClientConfig()
         loop = asyncio.get_running_loop()
-        key = (id(loop), addrs, cfg.instance_name, cfg.credentials)  # other keys: another instance
+        key = (id(loop), addrs, cfg.instance_name, cfg.credentials, cfg.client_tls)  # other keys: another instance
         inst = cls._registry.get(key)
         # A loop id can be reused by a later loop: an instance left unreleased on a dead loop is not shared.
         if inst is None or inst.closed or inst._loop is not loop:

@@ -15,7 +15,7 @@ from sluice.namesrv.server import NamesrvConfig, run_namesrv
 _CONFIG_KEYS = {"listen": str, "scan_interval": float, "broker_expiry": float, "max_frame_size": int, "log_level": str,
                 "frame_budget": int, "max_connections": int, "idle_timeout": float, "kv_max_entries": int,
                 "kv_max_key_bytes": int, "kv_max_value_bytes": int,
-                "acl": str}
+                "acl": str, "tls_mode": str, "tls_cert": str, "tls_key": str}
 
 
 def load_config_file(path: Path) -> dict[str, Any]:
@@ -50,6 +50,10 @@ def load_config_file(path: Path) -> dict[str, Any]:
 @click.option("--max-connections", type=int, help="Connections kept at once; more are closed at accept [default: 4096].")
 @click.option("--idle-timeout", type=float, help="Seconds without a frame before a connection is closed; 0 = never [default: 120].")
 @click.option("--acl", metavar="FILE", help="RocketMQ plain_acl.yml: writes need an admin account or a white address.")
+@click.option("--tls-mode", type=click.Choice(["disabled", "permissive", "enforcing"], case_sensitive=False),
+              help="TLS: plain only, both on one port, or TLS only (docs/security.md) [default: disabled].")
+@click.option("--tls-cert", metavar="PEM", help="The server's certificate chain (for permissive and enforcing).")
+@click.option("--tls-key", metavar="PEM", help="The certificate's private key.")
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def namesrv_command(config_path: Path | None, log_level: str | None, **flags: Any) -> None:
     """Run a name server: brokers register here, clients ask it for topic routes."""

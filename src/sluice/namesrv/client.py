@@ -20,6 +20,7 @@ from sluice.protocol.bodies import (
     TopicRouteData, decode_body, encode_body,
 )
 from sluice.transport.client import DEFAULT_TIMEOUT, RemotingClient
+from sluice.transport.tls import ClientTls
 from sluice.protocol.codes import RequestCode, ResponseCode
 from sluice.protocol.command import RemotingCommand
 from sluice.transport.blocking import LoopBoundClient, LoopThread
@@ -53,9 +54,10 @@ class RegisterOutcome:
 
 class NamesrvClient:
     def __init__(self, addrs: str | Iterable[str], remoting: RemotingClient | None = None,
-                 timeout: float = DEFAULT_TIMEOUT) -> None:
+                 timeout: float = DEFAULT_TIMEOUT, *, tls: ClientTls | None = None) -> None:
+        """``tls``: connect over TLS (only when this client makes its own ``remoting``; a given one has its own)."""
         self.addrs = parse_namesrv_addrs(addrs)
-        self.remoting = remoting or RemotingClient()
+        self.remoting = remoting or RemotingClient(tls=tls)
         self._owns_remoting = remoting is None
         self.timeout = timeout
         self._next = 0
@@ -173,9 +175,9 @@ class SyncNamesrvClient(LoopBoundClient):
     """Blocking NamesrvClient: the same methods, run on a LoopThread."""
 
     def __init__(self, addrs: str | Iterable[str], *, loop_thread: LoopThread | None = None,
-                 timeout: float = DEFAULT_TIMEOUT) -> None:
+                 timeout: float = DEFAULT_TIMEOUT, tls: ClientTls | None = None) -> None:
         super().__init__(loop_thread, "sluice-namesrv-client")
-        self._client = NamesrvClient(addrs, timeout=timeout)
+        self._client = NamesrvClient(addrs, timeout=timeout, tls=tls)
         self._bound = timeout * len(self._client.addrs) + self._client.remoting.connect_timeout * 2 + 5.0
 
     def _run(self, name: str, *args: Any, **kwargs: Any) -> Any:

@@ -34,6 +34,7 @@ from sluice.transport.connection import RemotingConnection, split_addr
 from sluice.protocol.frame import DEFAULT_MAX_FRAME_SIZE
 from sluice.transport.limits import DEFAULT_FRAME_BUDGET, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS
 from sluice.transport.server import RemotingServer
+from sluice.transport.tls import check_tls_mode, server_tls
 
 __all__ = ["NamesrvConfig", "NamesrvServer", "run_namesrv", "ADMIN_CODES"]
 
@@ -68,6 +69,12 @@ class NamesrvConfig:
     kv_max_value_bytes: int = 64 * 1024
     #: A RocketMQ ``plain_acl.yml``: writes then need an admin account or a white address; empty: no ACL.
     acl: str = ""
+    #: RocketMQ's TlsMode (transport/tls.py): "disabled" (plain only, as before TLS existed), "permissive"
+    #: (TLS and plain clients on the one port) or "enforcing" (TLS only); the last two need tls_cert and
+    #: tls_key, PEM files of the server's certificate chain and private key.
+    tls_mode: str = "disabled"
+    tls_cert: str = ""
+    tls_key: str = ""
 
     def __post_init__(self) -> None:
         split_addr(self.listen)
@@ -77,6 +84,9 @@ class NamesrvConfig:
             raise InvalidParameterError("frame_budget and max_connections must be positive, idle_timeout >= 0")
         if self.kv_max_entries < 0 or self.kv_max_key_bytes < 1 or self.kv_max_value_bytes < 0:
             raise InvalidParameterError("kv_max_entries and kv_max_value_bytes must be >= 0, kv_max_key_bytes >= 1")
+        self.tls_mode = check_tls_mode(self.tls_mode)
+        if self.tls_mode != "disabled" and not (self.tls_cert and self.tls_key):
+            raise InvalidParameterError(f"tls_mode {self.tls_mode} needs tls_cert and tls_key (PEM files)")
 
 
 class NamesrvServer:
@@ -85,8 +95,10 @@ class NamesrvServer:
         host, port = split_addr(self.config.listen)
         self.routes = RouteInfoManager()
         c = self.config
+        tls_mode, ssl_context = server_tls(c.tls_mode, c.tls_cert, c.tls_key)
         self.server = RemotingServer(host, port, max_frame_size=c.max_frame_size, frame_budget=c.frame_budget,
-                                     max_connections=c.max_connections, idle_timeout=c.idle_timeout)
+                                     max_connections=c.max_connections, idle_timeout=c.idle_timeout,
+                                     tls_mode=tls_mode, ssl_context=ssl_context)
         self._scan_task: asyncio.Task[None] | None = None
         self.acl = AclGuard(self.config.acl) if self.config.acl else None
         handlers = {
