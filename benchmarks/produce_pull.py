@@ -10,13 +10,17 @@ measured); ``--sdk`` also runs the SDK producer (sluice.client) for the
 produce cases, with a namesrv.
 
     .venv/bin/python benchmarks/produce_pull.py [--quick] [--sdk] [--flush sync|async] [--profile FILE]
-        [--acl | --compare-acl [--rounds N]]
+        [--acl | --compare-acl [--rounds N]] [--tls | --compare-tls [--rounds N]]
 
 ``--acl`` starts the broker with a plain_acl.yml of one account (admin, PUB|SUB on the benchmark's topic
 and groups) and signs every request with it (sluice.acl's signing client, the SDK's ``credentials=``).
 ``--compare-acl`` runs the cases with ACL off, on, off, on ... (``--rounds`` each, a fresh broker each
 time) and reports the medians and ``acl_ratio``: per case, the ACL-on median over the ACL-off one
 (throughputs: 1.0 is free, 0.9 costs 10 %; the latency p50: above 1.0 is the cost).
+
+``--tls`` runs the broker (and the namesrv under ``--sdk``) with ``--tls-mode enforcing`` and a certificate
+made for the run (trustme), every connection TLS, certificates checked (the broker's registration too).
+``--compare-tls`` alternates plain and TLS runs as ``--compare-acl`` does and reports ``tls_ratio``.
 
 ``--profile FILE`` runs the broker under cProfile (every thread) and writes the
 merged stats to FILE, printing the top entries. The last line is one JSON object.
@@ -43,6 +47,7 @@ from sluice.protocol import headers as H
 from sluice.protocol import properties as P
 from sluice.protocol.batch import encode_batch
 from sluice.transport.client import RemotingClient
+from sluice.transport.tls import ClientTls
 from sluice.protocol.codes import RequestCode
 from sluice.protocol.command import RemotingCommand
 
@@ -234,11 +239,14 @@ def _count_records(body: bytes) -> int:
     return n
 
 
-async def sdk_produce(namesrv: str, n_single: int, n_batches: int, acl: bool) -> dict[str, float]:
+async def sdk_produce(namesrv: str, n_single: int, n_batches: int, acl: bool,
+                      tls: ClientTls | None = None) -> dict[str, float]:
     from sluice.client.producer import AsyncProducer
     from sluice.message import Message
     out: dict[str, float] = {}
-    options = {"credentials": CREDENTIALS} if acl else {}
+    options: dict = {"credentials": CREDENTIALS} if acl else {}
+    if tls is not None:
+        options.update(tls=True, tls_ca=tls.ca)
     async with AsyncProducer("bench_sdk", namesrv, **options) as producer:
         msg = Message(topic=TOPIC, body=BODY, tags="TagA", keys=["order-1"])
         await producer.send(msg)
@@ -266,10 +274,11 @@ async def sdk_produce(namesrv: str, n_single: int, n_batches: int, acl: bool) ->
 CASES = ("sync", "async", "batch", "latency", "pull")
 
 
-async def run(args: argparse.Namespace, addr: str, namesrv: str | None, broker_pid: int, acl: bool = False) -> dict:
+async def run(args: argparse.Namespace, addr: str, namesrv: str | None, broker_pid: int, acl: bool = False,
+              tls: ClientTls | None = None) -> dict:
     q = args.quick
     meter = Meter(broker_pid)
-    client: RemotingClient = remoting_client(CREDENTIALS if acl else None)
+    client: RemotingClient = remoting_client(CREDENTIALS if acl else None, tls=tls)
     res: dict = {"quick": q, "flush": args.flush, "body_bytes": len(BODY)}
     try:
         check(await client.invoke(addr, RemotingCommand.request(RequestCode.UPDATE_AND_CREATE_TOPIC, dict(
@@ -305,7 +314,7 @@ async def run(args: argparse.Namespace, addr: str, namesrv: str | None, broker_p
                 m.done(res[f"pull_{size}_messages"])
         res["cpu"] = meter.out
         if namesrv:
-            res.update(await sdk_produce(namesrv, 500 if q else 3000, 100 if q else 500, acl))
+            res.update(await sdk_produce(namesrv, 500 if q else 3000, 100 if q else 500, acl, tls))
     finally:
         await client.close()
     return res
@@ -337,22 +346,40 @@ def profile_top(path: str, n: int = 20) -> list[str]:
     return out
 
 
-def measure(args: argparse.Namespace, acl: bool) -> dict:
+def write_certs(tmp: Path) -> tuple[list[str], ClientTls]:
+    """A CA and a server certificate for 127.0.0.1 (trustme): the servers' TLS arguments, the clients' settings."""
+    try:
+        import trustme
+    except ImportError:
+        raise SystemExit("--tls / --compare-tls need trustme (the test extra: pip install -e '.[test]')") from None
+    ca = trustme.CA()
+    leaf = ca.issue_cert("127.0.0.1", "localhost")
+    ca.cert_pem.write_to_path(str(tmp / "ca.pem"))
+    leaf.private_key_pem.write_to_path(str(tmp / "server.key"))
+    (tmp / "server.pem").write_bytes(b"".join(blob.bytes() for blob in leaf.cert_chain_pems))
+    server = ["--tls-mode", "enforcing", "--tls-cert", str(tmp / "server.pem"), "--tls-key", str(tmp / "server.key")]
+    return server, ClientTls(ca=str(tmp / "ca.pem"))
+
+
+def measure(args: argparse.Namespace, acl: bool, tls: bool = False) -> dict:
     """One run of the cases against a fresh broker (and namesrv under --sdk) in a temporary directory."""
     tmp = Path(tempfile.mkdtemp(prefix="sluice-bench-"))
     ns_proc = None
     namesrv = None
+    tls_args, client_tls = write_certs(tmp) if tls else ([], None)
     try:
         if args.sdk:
-            ns_proc, namesrv = start_server(["namesrv"], tmp / "namesrv.log")
-        broker_args = ["broker", "--store", str(tmp / "store"), "--flush", args.flush]
+            ns_proc, namesrv = start_server(["namesrv", *tls_args], tmp / "namesrv.log")
+        broker_args = ["broker", "--store", str(tmp / "store"), "--flush", args.flush, *tls_args]
         if namesrv:
             broker_args += ["--namesrv", namesrv]
+            if client_tls is not None:
+                broker_args += ["--namesrv-tls", "--namesrv-tls-ca", str(client_tls.ca)]
         if acl:
             broker_args += ["--acl", str(write_acl(tmp / "plain_acl.yml"))]
         proc, addr = start_server(broker_args, tmp / "broker.log", args.profile)
         try:
-            res = asyncio.run(run(args, addr, namesrv, proc.pid, acl))
+            res = asyncio.run(run(args, addr, namesrv, proc.pid, acl, client_tls))
         finally:
             stop_server(proc)
         if args.profile:
@@ -362,6 +389,7 @@ def measure(args: argparse.Namespace, acl: bool) -> dict:
             stop_server(ns_proc)
         subprocess.run(["rm", "-rf", str(tmp)], check=False)
     res["acl"] = acl
+    res["tls"] = tls
     return res
 
 
@@ -373,20 +401,27 @@ def _metrics(res: dict) -> dict[str, float]:
     return out
 
 
-def compare_acl(args: argparse.Namespace) -> dict:
-    """ACL off and on alternately (off, on, off, on, ...), so drift on a shared machine hits both; medians."""
+def _alternate(args: argparse.Namespace, what: str) -> tuple[dict[str, float], dict[str, float]]:
+    """``what`` ("acl" or "tls") off and on alternately (off, on, off, on, ...), so drift on a shared machine
+    hits both; the medians of each figure, off then on."""
     runs: dict[bool, list[dict[str, float]]] = {False: [], True: []}
     for i in range(args.rounds):
-        for acl in (False, True):
-            m = _metrics(measure(args, acl))
-            runs[acl].append(m)
-            print(f"round {i + 1} acl={'on ' if acl else 'off'} " + " ".join(f"{k}={v:,.0f}" if "latency" not in k
+        for on in (False, True):
+            m = _metrics(measure(args, acl=on and what == "acl", tls=on and what == "tls"))
+            runs[on].append(m)
+            print(f"round {i + 1} {what}={'on ' if on else 'off'} " + " ".join(f"{k}={v:,.0f}" if "latency" not in k
                   else f"{k}={v:.3f}" for k, v in m.items()), flush=True)
-    med = {acl: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for acl, rs in runs.items()}
-    ratio = {k: round(med[True][k] / med[False][k], 3) for k in med[False] if med[False][k]}
-    return {"quick": args.quick, "flush": args.flush, "body_bytes": len(BODY), "acl": True, "compare_acl": True,
-            "rounds": args.rounds, "acl_off": {k: round(v, 3) for k, v in med[False].items()},
-            "acl_on": {k: round(v, 3) for k, v in med[True].items()}, "acl_ratio": ratio}
+    med = {on: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for on, rs in runs.items()}
+    return med[False], med[True]
+
+
+def compare(args: argparse.Namespace, what: str) -> dict:
+    """``--compare-acl`` / ``--compare-tls``: medians off and on, and per figure the on/off ratio."""
+    off, on = _alternate(args, what)
+    ratio = {k: round(on[k] / off[k], 3) for k in off if off[k]}
+    return {"quick": args.quick, "flush": args.flush, "body_bytes": len(BODY), what: True, f"compare_{what}": True,
+            "rounds": args.rounds, f"{what}_off": {k: round(v, 3) for k, v in off.items()},
+            f"{what}_on": {k: round(v, 3) for k, v in on.items()}, f"{what}_ratio": ratio}
 
 
 def main() -> None:
@@ -400,19 +435,29 @@ def main() -> None:
     ap.add_argument("--acl", action="store_true", help="broker with a plain_acl.yml, every request signed")
     ap.add_argument("--compare-acl", action="store_true", help="ACL off and on alternately; medians and on/off "
                     "ratios (acl_ratio)")
-    ap.add_argument("--rounds", type=int, default=3, help="--compare-acl: runs of each (default 3)")
+    ap.add_argument("--tls", action="store_true", help="broker (and namesrv) in tls_mode enforcing, clients over TLS")
+    ap.add_argument("--compare-tls", action="store_true", help="plain and TLS alternately; medians and TLS/plain "
+                    "ratios (tls_ratio)")
+    ap.add_argument("--rounds", type=int, default=3, help="--compare-acl / --compare-tls: runs of each (default 3)")
     args = ap.parse_args()
     if args.compare_acl and (args.acl or args.profile):
         ap.error("--compare-acl runs both ACL off and on; it takes neither --acl nor --profile")
+    if args.compare_tls and (args.tls or args.acl or args.profile):
+        ap.error("--compare-tls runs both plain and TLS; it takes none of --tls, --acl, --profile")
+    if args.compare_acl and args.tls:
+        ap.error("--compare-acl runs plain connections; it does not take --tls")
+    if args.compare_acl and args.compare_tls:
+        ap.error("--compare-acl and --compare-tls are separate runs")
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
-    if args.compare_acl:
-        res = compare_acl(args)
-        for k, v in res["acl_ratio"].items():
+    if args.compare_acl or args.compare_tls:
+        what = "acl" if args.compare_acl else "tls"
+        res = compare(args, what)
+        for k, v in res[f"{what}_ratio"].items():
             print(f"{k:28s} on/off {v:8.3f}")
         print(json.dumps(res))
         return
-    res = measure(args, args.acl)
+    res = measure(args, args.acl, args.tls)
     for k, v in res.items():
         if isinstance(v, float):
             print(f"{k:28s} {v:12,.0f} msgs/s")
