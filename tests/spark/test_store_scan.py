@@ -156,3 +156,20 @@ def test_store_source_pushdown_equals_spark_filtering(spark, store):
     everything = df.select("commitlog_offset", "tags", "topic").collect()
     assert pushed == sorted(r.commitlog_offset for r in everything
                             if r.tags in ("Tag0", "Tag2") and r.topic == "Orders") and pushed
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_store_paths_executors_cannot_use_are_refused(spark, store, tmp_path, monkeypatch):
+    """Issue 13: a relative store path failed on executors with a 52-line traceback."""
+    from sluice.errors import InvalidParameterError, TopicNotExistError
+    from sluice.spark.jobs import read_store
+
+    monkeypatch.chdir(store.parent)
+    assert read_store(spark, store.name, "Orders").count() == 1125  # made absolute on the driver
+    with pytest.raises(Exception, match="is relative.*pass an absolute path"):
+        spark.read.format("sluice_store").load(store.name).count()
+    with pytest.raises(InvalidParameterError, match="does not exist"):
+        read_store(spark, str(tmp_path / "gone"))
+    with pytest.raises(TopicNotExistError, match="unknown topic Ordres"):
+        read_store(spark, str(store), "Orders,Ordres")

@@ -5,14 +5,16 @@ broker is down and spread the commit log across every core (or executor) Spark h
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import orjson
 
-from sluice.errors import InvalidParameterError
+from sluice.errors import InvalidParameterError, TopicNotExistError
 from sluice.filter import compile_selector
+from sluice.spark.storefiles import check_store_path, store_topics
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -28,9 +30,14 @@ class Subscription:
 
 def read_store(spark: SparkSession, store: str, topic: str | None = None, *, split_bytes: int | None = None,
                check_crc: bool = True) -> DataFrame:
-    """The store's consumer-visible messages as a DataFrame (the columns of ``format("sluice")``)."""
-    if not (Path(store) / "commitlog").is_dir():
-        raise InvalidParameterError(f"{store} is not a Sluice store (no commitlog/ directory)")
+    """The store's consumer-visible messages as a DataFrame (the columns of ``format("sluice")``).
+
+    ``store`` is made absolute here (executors do not share the driver's working directory); a missing
+    store is an InvalidParameterError, a ``topic`` (comma list allowed) the store does not know a
+    TopicNotExistError naming it."""
+    store = os.path.abspath(store)
+    check_store_path(store)
+    check_topics(store, topic)
     r = spark.read.format("sluice_store").option("checkCrc", str(check_crc).lower())
     if topic:
         r = r.option("topic", topic)
@@ -39,11 +46,25 @@ def read_store(spark: SparkSession, store: str, topic: str | None = None, *, spl
     return r.load(str(store))
 
 
+def check_topics(store: str, topic: str | None) -> None:
+    """Refuse topics (one or a comma list) the store has never held, naming them: a typo would
+    otherwise read as an empty result."""
+    if not topic:
+        return
+    wanted = [t.strip() for t in topic.split(",") if t.strip()]
+    known = store_topics(store)
+    missing = [t for t in wanted if t not in known]
+    if missing:
+        listed = ", ".join(sorted(known)[:20]) + (" ..." if len(known) > 20 else "") if known else "none"
+        raise TopicNotExistError(f"unknown topic {', '.join(missing)} in store {store} (its topics: {listed})")
+
+
 def scan(spark: SparkSession, store: str, out: str | None = None, *, topic: str | None = None,
          selector: str | None = None, selector_type: str = "SQL92", fmt: str = "parquet",
-         split_bytes: int | None = None, mode: str = "overwrite") -> DataFrame | int:
+         split_bytes: int | None = None, mode: str = "errorifexists") -> DataFrame | int:
     """Messages of ``topic`` matching ``selector`` (the broker's outcome); written to ``out`` in ``fmt``
-    and counted when ``out`` is given, else returned as a DataFrame."""
+    and counted when ``out`` is given, else returned as a DataFrame. ``mode`` is Spark's save mode: by
+    default an existing ``out`` is an error, never replaced."""
     from sluice.spark.selector import selector_column
 
     df = read_store(spark, store, topic, split_bytes=split_bytes)
@@ -51,6 +72,7 @@ def scan(spark: SparkSession, store: str, out: str | None = None, *, topic: str 
         df = df.filter(selector_column(selector, selector_type))
     if out is None:
         return df
+    out = os.path.abspath(out)
     df.write.format(fmt).mode(mode).save(out)
     return spark.read.format(fmt).load(out).count()
 
@@ -87,20 +109,44 @@ def parse_selector_arg(text: str) -> Subscription:
     return Subscription("(command line)", topic, kind, rest)
 
 
+#: Buckets of the stats timeline over the store's whole time span (whole seconds each).
+TIMELINE_BUCKETS = 60
+
+
+def _timelines(df: DataFrame, result: dict[str, dict]) -> None:
+    from pyspark.sql import functions as F
+
+    span = df.agg(F.min("ts").alias("lo"), F.max("ts").alias("hi")).collect()[0]
+    if span["lo"] is None:
+        return
+    lo, hi = int(span["lo"]), int(span["hi"])
+    width = max(1, -(-(hi - lo) // (1000 * TIMELINE_BUCKETS)))  # seconds, rounded up
+    n = (hi - lo) // (width * 1000) + 1
+    for name in result:
+        result[name]["timeline"] = {"start_ms": lo, "bucket_seconds": width, "counts": [0] * n}
+    bucket = F.floor((F.col("ts") - F.lit(lo)) / F.lit(width * 1000)).cast("int").alias("b")
+    for r in df.groupBy("topic", bucket).count().collect():
+        result[r["topic"]]["timeline"]["counts"][r["b"]] = r["count"]
+
+
 def stats(spark: SparkSession, store: str, *, topic: str | None = None,
           subscriptions: list[Subscription] | None = None, top: int = 10, split_bytes: int | None = None) -> dict:
     """Per topic: message count, counts by tag, the ``top`` most frequent values of each property,
-    and each subscription's hit rate over the whole stored history."""
+    each subscription's hit rate over the whole stored history, and ``timeline``: messages stored per
+    time bucket (``start_ms``, ``bucket_seconds``, ``counts``; about TIMELINE_BUCKETS buckets over the
+    store's time span, the same buckets for every topic)."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     from sluice.spark.selector import selector_column
 
-    df = read_store(spark, store, topic, split_bytes=split_bytes).select("topic", "tags", "properties").cache()
+    df = (read_store(spark, store, topic, split_bytes=split_bytes)
+          .select("topic", "tags", "properties", F.unix_millis("store_timestamp").alias("ts")).cache())
     try:
         result: dict[str, dict] = {}
         for r in df.groupBy("topic").count().collect():
             result[r["topic"]] = {"messages": r["count"], "tags": {}, "properties": {}, "subscriptions": []}
+        _timelines(df, result)
         for r in df.groupBy("topic", "tags").count().collect():
             result[r["topic"]]["tags"][r["tags"] if r["tags"] is not None else "(none)"] = r["count"]
         props = (df.select("topic", F.explode("properties").alias("name", "value"))

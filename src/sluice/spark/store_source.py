@@ -1,6 +1,6 @@
 """``format("sluice_store")``: a Python data source over a store's files (scan jobs; no broker needed).
 
-Options: ``path`` (the store directory; ``.load(path)`` works), ``topic`` (one topic or a comma list;
+Options: ``path`` (the store directory, absolute; ``.load(path)`` works), ``topic`` (one topic or a comma list;
 default every topic), ``splitBytes`` (target bytes per task, default 64 MiB), ``checkCrc`` (default
 true: a damaged record fails the task with its file and offset), ``broker`` (value of the broker
 column). A ``where`` on ``topic`` or ``tags`` (= or IN) is pushed into the reader, which then skips
@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from pyspark.sql.datasource import DataSource, DataSourceReader, EqualTo, Filter, In, InputPartition
 
 from sluice.errors import InvalidParameterError
-from sluice.spark.storefiles import SCHEMA_DDL, SegmentReader, Split, plan_splits
+from sluice.spark.storefiles import SCHEMA_DDL, SegmentReader, Split, check_store_path, plan_splits
 
 
 class StoreSplit(InputPartition):
@@ -45,6 +45,7 @@ class SluiceStoreReader(DataSourceReader):
         self.path = options.get("path")
         if not self.path:
             raise InvalidParameterError("format('sluice_store') needs the store directory: .load(path)")
+        check_store_path(self.path)
         topic = options.get("topic")
         self.topics = frozenset(t.strip() for t in topic.split(",") if t.strip()) if topic else None
         try:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -79,6 +80,35 @@ def segment_files(root: str | os.PathLike[str]) -> list[tuple[int, Path]]:
         raise InvalidParameterError(f"{root} is not a Sluice store: it has no commitlog/ directory")
     out = [(int(p.name), p) for p in d.iterdir() if p.is_file() and p.name.isdigit() and len(p.name) == 20]
     return sorted(out)
+
+
+def check_store_path(path: str) -> None:
+    """Refuse a store path the executors cannot see the same way: a relative path is resolved against
+    each process's own working directory (a Python worker's is not the driver's), a missing one would
+    fail every task."""
+    if not os.path.isabs(path):
+        # No absolute form is suggested: this may run in a planner process whose directory is not the driver's.
+        raise InvalidParameterError(f"store path {path!r} is relative: Spark's Python processes resolve it against "
+                                    f"their own working directory, not the driver's; pass an absolute path")
+    if not os.path.isdir(os.path.join(path, "commitlog")):
+        what = "does not exist" if not os.path.exists(path) else "is not a Sluice store (no commitlog/ directory)"
+        raise InvalidParameterError(f"store path {path!r} {what} (as seen by the Spark driver; "
+                                    f"on a cluster it must be on a file system every executor mounts)")
+
+
+def store_topics(root: str | os.PathLike[str]) -> set[str]:
+    """Topics the store knows: those with consume queues, and those in the broker's config/topics.json."""
+    out = set()
+    cq = Path(root) / "consumequeue"
+    if cq.is_dir():
+        out.update(p.name for p in cq.iterdir() if p.is_dir())
+    cfg = Path(root) / "config" / "topics.json"
+    if cfg.is_file():
+        try:
+            out.update((orjson.loads(cfg.read_bytes()) or {}).get("topicConfigTable", {}) or {})
+        except orjson.JSONDecodeError:
+            pass  # a torn config file: the consume queues still say which topics hold messages
+    return out
 
 
 def queue_boundaries(root: str | os.PathLike[str]) -> tuple[np.ndarray, int]:
