@@ -18,7 +18,7 @@ from pyspark.sql.datasource import (
     DataSourceWriter,
 )
 
-from sluice.errors import InvalidParameterError
+from sluice.errors import InvalidParameterError, SluiceError
 from sluice.spark.options import READ_OPTIONS, Options, warn_unknown
 from sluice.spark.pushdown import Pushdown
 from sluice.spark.reader import QueueRange, RangePartition, SluiceBatchReader, read_range, resolve, split_ranges
@@ -40,7 +40,10 @@ class SluiceDataSource(DataSource):
         # Called at load(): bad read options fail here, in a short error raised before any query runs
         # (from reader() they would surface inside a long AnalysisException at the first action).
         warn_unknown(self.options, READ_OPTIONS, "reading")
-        Options(self.options)
+        try:
+            Options(self.options)
+        except SluiceError as exc:
+            raise exc.with_traceback(None) from None  # the message alone, not the frames that found it
         return SCHEMA_DDL
 
     def reader(self, schema) -> DataSourceReader:
