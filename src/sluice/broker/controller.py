@@ -156,7 +156,7 @@ class BrokerController:
         bloom = BloomFilter(config.max_error_rate_of_bloom_filter, config.expect_consumer_num_use_filter)
         self.filter_data = fm = ConsumerFilterManager(root / "config", bloom=bloom,
                                                       clean_span_ms=config.filter_data_clean_time_span_ms)
-        fm.load()
+        fm.load(compile=False)  # compiled off the loop in start(), before recovery's dispatch needs them
         self.sub_guard = sub_guard = SubscriptionGuard()
         self.bitmap_dispatcher = CalcBitmapDispatcher(fm) if config.enable_calc_filter_bitmap else None
         if self.bitmap_dispatcher is not None:
@@ -305,6 +305,8 @@ class BrokerController:
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         t0 = time.monotonic()
+        fm = self.filter_data
+        fm.install_compiled(await self.pull_processor.compiler.run(fm.compile_restored))
         await self.pool.run(self.store.start)
         rep = self.store.recovery_report
         log.info("store %s open in %.2f s (%s)", self.config.store, time.monotonic() - t0, rep)

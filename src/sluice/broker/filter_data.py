@@ -22,7 +22,10 @@ Departures from RocketMQ, on purpose:
   everything.
 
 The dispatch thread reads :meth:`sql_filters` (an immutable snapshot replaced
-on every change); everything else runs on the broker's event loop.
+on every change); everything else runs on the broker's event loop, except the
+compilation of restored expressions: the broker runs :meth:`compile_restored` on
+the selector compile thread (selector_compile.py) before its store recovers and
+its port opens, so many long SQL92 expressions never hold the loop.
 """
 from __future__ import annotations
 
@@ -36,7 +39,7 @@ from sluice.errors import FilterError
 from sluice.filter import BloomFilter, BloomFilterData, Selector, compile_selector
 from sluice.persist import read_json, write_json_atomic
 
-__all__ = ["ConsumerFilterData", "ConsumerFilterManager", "FilterMetrics", "LIVE_MARGIN_MS"]
+__all__ = ["ConsumerFilterData", "ConsumerFilterManager", "FilterMetrics", "LIVE_MARGIN_MS", "NOT_COMPILED"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +48,8 @@ log = logging.getLogger(__name__)
 #: the born time and the dispatch thread seeing the new entry. Earlier messages are evaluated directly.
 LIVE_MARGIN_MS = 1000
 FILE_NAME = "consumerFilter.json"
+#: The ``error`` of a restored entry whose expression is not compiled yet (pulls relying on it are refused).
+NOT_COMPILED = "not compiled yet: the broker is starting"
 
 
 def _now_ms() -> int:
@@ -281,9 +286,13 @@ class ConsumerFilterManager:
         self.write(doc)
         return True
 
-    def load(self) -> int:
+    def load(self, *, compile: bool = True) -> int:
         """Restore persisted entries; returns how many. Entries that were alive come back dead since
-        ``now - 30 s`` (as RocketMQ) until their group's next heartbeat revives them."""
+        ``now - 30 s`` (as RocketMQ) until their group's next heartbeat revives them.
+
+        With ``compile`` false the expressions are left uncompiled (``selector`` None, ``error``
+        :data:`NOT_COMPILED`): the broker compiles them off its event loop with :meth:`compile_restored`
+        and installs the results with :meth:`install_compiled` before its store and port open."""
         if self.path is None:
             return 0
         doc = read_json(self.path, {}) or {}
@@ -299,11 +308,49 @@ class ConsumerFilterManager:
                         count += 1
         except (AttributeError, TypeError, ValueError) as e:
             log.error("%s is not consumer filter data (%s); starting without it", self.path, e)
-        self._changed()
+        if compile:
+            self.install_compiled(self.compile_restored())
+        else:
+            self._changed()
         self._dirty = False
         if count:
             log.info("restored %d consumer filter entries from %s", count, self.path)
         return count
+
+    def compile_restored(self) -> list[tuple[ConsumerFilterData, Selector | FilterError]]:
+        """Compile every restored entry still uncompiled; touches no state, so it may run on any thread
+        (a store holding many long SQL92 expressions would otherwise hold the event loop). Each distinct
+        (type, expression) is compiled once."""
+        done: dict[tuple[str, str], Selector | FilterError] = {}
+        out = []
+        for by_group in list(self.table.values()):
+            for d in list(by_group.values()):
+                if d.selector is not None or d.error != NOT_COMPILED:
+                    continue
+                key = (d.expression_type, d.expression)
+                result = done.get(key)
+                if result is None:
+                    try:
+                        result = compile_selector(d.expression_type, d.expression)
+                    except FilterError as e:
+                        result = e.with_traceback(None)
+                    done[key] = result
+                out.append((d, result))
+        return out
+
+    def install_compiled(self, results: Iterable[tuple[ConsumerFilterData, Selector | FilterError]]) -> None:
+        """Put :meth:`compile_restored`'s results in place (on the loop: cheap) and rebuild the snapshot."""
+        for d, result in results:
+            if d.selector is not None or d.error != NOT_COMPILED:
+                continue  # replaced meanwhile (a heartbeat's registration compiled it itself)
+            if isinstance(result, FilterError):
+                d.error = str(result)
+                log.error("restored filter data of group %s on %s does not compile: %s", d.group, d.topic, result)
+            else:
+                d.selector, d.error = result, None
+        dirty = self._dirty
+        self._changed()
+        self._dirty = dirty
 
     def _restore(self, topic: str, group: str, raw: dict, now: int) -> ConsumerFilterData | None:
         etype = str(raw.get("expressionType") or "TAG").upper()
@@ -314,12 +361,8 @@ class ConsumerFilterManager:
         dead = int(raw.get("deadTime") or 0)
         bloom_raw = raw.get("bloomFilterData")
         bloom = BloomFilterData.from_json(bloom_raw) if isinstance(bloom_raw, dict) else None
-        d = ConsumerFilterData(group, topic, expression, etype, int(raw.get("clientVersion") or 0), born, dead, bloom)
-        try:
-            d.selector = compile_selector(etype, expression)
-        except FilterError as e:
-            d.error = str(e)
-            log.error("restored filter data of group %s on %s does not compile: %s", group, topic, e)
+        d = ConsumerFilterData(group, topic, expression, etype, int(raw.get("clientVersion") or 0), born, dead, bloom,
+                               error=NOT_COMPILED)  # compile_restored compiles it
         if d.is_sql and self.bloom is not None and not self.bloom.is_valid(bloom):
             # Sizing changed: new bits, and a new born time so old bitmaps are not read with them.
             d.bloom = self.bloom.generate(f"{group}#{topic}")

@@ -11,7 +11,8 @@ naming the setting (clients retry later), logged at most once a minute per
 connection. TAG subscriptions compile in linear time and stay on the loop.
 Compile errors are cached like results (a client repeating a bad expression
 gets SUBSCRIPTION_PARSE_FAILED at once, uncharged), and requests arriving for an
-expression already being compiled wait for that one compilation.
+expression already being compiled wait for that one compilation. The consumer
+filter data restored at start is compiled on the same thread (``run``).
 """
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ import copy
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 from sluice.broker.filtering import CompiledSubscription, compile_subscription, is_tag_type
 from sluice.errors import SelectorCompileBusyError, SluiceError
@@ -33,6 +36,7 @@ log = logging.getLogger(__name__)
 COMPILES = "selector_compiles"
 
 Key = tuple[str, str | None, str | None, int, bool]
+T = TypeVar("T")
 
 
 class SelectorCompiler:
@@ -75,10 +79,8 @@ class SelectorCompiler:
         if pending is not None:  # the same new expression is being compiled for another request
             return await asyncio.shield(pending)
         self._charge(attributes, peer)
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sluice-selector-compile")
         fut = asyncio.get_running_loop().run_in_executor(
-            self._executor, lambda: compile_subscription(topic, expression_type, expression, sub_version,
+            self._thread(), lambda: compile_subscription(topic, expression_type, expression, sub_version,
                                                          enable_property_filter=enable_property_filter))
         self._pending[key] = fut
         try:
@@ -91,6 +93,16 @@ class SelectorCompiler:
         self.compiled += 1
         self._put(key, sub)
         return sub
+
+    async def run(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on the compile thread: the broker compiles its restored filter data with it at start
+        (filter_data.py ``compile_restored``)."""
+        return await asyncio.get_running_loop().run_in_executor(self._thread(), fn)
+
+    def _thread(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sluice-selector-compile")
+        return self._executor
 
     def _charge(self, attributes: dict, peer: str) -> None:
         now = time.monotonic()
