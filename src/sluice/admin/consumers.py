@@ -7,7 +7,9 @@ GET_CONSUME_STATS entry, ``filteredLagExact`` false when its work bound was hit
 and the count is a lower bound, shown ``≥N``). A broker that does not count
 (RocketMQ) leaves the column at the plain lag, marked ``*``. In JSON,
 ``matchingLag`` and ``matchingLagBasis`` (``counted``, ``at-least``,
-``plain-lag``) say the same.
+``plain-lag``) say the same. A class-filter group's matches are not counted
+(its class runs in the filter servers): plain lag, marked. The members' class-filter
+errors (the class and the cause, from their heartbeats) are warnings.
 """
 from __future__ import annotations
 
@@ -55,6 +57,11 @@ async def consume_stats(s: AdminSession, group: str, topic: str | None,
                 entries.append({**e, "matchingLag": e["lag"], "matchingLagBasis": "plain-lag"})
         for c in body.get("subscriptionConflicts", []):
             warnings.append(f"subscription conflict in group {group}: {_conflict_text(c)}")
+        for c in body.get("classFilterErrors", []):  # reported by the members' heartbeats (class filters)
+            text = (f"class filter error in group {group} on topic {c.get('topic')} (client {c.get('clientId')}): "
+                    f"{c.get('error')}")
+            if text not in warnings:
+                warnings.append(text)
     entries.sort(key=lambda e: (e["topic"], e["brokerName"], e["queueId"]))
     tps = sum(float(body.get("consumeTps", 0.0)) for _, (body, _t) in res.ok)
     return entries, tps, warnings

@@ -2,7 +2,9 @@
 
 HEART_BEAT (34) accepts both enum forms (ordinals from librocketmq, names from
 ali-ons/Java), recomputes tag codes from the subscription strings (never
-trusting the client's ``codeSet``), compiles SQL92 subscriptions — new ones off the
+trusting the client's ``codeSet``), keeps a class-filter subscription (classFilterMode)
+as its class name (never a tag expression; the filter servers run it, and a member's
+last class error is kept for consumerProgress), compiles SQL92 subscriptions — new ones off the
 event loop, bounded per connection (selector_compile.py); one bad
 expression refuses the whole heartbeat with SUBSCRIPTION_PARSE_FAILED — and
 creates the group's ``%RETRY%`` topic. A member subscribing differently from its
@@ -16,7 +18,7 @@ from collections.abc import Callable
 
 from sluice.broker.consumers import ConsumerManager
 from sluice.broker.filter_data import ConsumerFilterManager
-from sluice.broker.filtering import CompiledSubscription
+from sluice.broker.filtering import CLASS_FILTER, CompiledSubscription, class_subscription
 from sluice.broker.selector_compile import SelectorCompiler
 from sluice.broker.sub_conflicts import SubscriptionGuard
 from sluice.broker.topics import TopicConfigManager, retry_topic
@@ -65,7 +67,9 @@ class ClientManageProcessor:
         for cd in hb.consumer_data_set:
             if not cd.group_name:
                 raise InvalidParameterError("heartbeat consumer data without groupName")
-            subs = [await self._compile(conn, sd) for sd in cd.subscription_data_set]
+            # A class-filter subscription names a class the filter servers run: never a tag expression.
+            subs = [class_subscription(sd.topic, sd.sub_string, sd.sub_version) if sd.class_filter_mode
+                    else await self._compile(conn, sd) for sd in cd.subscription_data_set]
             compiled.append((cd, subs))
         # Members of a group must subscribe alike (sub_conflicts.py): refuse before registering anything.
         for cd, subs in compiled:
@@ -83,9 +87,12 @@ class ClientManageProcessor:
             consumers.register_consumer(
                 cd.group_name, hb.client_id, conn, language=request.language, version=request.version,
                 consume_type=cd.consume_type, message_model=cd.message_model,
-                consume_from_where=cd.consume_from_where, subscriptions=subs)
+                consume_from_where=cd.consume_from_where, subscriptions=subs,
+                class_errors={sd.topic: sd.filter_class_error for sd in cd.subscription_data_set
+                              if sd.class_filter_mode and sd.filter_class_error})
             self.filter_data.register_group(cd.group_name, [(s.topic, s.expression_type, s.expression,
-                                                             s.sub_version, s.filter.selector) for s in subs])
+                                                             s.sub_version, s.filter.selector) for s in subs
+                                                            if s.expression_type != CLASS_FILTER])
         for pd in hb.producer_data_set:
             consumers.register_producer(pd.group_name, hb.client_id, conn, language=request.language,
                                         version=request.version)

@@ -47,9 +47,21 @@ class ConsumerGroupInfo:
     consume_from_where: str = "CONSUME_FROM_LAST_OFFSET"
     channels: dict[str, ClientChannel] = field(default_factory=dict)  # client id -> channel
     subscriptions: dict[str, CompiledSubscription] = field(default_factory=dict)  # topic -> subscription
+    #: (topic, client id) -> (a class-filter error the member's heartbeat reported, when, epoch ms)
+    class_errors: dict[tuple[str, str], tuple[str, int]] = field(default_factory=dict)
 
     def client_ids(self) -> list[str]:
         return sorted(self.channels)
+
+    def class_filter_errors(self) -> list[dict[str, object]]:
+        """The live members' class-filter errors (GET_CONSUME_STATS ``classFilterErrors``)."""
+        out = []
+        for (topic, client_id), (error, when) in sorted(self.class_errors.items()):
+            sub = self.subscriptions.get(topic)
+            if client_id in self.channels:
+                out.append({"topic": topic, "clientId": client_id, "className": sub.expression if sub else None,
+                            "error": error, "timestamp": when})
+        return out
 
 
 @dataclass(slots=True)
@@ -69,8 +81,10 @@ class ConsumerManager:
     # ---- consumers ---------------------------------------------------------------------------------
     def register_consumer(self, group: str, client_id: str, conn: RemotingConnection, *, language: str,
                           version: int, consume_type: str, message_model: str, consume_from_where: str,
-                          subscriptions: list[CompiledSubscription]) -> bool:
-        """Record a heartbeat; True when the group's members or subscriptions changed."""
+                          subscriptions: list[CompiledSubscription], class_errors: dict[str, str] | None = None,
+                          ) -> bool:
+        """Record a heartbeat; True when the group's members or subscriptions changed. ``class_errors``:
+        topic -> the class-filter error the member reports (the member's earlier ones are cleared)."""
         info = self.groups.get(group)
         if info is None:
             info = self.groups[group] = ConsumerGroupInfo(group)
@@ -83,6 +97,11 @@ class ConsumerManager:
             info.channels[client_id] = ClientChannel(client_id, conn, language, version, now)
         else:
             ch.last_update = now
+        for key in [k for k in info.class_errors if k[1] == client_id]:
+            del info.class_errors[key]
+        for topic, error in (class_errors or {}).items():
+            if error:
+                info.class_errors[(topic, client_id)] = (error[:2000], int(time.time() * 1000))
         subs_changed = False
         new = {s.topic: s for s in subscriptions}
         for topic, sub in new.items():

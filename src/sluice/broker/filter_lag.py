@@ -102,12 +102,18 @@ def matching_count(store: MessageStore, topic: str, qid: int, start: int, end: i
 def consume_stats_extras(store: MessageStore, consumers: ConsumerManager, fm: ConsumerFilterManager,
                          sub_guard: SubscriptionGuard, group: str, entries: list[dict]) -> dict[str, object]:
     """Add ``filteredLag`` / ``filteredLagExact`` to each GET_CONSUME_STATS entry; return the top-level
-    extras (``totalFilteredLag``, ``filterStats`` per topic, ``subscriptionConflicts``)."""
+    extras (``totalFilteredLag``, ``filterStats`` per topic, ``subscriptionConflicts``, ``classFilterErrors``).
+    A class-filter topic's entries get no ``filteredLag``: its class runs in the filter servers, so the
+    broker cannot count its matches (consumerProgress shows the plain lag, marked)."""
     budget = LagBudget()
+    info = consumers.get(group)
     filters: dict[str, SelectorFilter | None | LookupError] = {}
     total, exact_all = 0, True
     for e in entries:
         topic = e["topic"]
+        sub = info.subscriptions.get(topic) if info is not None else None
+        if sub is not None and sub.expression_type == "CLASS":
+            continue
         if topic not in filters:
             try:
                 filters[topic] = group_filter(consumers, fm, group, topic)
@@ -134,4 +140,5 @@ def consume_stats_extras(store: MessageStore, consumers: ConsumerManager, fm: Co
             **(m.to_wire() if m is not None else {}),
         }
     return {"totalFilteredLag": total, "totalFilteredLagExact": exact_all, "filterStats": stats,
-            "subscriptionConflicts": [c.to_wire() for c in sub_guard.conflicts_of(group)]}
+            "subscriptionConflicts": [c.to_wire() for c in sub_guard.conflicts_of(group)],
+            "classFilterErrors": info.class_filter_errors() if info is not None else []}

@@ -16,13 +16,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sluice.errors import FilterEvaluationError, SluiceError
+from sluice.errors import FilterEvaluationError, SelectorSyntaxError, SluiceError
 from sluice.filter import BloomFilter, BloomFilterData, Selector, TagSelector, compile_selector
 from sluice.protocol.bodies import SubscriptionData
 from sluice.protocol.codes import ResponseCode
 from sluice.store.consumequeue_ext import ExtBatch
 
-__all__ = ["CompiledSubscription", "SelectorFilter", "compile_subscription", "is_tag_type", "SQL92_DISABLED"]
+__all__ = ["CLASS_FILTER", "CompiledSubscription", "SelectorFilter", "class_subscription", "compile_subscription",
+           "is_tag_type", "SQL92_DISABLED"]
+
+#: The expression type the broker keeps for a class-filter subscription (classFilterMode=true on the wire):
+#: the class runs in the filter servers, never here, so the broker's own filter for it passes everything.
+CLASS_FILTER = "CLASS"
+MAX_CLASS_NAME = 512
 
 SQL92_DISABLED = ("The broker does not support consumer to filter message by SQL92 "
                   "(enable_property_filter is off in the broker config)")
@@ -188,10 +194,11 @@ class CompiledSubscription:
     def to_wire(self) -> dict:
         """SubscriptionData JSON, with tag codes recomputed on the server (Java hashes, as clients expect)."""
         from sluice.filter import java_string_hash
+        class_mode = self.expression_type == CLASS_FILTER
         return {
-            "topic": self.topic, "subString": self.expression, "classFilterMode": False,
+            "topic": self.topic, "subString": self.expression, "classFilterMode": class_mode,
             "tagsSet": list(self.tags), "codeSet": [java_string_hash(t) for t in self.tags],
-            "subVersion": self.sub_version, "expressionType": self.expression_type,
+            "subVersion": self.sub_version, "expressionType": "TAG" if class_mode else self.expression_type,
         }
 
 
@@ -208,6 +215,18 @@ def compile_subscription(topic: str, expression_type: str | None, expression: st
     tags = selector.tags if isinstance(selector, TagSelector) else ()
     return CompiledSubscription(topic, etype, selector.expression if etype == "TAG" else (expression or ""),
                                 sub_version, tags, SelectorFilter(selector))
+
+
+def class_subscription(topic: str, class_name: str | None, sub_version: int) -> CompiledSubscription:
+    """A classFilterMode subscription (RocketMQ's subscribe(topic, fullClassName, source)): kept as
+    ``CLASS`` + the class name, never compiled as a tag expression; SelectorSyntaxError
+    (SUBSCRIPTION_PARSE_FAILED) without a class name."""
+    name = (class_name or "").strip()
+    if not name or name == "*" or len(name) > MAX_CLASS_NAME:
+        raise SelectorSyntaxError(f"a class-filter subscription of topic {topic!r} needs a class name (subString, "
+                                  f"at most {MAX_CLASS_NAME} characters), not {class_name!r}", expression=class_name)
+    return CompiledSubscription(topic, CLASS_FILTER, name, sub_version, (), SelectorFilter(compile_selector("TAG",
+                                                                                                         "*")))
 
 
 def compile_subscription_data(sd: SubscriptionData, *, enable_property_filter: bool) -> CompiledSubscription:

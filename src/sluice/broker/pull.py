@@ -9,9 +9,17 @@ HoldService up to the client's suspendTimeoutMillis, then pulled once more
 and answered whatever that gives. An answer carries at most max_transfer_count
 messages and max_transfer_bytes bytes whatever the pull asks (the first record
 always goes), and never more than a 16 MiB frame holds.
+
+A pull with the class-filter flag (0x8) made to the broker itself is refused
+with FilterClassError naming the broker's filter servers (or saying none run):
+the broker cannot run a filter class, and treating the class name as a tag
+would deliver nothing, or everything. A class-filter group's subscription is
+kept as ``CLASS`` (broker/filtering.py), whose broker-side filter passes all:
+the filter servers pull it and run the class.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from sluice.broker.backfill import BackfillManager
@@ -19,7 +27,7 @@ from sluice.broker.config import BrokerConfig
 from sluice.broker.consumers import ConsumerManager
 from sluice.broker.filter_data import LIVE_MARGIN_MS, ConsumerFilterData, ConsumerFilterManager
 from sluice.broker.filtering import (
-    SQL92_DISABLED, CompiledSubscription, SelectorFilter, SqlFilterDisabledError,
+    CLASS_FILTER, SQL92_DISABLED, CompiledSubscription, SelectorFilter, SqlFilterDisabledError,
 )
 from sluice.broker.longpoll import FULL, HoldService
 from sluice.broker.offsets import ConsumerOffsetManager
@@ -28,7 +36,7 @@ from sluice.broker.retry import retry_filter
 from sluice.broker.selector_compile import SelectorCompiler
 from sluice.broker.sub_conflicts import SubscriptionGuard
 from sluice.broker.topics import TopicConfigManager
-from sluice.errors import FilterError, SluiceError, TopicNotExistError
+from sluice.errors import FilterClassError, FilterError, SluiceError, TopicNotExistError
 from sluice.protocol.codes import ResponseCode
 from sluice.protocol.command import RemotingCommand
 from sluice.protocol.headers import PullMessageRequestHeader
@@ -37,7 +45,8 @@ from sluice.store.config import MAX_FRAME, PULL_BODY_CEILING
 from sluice.store.types import GetMessageResult, GetMessageStatus
 from sluice.transport.connection import RemotingConnection
 
-__all__ = ["PullProcessor", "pull_response_code", "FLAG_COMMIT_OFFSET", "FLAG_SUSPEND", "FLAG_SUBSCRIPTION"]
+__all__ = ["PullProcessor", "pull_response_code", "FLAG_CLASS_FILTER", "FLAG_COMMIT_OFFSET", "FLAG_SUSPEND",
+           "FLAG_SUBSCRIPTION"]
 
 FLAG_COMMIT_OFFSET = 0x1
 FLAG_SUSPEND = 0x2
@@ -70,8 +79,12 @@ class PullProcessor:
     def __init__(self, *, config: BrokerConfig, store: MessageStore, pool: BlockingPool, topics: TopicConfigManager,
                  offsets: ConsumerOffsetManager, consumers: ConsumerManager, filter_data: ConsumerFilterManager,
                  sub_guard: SubscriptionGuard, backfills: BackfillManager, hold: HoldService,
-                 compiler: SelectorCompiler | None = None) -> None:
+                 compiler: SelectorCompiler | None = None,
+                 filter_servers: Callable[[], list[str]] | None = None) -> None:
         self.config = config
+        #: The addresses of the filter servers registered with this broker (named when a class-filter pull
+        #: reaches the broker directly).
+        self.filter_servers = filter_servers or (lambda: [])
         self.store = store
         self.pool = pool
         self.topics = topics
@@ -114,7 +127,7 @@ class PullProcessor:
                                       f"{sub.sub_version}, the pull says {h.sub_version})",
                                       code=_R.SUBSCRIPTION_NOT_LATEST)
                 base = sub.filter
-                if sub.expression_type != "TAG":
+                if sub.expression_type not in ("TAG", CLASS_FILTER):  # a class has no filter data here
                     self._check_filter_data(fd, h)
             elif fd is not None:  # restored after a restart, before the group's next heartbeat
                 self._check_filter_data(fd, h)
@@ -163,6 +176,8 @@ class PullProcessor:
         """Answered at once when the store has an answer (no task: pulls are the hottest request); a pull
         to be held, or one read on the thread pool, returns the coroutine that finishes it."""
         h = PullMessageRequestHeader.from_command(request)
+        if h.sys_flag & FLAG_CLASS_FILTER:
+            raise self._class_filter_refusal(h)
         topics = self.topics
         cfg = topics.get(h.topic)
         if cfg is None:
@@ -178,6 +193,16 @@ class PullProcessor:
             if sub is None:  # a new SQL92 expression: compiled off the loop while this pull waits
                 return self._compile_and_pull(conn, request, h)
         return self._pull(conn, request, h, sub)
+
+    def _class_filter_refusal(self, h: PullMessageRequestHeader) -> FilterClassError:
+        servers = sorted(self.filter_servers())
+        where = (f"pull from one of this broker's filter servers: {', '.join(servers)}" if servers else
+                 "no filter server runs beside this broker (set filter_server_nums in its config)")
+        # The request table logs the refusal (one line, with the peer).
+        return FilterClassError(
+            f"a class-filter pull (sysFlag 0x8) of group {h.consumer_group!r} on topic {h.topic!r} "
+            f"(class {h.subscription!r}) reached the broker, which never runs filter classes; {where}",
+            class_name=h.subscription or "", cause="class-filter pull sent to the broker")
 
     async def _compile_and_pull(self, conn: RemotingConnection, request: RemotingCommand,
                                 h: PullMessageRequestHeader) -> RemotingCommand:
