@@ -20,12 +20,20 @@ has no bound; over Sluice's, a pull is not held but answered PULL_NOT_FOUND at
 once, which every client takes as "poll again" (no error, no back-off). A
 woken pull leaves the structure at once, in O(1); a pull whose connection
 closes leaves it when its handler task is cancelled.
+
+Waking is budgeted: a burst of appends can match thousands of held pulls, and
+each woken pull reads the store and answers on the loop. At most
+``wakes_per_turn`` are woken per event-loop iteration; the rest wait in a FIFO
+(already out of the structure, so the dispatch thread no longer sees them) and
+are woken in the next iterations, so the loop polls its sockets between
+slices and other clients' requests are read and answered meanwhile.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -61,11 +69,20 @@ class HoldService:
     every hold and release (for the dispatch thread) made releasing n pulls cost O(n^2)."""
 
     def __init__(self, max_offset: Callable[[str, int], int], *, check_interval_s: float = 5.0,
-                 max_per_owner: int = 4096, max_total: int = 65_536) -> None:
+                 max_per_owner: int = 4096, max_total: int = 65_536, wakes_per_turn: int = 256) -> None:
+        if wakes_per_turn < 1:
+            raise ValueError(f"wakes_per_turn {wakes_per_turn} must be positive")
         self._max_offset = max_offset
         self.check_interval_s = check_interval_s
         self.max_per_owner = max_per_owner
         self.max_total = max_total
+        self.wakes_per_turn = wakes_per_turn
+        #: Matched pulls not woken yet (over this turn's budget), with their wake value, oldest first.
+        self._to_wake: deque[tuple[_Held, int]] = deque()
+        self._wakes_left = wakes_per_turn
+        self._turn_scheduled = False
+        #: Loop iterations in which the budget ran out with pulls still to wake (for tests and runtime info).
+        self.wake_turns_deferred = 0
         #: Pulls waiting, by queue. The dispatch thread only tests ``key in self._held`` (atomic under the
         #: GIL); the loop alone changes it, and removes a queue's entry when its last pull goes.
         self._held: dict[Key, dict[_Held, None]] = {}
@@ -95,6 +112,10 @@ class HoldService:
         for waiters in list(self._held.values()):
             for h in list(waiters):
                 self._wake(h, TIMED_OUT)
+        while self._to_wake:  # stopping: answer everyone now, no budget
+            h, value = self._to_wake.popleft()
+            if not h.future.done():
+                h.future.set_result(value)
 
     @property
     def held_count(self) -> int:
@@ -166,6 +187,39 @@ class HoldService:
         if not h.future.done():
             h.future.set_result(value)
 
+    def _queue_wake(self, h: _Held, value: int) -> None:
+        """Take ``h`` out of the structure now and wake it within this turn's budget, or in a later turn."""
+        self._remove(h)
+        self._to_wake.append((h, value))
+
+    def _drain(self) -> None:
+        """Wake queued pulls up to what is left of this loop iteration's budget; a callback scheduled for the
+        next iteration renews the budget (and goes on waking), so between two slices the loop polls I/O."""
+        queue = self._to_wake
+        left = self._wakes_left
+        while queue and left:
+            h, value = queue.popleft()
+            if not h.future.done():  # a pull whose connection closed meanwhile costs nothing
+                h.future.set_result(value)
+                left -= 1
+        self._wakes_left = left
+        if left < self.wakes_per_turn and not self._turn_scheduled:
+            if queue:
+                self.wake_turns_deferred += 1
+            self._turn_scheduled = True
+            (self._loop or asyncio.get_running_loop()).call_soon(self._next_turn)
+
+    def _next_turn(self) -> None:
+        self._turn_scheduled = False
+        self._wakes_left = self.wakes_per_turn
+        if self._to_wake:
+            self._drain()
+
+    @property
+    def waking(self) -> int:
+        """Pulls matched but not woken yet (over the per-turn budget)."""
+        return len(self._to_wake)
+
     def _arrived(self, hits: dict[Key, list[tuple[int, int, dict[str, str]]]], end: int) -> None:
         for key, msgs in hits.items():
             waiters = self._held.get(key)
@@ -176,8 +230,9 @@ class HoldService:
                 for qoff, tag, props in msgs:
                     if qoff >= h.offset and (f is None or f.match_dispatch(tag, props)):
                         self.woken_by_arrival += 1
-                        self._wake(h, end)
+                        self._queue_wake(h, end)
                         break
+        self._drain()
 
     async def _check_loop(self) -> None:
         while True:
@@ -193,7 +248,8 @@ class HoldService:
             newest = self._max_offset(*key)
             for h in [h for h in waiters if newest > h.offset]:
                 self.woken_by_check += 1
-                self._wake(h, 0)
+                self._queue_wake(h, 0)
+        self._drain()
 
     # ---- the store's dispatch thread (store.types.Dispatcher) --------------------------------------
     #: Wakes pulls only: a rebuilt queue's old records need not be seen again.
