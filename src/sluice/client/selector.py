@@ -31,8 +31,9 @@ _CLASS_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-
 
 
 def class_source_crc(source: bytes) -> int:
-    """UtilAll.crc32 of the source (CRC32 masked to 31 bits, as RocketMQ sends classCRC); 0 for no source."""
-    return zlib.crc32(source) & 0x7FFFFFFF if source else 0
+    """The classCRC a registration carries: CRC32 of the source, unsigned, as the filter server checks it
+    (sluice/filtersrv/repository.py); 0 for no source. (RocketMQ's UtilAll.crc32 masks it to 31 bits.)"""
+    return zlib.crc32(source) & 0xFFFFFFFF if source else 0
 
 
 class MessageSelector:
