@@ -238,3 +238,44 @@ def test_settings_are_checked_with_precise_errors(certs: Certs, tmp_path: Path) 
         RemotingClient(tls=ClientTls(ca=certs.key_file))
     with pytest.raises(ValueError, match="needs an ssl_context"):
         RemotingServer("127.0.0.1", 0, tls_mode="enforcing")
+
+
+def test_mutual_tls_requires_a_client_certificate_signed_by_the_client_ca(certs: Certs, tmp_path: Path) -> None:
+    cert, key = certs.client_files("client-ok")
+    stranger = Certs(tmp_path)  # another CA: its client certificates are not accepted
+    bad_cert, bad_key = stranger.client_files("client-stranger")
+
+    async def main() -> None:
+        ctx = server_context(certs.cert_file, certs.key_file, client_ca=certs.ca_file)
+        server = RemotingServer("127.0.0.1", 0, tls_mode="permissive", ssl_context=ctx)
+        server.register(ECHO, lambda conn, req: req.make_response(ext_fields={"n": req.ext_fields.get("n", "")},
+                                                                  body=req.body))
+        await server.start()
+        try:
+            for tls in (certs.client(), certs.client(cert=bad_cert, key=bad_key)):
+                client = RemotingClient(tls=tls)
+                with pytest.raises(RemotingError):  # refused in the handshake or at the first read (TLS 1.3)
+                    await client.invoke(server.address, RemotingCommand.request(ECHO, {}), timeout=5)
+                await client.close()
+            assert server.tls is not None
+            await until(lambda: server.tls.handshake_failed == 2, "two refused client certificates")
+            client = RemotingClient(tls=certs.client(cert=cert, key=key))
+            await echo_once(client, server.address)
+            await client.close()
+            plain = RemotingClient()  # permissive: plain clients are not asked for certificates
+            await echo_once(plain, server.address)
+            await plain.close()
+        finally:
+            await server.close()
+    run(main)
+
+
+def test_mutual_tls_settings_are_checked(certs: Certs, tmp_path: Path) -> None:
+    with pytest.raises(InvalidParameterError, match="tls_client_ca needs tls_mode permissive or enforcing"):
+        server_tls("disabled", None, None, client_ca=certs.ca_file)
+    with pytest.raises(InvalidParameterError, match="cannot read TLS client CA file"):
+        server_tls("enforcing", certs.cert_file, certs.key_file, client_ca=str(tmp_path / "missing.pem"))
+    with pytest.raises(InvalidParameterError, match="needs both its cert and its key"):
+        ClientTls(cert=certs.cert_file).context()
+    with pytest.raises(InvalidParameterError, match="cannot use TLS client certificate"):
+        ClientTls(cert=certs.cert_file, key=str(tmp_path / "missing.key")).context()

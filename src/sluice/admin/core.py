@@ -45,6 +45,8 @@ NAMESRV_ENV = ("SLUICE_NAMESRV", "NAMESRV_ADDR")
 ACCESS_KEY_ENV, SECRET_KEY_ENV = "SLUICE_ACCESS_KEY", "SLUICE_SECRET_KEY"
 #: Where TLS settings come from when --tls / --tls-ca are not given (SLUICE_TLS: 1/true/yes turns TLS on).
 TLS_ENV, TLS_CA_ENV = "SLUICE_TLS", "SLUICE_TLS_CA"
+#: A client certificate and key for servers that require one (mutual TLS).
+TLS_CERT_ENV, TLS_KEY_ENV = "SLUICE_TLS_CERT", "SLUICE_TLS_KEY"
 #: Per-request timeout in seconds (RocketMQ's admin default is 3 s as well).
 DEFAULT_TIMEOUT = 3.0
 
@@ -65,13 +67,21 @@ class AdminEnv:
     secret_key: str | None = None
     tls: bool = False
     tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
 
     def client_tls(self) -> ClientTls | None:
         """TLS to namesrvs and brokers: --tls / --tls-ca first, then SLUICE_TLS / SLUICE_TLS_CA; None: plain.
-        A CA file alone turns TLS on (it is only used by TLS)."""
+        A CA file or a client certificate alone turns TLS on (they are only used by TLS)."""
         ca = self.tls_ca or self.env.get(TLS_CA_ENV, "").strip() or None
-        on = self.tls or self.env.get(TLS_ENV, "").strip().lower() in ("1", "true", "yes", "on") or ca is not None
-        return ClientTls(ca=ca) if on else None
+        cert = self.tls_cert or self.env.get(TLS_CERT_ENV, "").strip() or None
+        key = self.tls_key or self.env.get(TLS_KEY_ENV, "").strip() or None
+        if bool(cert) != bool(key):
+            raise click.UsageError(f"a TLS client certificate needs both --tls-cert and --tls-key (or {TLS_CERT_ENV} "
+                                   f"and {TLS_KEY_ENV})")
+        on = (self.tls or self.env.get(TLS_ENV, "").strip().lower() in ("1", "true", "yes", "on") or ca is not None
+              or cert is not None)
+        return ClientTls(ca=ca, cert=cert, key=key) if on else None
 
     def credentials(self) -> Credentials | None:
         """The ACL account to sign with: flags first, then SLUICE_ACCESS_KEY / SLUICE_SECRET_KEY; None for none."""
@@ -129,7 +139,8 @@ def _set(attr: str) -> Callable[[click.Context, click.Parameter, Any], None]:
     return callback
 
 
-_COMMON = frozenset({"namesrv", "as_json", "timeout", "traceback", "access_key", "secret_key", "tls", "tls_ca"})
+_COMMON = frozenset({"namesrv", "as_json", "timeout", "traceback", "access_key", "secret_key", "tls", "tls_ca",
+                     "tls_cert", "tls_key"})
 
 
 def common_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -150,6 +161,10 @@ def common_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help=f"Connect over TLS (servers in tls_mode permissive or enforcing) [env: {TLS_ENV}=1]."),
         click.option("--tls-ca", metavar="PEM", expose_value=False, callback=_set("tls_ca"),
                      help=f"CA file the servers' certificates are checked with; implies --tls [env: {TLS_CA_ENV}]."),
+        click.option("--tls-cert", metavar="PEM", expose_value=False, callback=_set("tls_cert"),
+                     help=f"Client certificate for servers requiring one (mutual TLS) [env: {TLS_CERT_ENV}]."),
+        click.option("--tls-key", metavar="PEM", expose_value=False, callback=_set("tls_key"),
+                     help=f"The client certificate's key [env: {TLS_KEY_ENV}]."),
     ]
     for opt in reversed(opts):
         f = opt(f)

@@ -52,7 +52,8 @@ def _tls_options(tls: ClientTls | None) -> dict[str, Any]:
     """ClientConfig's TLS keywords for ``tls``."""
     if tls is None:
         return {}
-    return {"tls": True, "tls_ca": tls.ca, "tls_server_name": tls.server_name, "tls_verify": tls.verify}
+    return {"tls": True, "tls_ca": tls.ca, "tls_server_name": tls.server_name, "tls_verify": tls.verify,
+            "tls_cert": tls.cert, "tls_key": tls.key}
 
 
 class AdminSession:

@@ -65,11 +65,12 @@ async def run_broker(config: BrokerConfig) -> None:
 @click.option("--tls-key", metavar="PEM", help="The certificate's private key.")
 @click.option("--namesrv-tls/--no-namesrv-tls", default=None, help="Register with the namesrvs over TLS [default: off].")
 @click.option("--namesrv-tls-ca", metavar="PEM", help="CA file the namesrvs' certificates are checked with.")
+@click.option("--tls-client-ca", metavar="PEM", help="Mutual TLS: TLS clients need a certificate this CA signed.")
 def broker_command(config_path: Path | None, listen: str | None, namesrv: str | None, store: str | None,
                    broker_name: str | None, cluster_name: str | None, flush: str | None,
                    auto_create_topic: bool | None, acl: str | None = None, tls_mode: str | None = None,
                    tls_cert: str | None = None, tls_key: str | None = None, namesrv_tls: bool | None = None,
-                   namesrv_tls_ca: str | None = None) -> None:
+                   namesrv_tls_ca: str | None = None, tls_client_ca: str | None = None) -> None:
     """Run a broker: stores messages, serves sends and (long-polling) pulls, registers with namesrvs."""
     level = os.environ.get("SLUICE_LOG_LEVEL", "INFO").upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -78,7 +79,7 @@ def broker_command(config_path: Path | None, listen: str | None, namesrv: str | 
                                    broker_name=broker_name, cluster_name=cluster_name, flush=flush,
                                    auto_create_topic=auto_create_topic, acl=acl, tls_mode=tls_mode,
                                    tls_cert=tls_cert, tls_key=tls_key, namesrv_tls=namesrv_tls,
-                                   namesrv_tls_ca=namesrv_tls_ca)
+                                   namesrv_tls_ca=namesrv_tls_ca, tls_client_ca=tls_client_ca)
     except SluiceError as exc:
         raise click.UsageError(str(exc)) from None
     try:

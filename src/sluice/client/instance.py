@@ -61,17 +61,24 @@ class ClientConfig:
     #: Check the servers' certificates (chain and name). False is for testing only: it gives up server
     #: authentication, leaving encryption against passive eavesdroppers.
     tls_verify: bool = True
+    #: The client's own certificate chain and key (PEM), for servers that require one (their tls_client_ca).
+    tls_cert: str | None = None
+    tls_key: str | None = None
 
     @property
     def client_tls(self) -> ClientTls | None:
         """The transport's TLS settings; None: plain TCP."""
         if not self.tls:
             return None
-        return ClientTls(ca=self.tls_ca, server_name=self.tls_server_name, verify=self.tls_verify)
+        return ClientTls(ca=self.tls_ca, server_name=self.tls_server_name, verify=self.tls_verify,
+                         cert=self.tls_cert, key=self.tls_key)
 
     def __post_init__(self) -> None:
-        if not self.tls and (self.tls_ca or self.tls_server_name):
-            raise InvalidParameterError("tls_ca / tls_server_name are given but tls is False: pass tls=True too")
+        if not self.tls and (self.tls_ca or self.tls_server_name or self.tls_cert):
+            raise InvalidParameterError("tls_ca / tls_server_name / tls_cert are given but tls is False: "
+                                        "pass tls=True too")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise InvalidParameterError("tls_cert and tls_key are given together or not at all")
         if self.credentials is not None and not isinstance(self.credentials, Credentials):
             raise InvalidParameterError("credentials must be sluice.Credentials(access_key, secret_key), not "
                                         f"{type(self.credentials).__name__}")

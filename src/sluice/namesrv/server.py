@@ -75,6 +75,8 @@ class NamesrvConfig:
     tls_mode: str = "disabled"
     tls_cert: str = ""
     tls_key: str = ""
+    #: Mutual TLS: TLS clients (brokers included) must present a certificate this CA file signed; empty: none asked.
+    tls_client_ca: str = ""
 
     def __post_init__(self) -> None:
         split_addr(self.listen)
@@ -95,7 +97,7 @@ class NamesrvServer:
         host, port = split_addr(self.config.listen)
         self.routes = RouteInfoManager()
         c = self.config
-        tls_mode, ssl_context = server_tls(c.tls_mode, c.tls_cert, c.tls_key)
+        tls_mode, ssl_context = server_tls(c.tls_mode, c.tls_cert, c.tls_key, c.tls_client_ca)
         self.server = RemotingServer(host, port, max_frame_size=c.max_frame_size, frame_budget=c.frame_budget,
                                      max_connections=c.max_connections, idle_timeout=c.idle_timeout,
                                      tls_mode=tls_mode, ssl_context=ssl_context)

@@ -18,7 +18,9 @@ sees the stream from its first byte. Connections still being sniffed or shaken h
 toward the server's connection limit and are closed after ``handshake_timeout``.
 
 Client side: :class:`ClientTls` (a CA file, the name to check, whether to verify) builds the
-context RemotingClient connects with. Server authentication only: no client certificates.
+context RemotingClient connects with. Mutual TLS is an option: a server given ``client_ca`` requires
+every TLS client to present a certificate that CA signed (RocketMQ's tls.server.need.client.auth =
+require with tls.server.trustCertPath), and ClientTls's ``cert`` / ``key`` are the client's.
 """
 from __future__ import annotations
 
@@ -52,26 +54,36 @@ def check_tls_mode(mode: str) -> str:
     return mode
 
 
-def server_tls(mode: str, cert: str | None, key: str | None) -> tuple[str, ssl.SSLContext | None]:
+def server_tls(mode: str, cert: str | None, key: str | None,
+               client_ca: str | None = None) -> tuple[str, ssl.SSLContext | None]:
     """A server's (mode, context) from its settings: no context when disabled, else ``cert`` and ``key``
     are required (RocketMQ falls back to a self-signed certificate; a certificate no client can check
-    gives no server authentication, so Sluice asks for one)."""
+    gives no server authentication, so Sluice asks for one). ``client_ca``: require client certificates."""
     mode = check_tls_mode(mode)
     if mode == "disabled":
+        if client_ca:
+            raise InvalidParameterError("tls_client_ca needs tls_mode permissive or enforcing")
         return mode, None
     if not (cert and key):
         raise InvalidParameterError(f"tls_mode {mode} needs tls_cert and tls_key (PEM files)")
-    return mode, server_context(cert, key)
+    return mode, server_context(cert, key, client_ca=client_ca)
 
 
-def server_context(cert: str, key: str) -> ssl.SSLContext:
-    """A server context with ``cert`` (PEM chain) and ``key``; TLS 1.2 at least. Bad files: InvalidParameterError."""
+def server_context(cert: str, key: str, *, client_ca: str | None = None) -> ssl.SSLContext:
+    """A server context with ``cert`` (PEM chain) and ``key``; TLS 1.2 at least. With ``client_ca``, TLS
+    clients must present a certificate signed by it (mutual TLS). Bad files: InvalidParameterError."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
         ctx.load_cert_chain(cert, key)
     except (OSError, ssl.SSLError) as exc:
         raise InvalidParameterError(f"cannot use TLS certificate {cert!r} with key {key!r}: {exc}") from None
+    if client_ca:
+        try:
+            ctx.load_verify_locations(cafile=client_ca)
+        except (OSError, ssl.SSLError) as exc:
+            raise InvalidParameterError(f"cannot read TLS client CA file {client_ca!r}: {exc}") from None
+        ctx.verify_mode = ssl.CERT_REQUIRED
     return ctx
 
 
@@ -86,12 +98,23 @@ class ClientTls:
     server_name: str | None = None
     #: Check the certificate chain and the name. Off only for testing: it gives up server authentication.
     verify: bool = True
+    #: The client's own certificate chain and key (PEM), for servers that require one (mutual TLS).
+    cert: str | None = None
+    key: str | None = None
 
     def context(self) -> ssl.SSLContext:
+        if bool(self.cert) != bool(self.key):
+            raise InvalidParameterError("a TLS client certificate needs both its cert and its key file")
         try:
             ctx = ssl.create_default_context(cafile=self.ca or None)
         except (OSError, ssl.SSLError) as exc:
             raise InvalidParameterError(f"cannot read TLS CA file {self.ca!r}: {exc}") from None
+        if self.cert:
+            try:
+                ctx.load_cert_chain(self.cert, self.key)
+            except (OSError, ssl.SSLError) as exc:
+                raise InvalidParameterError(f"cannot use TLS client certificate {self.cert!r} with key "
+                                            f"{self.key!r}: {exc}") from None
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         if not self.verify:
             ctx.check_hostname = False
