@@ -16,8 +16,8 @@ from sluice.bench.workload import (
 
 
 def _drains(base: int) -> dict[str, Any]:
-    return {name: {"before": {"matched": 100, "expected": 100, "first_to_last_per_s": base + i},
-                   "catchup": {"matched": 100, "expected": 100, "first_to_last_per_s": base + 10 + i}}
+    return {name: {"before": {"matched": 100, "expected": 100, "matched_per_s": base + i},
+                   "catchup": {"matched": 100, "expected": 100, "matched_per_s": base + 10 + i}}
             for i, name in enumerate(("tag", "region", "sql92"))}
 
 
@@ -35,11 +35,11 @@ def canned(scale: float = 1.0) -> dict[str, Any]:
                        "latency": {"1000": {"p50_ms": 2.0 / scale, "p99_ms": 5.0}, "10000": {"p50_ms": 3.0,
                                                                                            "p99_ms": 9.0}}},
             "nats": {"available": True, "produce": {"msgs_per_s": 80000},
-                     "drains": {**_drains(13000), "sql92": {"before": {"first_to_last_per_s": 6800},
+                     "drains": {**_drains(13000), "sql92": {"before": {"matched_per_s": 6800},
                                                             "catchup": {"error": "drained 5 of 9 within 1 s"}}},
                      "latency": {"1000": {"p50_ms": 0.75, "p99_ms": 7.9}}},
             "rabbitmq": {"available": True, "produce": {"msgs_per_s": 13000},
-                         "drains": {n: {"before": {"first_to_last_per_s": 19000},
+                         "drains": {n: {"before": {"matched_per_s": 19000},
                                         "catchup": {"unsupported": "a queue gets only what is routed while bound"}}
                                     for n in ("tag", "region", "sql92")},
                          "latency": {"1000": {"p50_ms": 0.85, "p99_ms": 2.2}}},

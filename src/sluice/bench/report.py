@@ -27,17 +27,19 @@ HOW = {
             "publishes with acks, 32 in flight per task, 4 tasks.",
     "rabbitmq": "RabbitMQ routes at publish time: a topic exchange (routing key `<tag>.<region>.<a>`) feeds the tag "
                 "and region queues, and a headers exchange bound to it feeds the SQL92 queue through 50 bindings "
-                "(`region = eu` and `a` = 50..99, x-match all). Durable queues, persistent messages, publisher "
-                "confirms. A queue gets only what is routed while it is bound, so there is no catch-up case. "
-                "Client: pika, one connection per thread, 4 threads.",
+                "(`region = eu` and `a` = 50..99, x-match all). Durable queues, persistent messages, published in "
+                "transactions of 32 (`tx_commit` answers once they are routed and stored). A queue gets only what is "
+                "routed while it is bound, so there is no catch-up case. Client: pika, one connection per thread, "
+                "4 threads.",
     "redis": "Redis streams have no server-side filter: every drain reads the whole stream (`XREADGROUP` / "
              "`XRANGE`) and filters in the client, so its matched/s counts only the matches among everything read. "
              "`appendonly yes` with `appendfsync everysec`. Client: redis-py, pipelines of 32 `XADD`s from 4 "
              "threads.",
     "activemq": "ActiveMQ evaluates JMS selectors on the broker; over STOMP every header is a string, so "
                 "`a >= 50` is written `a IN ('50', ..., '99')`. Durable topic subscriptions made before the writes "
-                "hold the matches of each selector (persistent messages in KahaDB); a topic subscription gets only "
-                "what is published while it exists, so there is no catch-up case. Client: stomp.py, 4 threads.",
+                "hold the matches of each selector (persistent messages in KahaDB; the last of every 32 sends asks for a "
+                "receipt, which KahaDB answers after its write); a topic subscription gets only what is published "
+                "while it exists, so there is no catch-up case. Client: stomp.py, 4 threads.",
 }
 
 
@@ -64,7 +66,7 @@ def _drain(name: str, case: str) -> Callable[[dict[str, Any]], Any]:
             return None
         if "unsupported" in d or "error" in d:
             return d
-        return d.get("first_to_last_per_s")
+        return d.get("matched_per_s")
     return value
 
 
@@ -204,8 +206,8 @@ def render_markdown(result: dict[str, Any], previous: dict[str, Any] | None = No
         f"msgs/s for {load.get('latency_seconds', '?')} s each, measured on `region = 'eu'` from the send call to "
         "the consumer's callback (same process).",
         "",
-        "Drain figures are matched messages per second from the first to the last delivery; latency cells are "
-        "p50 / p99 in ms."
+        "Drain figures are matched messages per second from the consumer's start (subscribing, joining, its "
+        "first request) to the last matched delivery; latency cells are p50 / p99 in ms."
         + (" A figure in brackets is the change from the previous result in this directory"
            f" ({previous.get('started', '?')})." if previous else ""),
         "",
