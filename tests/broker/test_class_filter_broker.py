@@ -110,3 +110,18 @@ def test_members_class_errors_reach_consume_stats(make_broker):
     # the member's next heartbeat without the error clears it
     assert rpc.heartbeat("c1", "G", [class_sub("T", "filters.even:Even", v)]).code == R.SUCCESS
     assert rpc.consume_stats("G")["classFilterErrors"] == []
+
+
+def test_only_filter_servers_pull_a_class_groups_messages_unfiltered(make_broker):
+    b = make_broker()
+    rpc = b.rpc()
+    v = int(time.time() * 1000)
+    assert rpc.heartbeat("c1", "G", [class_sub("T", "filters.even:Even", v)]).code == R.SUCCESS
+    for i in range(4):
+        rpc.send("T", f"{i}".encode(), {"n": str(i)})
+    # a member pulling the class group's topic with "*" is refused: it would get unfiltered messages
+    r = rpc.pull("T", sub="*", expr_type="TAG", sub_version=v)
+    assert r.code == R.SUBSCRIPTION_NOT_LATEST and "filters.even:Even" in r.remark
+    # a filter server (registered on its connection) pulls the group's messages as "*" to run the class on
+    b.broker.pull_processor.is_filter_server = lambda conn: True
+    assert rpc.pull_all("T", sub="*", expr_type="TAG", sub_version=v) == [f"{i}".encode() for i in range(4)]

@@ -80,11 +80,15 @@ class PullProcessor:
                  offsets: ConsumerOffsetManager, consumers: ConsumerManager, filter_data: ConsumerFilterManager,
                  sub_guard: SubscriptionGuard, backfills: BackfillManager, hold: HoldService,
                  compiler: SelectorCompiler | None = None,
-                 filter_servers: Callable[[], list[str]] | None = None) -> None:
+                 filter_servers: Callable[[], list[str]] | None = None,
+                 is_filter_server: Callable[[RemotingConnection], bool] | None = None) -> None:
         self.config = config
         #: The addresses of the filter servers registered with this broker (named when a class-filter pull
         #: reaches the broker directly).
         self.filter_servers = filter_servers or (lambda: [])
+        #: Whether a connection is a registered filter server's: its pulls (a class-filter group's messages,
+        #: subscription "*") are not a group member's, so the group's subscription conflicts do not apply.
+        self.is_filter_server = is_filter_server or (lambda conn: False)
         self.store = store
         self.pool = pool
         self.topics = topics
@@ -101,7 +105,8 @@ class PullProcessor:
             max_per_client_per_minute=config.max_selector_compiles_per_client_per_minute)
         self.pulled_messages = 0
 
-    def _filter(self, h: PullMessageRequestHeader, sub: CompiledSubscription | None) -> SelectorFilter | None:
+    def _filter(self, h: PullMessageRequestHeader, sub: CompiledSubscription | None,
+                for_filter_server: bool = False) -> SelectorFilter | None:
         """The pull's filter (None: everything passes), with the group's Bloom data where it applies.
 
         A pull carrying its subscription (flag 0x4, every real client) is checked against the group's
@@ -116,8 +121,9 @@ class PullProcessor:
         info = self.consumers.get(group)
         fd = fm.get(topic, group)
         if sub is not None:
-            self.sub_guard.check_pull(group, topic, sub.expression_type, sub.expression, h.sub_version,
-                                   info.channels if info is not None else ())
+            if not for_filter_server:
+                self.sub_guard.check_pull(group, topic, sub.expression_type, sub.expression, h.sub_version,
+                                          info.channels if info is not None else ())
             base = sub.filter
         else:
             sub = info.subscriptions.get(topic) if info is not None else None
@@ -214,7 +220,8 @@ class PullProcessor:
     def _pull(self, conn: RemotingConnection, request: RemotingCommand, h: PullMessageRequestHeader,
               sub: CompiledSubscription | None) -> Any:
         # %RETRY%<group>: filtered by the group's subscriptions of the original topics
-        mf = retry_filter(self.consumers, h.consumer_group, h.topic, self._filter(h, sub))
+        mf = retry_filter(self.consumers, h.consumer_group, h.topic,
+                          self._filter(h, sub, sub is not None and self.is_filter_server(conn)))
         if mf is not None:  # records evaluated per pull (store/pull_read.py stops there): this pull's own filter
             mf.max_evaluations = self.config.max_evaluations_per_pull
         if h.sys_flag & FLAG_COMMIT_OFFSET:
