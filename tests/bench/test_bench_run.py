@@ -50,3 +50,21 @@ def test_bench_quick_against_sluice_writes_positive_figures(tmp_path: Path) -> N
 def test_bench_refuses_an_unknown_peer(tmp_path: Path) -> None:
     proc = _bench(tmp_path, "--peers", "kafka")
     assert proc.returncode == 2 and "unknown peer(s) kafka" in proc.stderr
+
+
+def test_bench_scale_smoke_records_throughput_and_memory(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = _bench(out, "--peers", "", "--flush", "async", "--scale-messages", "300", "--scale-groups", "1,2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = json.loads((out / "bench.json").read_text())["scale"]
+    assert [(r["messages"], r["groups"]) for r in rows] == [(300, 1), (300, 2)]
+    for r in rows:
+        assert "error" not in r, r
+        assert r["produce_msgs_per_s"] > 0 and r["drain_matched_per_s"] > 0 and r["broker_rss_bytes"] > 0
+    assert (out / "scale.png").read_bytes()[:4] == b"\x89PNG"
+    assert "## Scale" in (out / "bench.md").read_text()
+
+
+def test_bench_refuses_bad_scale_values(tmp_path: Path) -> None:
+    proc = _bench(tmp_path, "--peers", "", "--scale-groups", "1,x")
+    assert proc.returncode == 2 and "expected comma-separated integers" in proc.stderr
