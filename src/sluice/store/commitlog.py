@@ -26,7 +26,10 @@ from sluice.errors import CorruptRecordError, StoreError
 from sluice.format import (
     BLANK,
     BLANK_MAGIC,
+    CORRUPT,
     END,
+    END_OF_DATA,
+    PARTIAL,
     END_FILE_MIN_BLANK_LENGTH,
     I32,
     I64,
@@ -58,6 +61,11 @@ __all__ = ["CommitLog", "ParsedRecord", "parse_record", "verify_record_bytes", "
 MAX_PENDING_BATCHES = 8192
 #: how far ahead of the write position the warmer keeps pages in the page cache (warm.py)
 WARM_AHEAD = 16 * 1024 * 1024
+#: bytes of a segment allocated at a time ahead of the writer (mapped.py); the warmer's zeros allocate too
+ALLOC_CHUNK = 4 * 1024 * 1024
+#: bytes a scan (recovery, check, rebuild) copies out of the mapping at a time; its pages are then released,
+#: so a scan's memory does not grow with the segment size
+SCAN_WINDOW = 8 * 1024 * 1024
 
 
 def _queue_offsets(queued: Sequence[bool], qoff: int) -> tuple[list[int], int]:
@@ -79,7 +87,8 @@ class CommitLog:
                  write_by_fd: bool = False) -> None:
         # write_by_fd (synchronous flush): records are written with pwrite, which makes the fsyncs after
         # them several times cheaper than after writes through the mapping (mapped.py).
-        self.queue = MappedFileQueue(directory, file_size, write_by_fd=write_by_fd)
+        self.queue = MappedFileQueue(directory, file_size, write_by_fd=write_by_fd,
+                                     alloc_chunk=min(file_size, ALLOC_CHUNK))
         self.file_size = file_size
         self.write_pos = 0  # absolute offset of the next byte to write (always a record boundary)
         self.put_lock = threading.Lock()
@@ -156,6 +165,7 @@ class CommitLog:
                     deque(map(I64.pack_into, repeat(buf), map(add, rels, ts_positions), repeat(now)), 0)
                 f.write(wpos - f.start, buf)
             else:
+                self._prepare_roll(f, end)
                 phys, end = self._append_rolling(f, buf, sizes, qoffs, ts_positions, now, wpos)
             self.queue_offsets[key] = next_qoff
             if run is not None and len(self.pending) < MAX_PENDING_BATCHES:
@@ -190,6 +200,14 @@ class CommitLog:
         f.write(chunk_phys - f.start, memoryview(buf)[chunk_start:rel] if chunk_start else buf)
         return phys, wpos
 
+    def _prepare_roll(self, f: MappedFile, end: int) -> None:
+        """Before a batch that crosses the end of ``f`` writes anything: the rest of ``f`` and the next
+        segment's first bytes are allocated, so a full disk fails the batch with nothing written (bytes
+        written past ``write_pos`` would come back as records after a crash)."""
+        f.allocate_to(f.size)
+        nxt = self._writable_file(f.end)
+        nxt.allocate_to(min(nxt.size, end + END_FILE_MIN_BLANK_LENGTH - nxt.start))
+
     def _writable_file(self, wpos: int) -> MappedFile:
         f = self.queue.last()
         if f is None:
@@ -197,6 +215,11 @@ class CommitLog:
             return self.queue.create(wpos - wpos % self.file_size)
         if wpos >= f.end:
             return self.queue.create(f.end)
+        if wpos < f.start:  # the next segment was made for a batch that then failed (_prepare_roll)
+            g = self.queue.find(wpos)
+            if g is None:
+                raise StoreError(f"no commit-log segment holds the write position {wpos}")
+            return g
         return f
 
     # ---- read ------------------------------------------------------------------------------------
@@ -229,7 +252,7 @@ class CommitLog:
     def read_record_unchecked(self, offset: int) -> bytes | None:
         """The record at ``offset`` whose header decodes, CRC not checked (for check() to step over it)."""
         f = self.queue.find(offset)
-        if f is None:
+        if f is None or offset + 4 > self.write_pos:  # past the written bytes nothing can be read safely
             return None
         try:
             total = I32.unpack_from(f.mm, offset - f.start)[0]
@@ -254,7 +277,7 @@ class CommitLog:
 
     def store_timestamp_at(self, offset: int) -> int | None:
         f = self.queue.find(offset)
-        if f is None:
+        if f is None or offset + MIN_RECORD_SIZE > self.write_pos:
             return None
         try:
             sysflag = I32.unpack_from(f.mm, offset - f.start + POS_SYSFLAG)[0]
@@ -275,18 +298,49 @@ class CommitLog:
             f = self.queue.find(pos)
             if f is None:
                 return pos, None
-            base = pos - f.start
-            data = f.mm[base:]  # one copy per segment; recovery and check only
-            walk = RecordWalk(data, check_crc=check_crc, where=str(f.path), file_offset=base, log_offset=pos)
+            rel, stop, err = self._scan_segment(f, pos - f.start, check_crc, on_record)
+            if stop not in (END, BLANK):  # zeros (the end of the written data) or damage
+                return f.start + rel, err
+            pos = f.end
+
+    def _scan_segment(self, f: MappedFile, rel: int, check_crc: bool,
+                      on_record: Callable[[ParsedRecord], None] | None) -> tuple[int, str | None, CorruptRecordError | None]:
+        """Walk one segment from file offset ``rel`` in windows of SCAN_WINDOW bytes, releasing each
+        window's pages once walked: (file offset where the walk stopped, why, the error). Bytes past the
+        file's allocated ones were never written: the walk ends there as at zeros."""
+        size, where = f.size, str(f.path)
+        window = SCAN_WINDOW
+        while True:
+            limit = min(size, f.alloc_end)
+            if rel + 8 > limit and limit < size:
+                return rel, END_OF_DATA, None
+            hi = min(limit, rel + window)
+            last = hi == size
+            data = f.read_released(rel, hi - rel)
+            walk = RecordWalk(data, check_crc=check_crc, where=where, file_offset=rel, log_offset=f.start + rel,
+                              window=not last)
             if on_record is None:
                 for _ in walk:
                     pass
             else:
                 for rec in walk:
                     on_record(rec)
-            if walk.stop not in (END, BLANK):  # zeros (the end of the written data) or damage
-                return pos + walk.pos, walk.error
-            pos = f.end
+            at = rel + walk.pos
+            stop = walk.stop
+            if stop == BLANK and not last:
+                total = I32.unpack_from(data, walk.pos)[0]
+                if total != size - at:
+                    return at, CORRUPT, CorruptRecordError(f"blank marker says {total} bytes, {size - at} remain",
+                                                             path=where, offset=at)
+            if stop == PARTIAL and hi == limit:  # its bytes past the allocated ones were never written
+                return at, CORRUPT, CorruptRecordError(f"a record of {walk.want} bytes runs past the written data",
+                                                       path=where, offset=at)
+            if stop == PARTIAL or (stop == END and not last):
+                if at == rel:  # one record larger than the window: read it whole
+                    window = max(window, walk.want, 8) * 2
+                rel = at
+                continue
+            return at, stop, walk.error
 
     def truncate(self, offset: int) -> None:
         """Cut the log at ``offset``: later bytes are zeroed, later segments deleted."""

@@ -69,6 +69,21 @@ class StoreConfig:
     #: (store/warm.py), so page faults stay off the appending thread. None: 16 MiB with async flush, 0
     #: with sync flush, where appends wait for fsyncs anyway and the zeros would make each fsync heavier.
     commitlog_warm_ahead: int | None = None
+    #: Writes are refused (DiskFullError: SERVICE_NOT_AVAILABLE, reads go on) while the store's disk is more
+    #: than this percent used (RocketMQ's diskMaxUsedSpaceRatio, 75) ...
+    disk_max_used_space_ratio: int = 75
+    #: ... or has fewer free bytes than this. 256 MiB keeps room for what the store must still write while
+    #: it refuses sends: the consume-queue, index and ext chunks of messages already in the log (allocated
+    #: 64 KiB - 4 MiB at a time), a new index file's slot table (20 MB at the default sizes), checkpoints
+    #: and consumer offsets (replaced whole: a temporary copy), and the broker's log. 0 turns the floor off.
+    disk_min_free_bytes: int = 256 * MiB
+    #: How often the disk is sampled (statvfs; never per message). RocketMQ looks every 10 s; 1 s means at
+    #: most a second of appends lands beyond a limit (the floor is sized for far more than that).
+    disk_check_interval_s: float = 1.0
+    #: Consume queues (and their ext files) kept open at once, least recently used first to close; a closed
+    #: queue reopens on its next read or write. Each open queue costs a descriptor and a mapping per file,
+    #: so descriptors grow with the active queues, not with every queue that ever existed.
+    max_open_queues: int = 1024
 
     def __post_init__(self) -> None:
         if self.commitlog_file_size < 64 * 1024:
@@ -92,5 +107,11 @@ class StoreConfig:
             raise InvalidParameterError(f"flush_mode must be 'sync' or 'async', not {self.flush_mode!r}")
         if self.flush_interval_ms <= 0 or self.checkpoint_interval_ms <= 0:
             raise InvalidParameterError("flush and checkpoint intervals must be positive")
+        if not 0 < self.disk_max_used_space_ratio <= 100:
+            raise InvalidParameterError(f"disk_max_used_space_ratio {self.disk_max_used_space_ratio} must be 1..100")
+        if self.disk_min_free_bytes < 0 or self.disk_check_interval_s <= 0:
+            raise InvalidParameterError("disk_min_free_bytes must be >= 0 and disk_check_interval_s positive")
+        if self.max_open_queues < 1:
+            raise InvalidParameterError(f"max_open_queues {self.max_open_queues} must be at least 1")
         if self.commitlog_warm_ahead is not None and self.commitlog_warm_ahead < 0:
             raise InvalidParameterError(f"commitlog_warm_ahead {self.commitlog_warm_ahead} is negative")

@@ -20,7 +20,7 @@ import numpy as np
 
 from sluice.format import CQ_PAD_SIZE, CQ_UNIT_FIELDS, CQ_UNIT_SIZE
 from sluice.store.mapped import MappedFileQueue
-from sluice.store.per_queue import PerQueueTable
+from sluice.store.per_queue import OpenFilesLru, PerQueueTable
 
 log = logging.getLogger(__name__)
 
@@ -31,33 +31,62 @@ PAD_SIZE = CQ_PAD_SIZE
 
 
 class ConsumeQueue:
-    def __init__(self, topic: str, queue_id: int, directory: Path, units_per_file: int) -> None:
+    """One queue's units. Its files may be closed by the table's LRU (``evict_files``) when the queue is
+    cold; every use goes through :attr:`queue` with ``lock`` held, which reopens them."""
+
+    def __init__(self, topic: str, queue_id: int, directory: Path, units_per_file: int,
+                 lru: OpenFilesLru | None = None) -> None:
         self.topic = topic
         self.queue_id = queue_id
         self.units_per_file = units_per_file
-        self.queue = MappedFileQueue(directory, units_per_file * CQ_UNIT_SIZE)
+        self._mfq = MappedFileQueue(directory, units_per_file * CQ_UNIT_SIZE)
+        self._evicted = False
+        self.lru = lru
         self.max_offset = 0  # next queue offset to be written
         self.min_offset = 0  # smallest queue offset still readable
         self._flushed_units = 0
-        self.lock = threading.Lock()
+        # Held by every use of the files (reads too: the LRU must not close them under a reader); reentrant,
+        # as the recovery helpers call each other.
+        self.lock = threading.RLock()
+
+    @property
+    def queue(self) -> MappedFileQueue:
+        """The queue's files, reopened if the LRU closed them; callers hold ``lock``."""
+        if self._evicted:
+            self._mfq.load()
+            self._evicted = False
+        if self.lru is not None:
+            self.lru.touch(self)
+        return self._mfq
+
+    def evict_files(self) -> None:
+        """The LRU closes a cold queue's files (units made durable first); the next use reopens them."""
+        self.flush()
+        self._mfq.close()
+        self._evicted = True
 
     # ---- lifecycle -------------------------------------------------------------------------------
     def load(self) -> None:
-        self.queue.load()
-        self.max_offset = self._scan_max()
-        first = self.queue.files[0] if self.queue.files else None
-        self.min_offset = self._first_real(first) if first else 0
-        self._flushed_units = self.max_offset
+        with self.lock:
+            self._mfq.load()
+            self._evicted = False
+            files = self.queue.files
+            self.max_offset = self._scan_max()
+            self.min_offset = self._first_real(files[0]) if files else 0
+            self._flushed_units = self.max_offset
 
     def _file_units(self, f) -> np.ndarray:
-        return np.frombuffer(f.mm[:], dtype=CQ_DTYPE)
+        """A copy of the units of file ``f`` that may hold data (those below its allocated bytes: the rest
+        were never written), its pages released after: a scan of many queues keeps memory bounded."""
+        n = f.alloc_end - f.alloc_end % CQ_UNIT_SIZE
+        return np.frombuffer(f.read_released(0, n), dtype=CQ_DTYPE)
 
     def _scan_max(self) -> int:
         for f in reversed(self.queue.files):
             sizes = self._file_units(f)["size"]
             empty = np.flatnonzero(sizes == 0)
             if len(empty) == 0:
-                return f.end // CQ_UNIT_SIZE
+                return f.start // CQ_UNIT_SIZE + len(sizes)
             if empty[0] > 0:
                 return f.start // CQ_UNIT_SIZE + int(empty[0])
             if f is self.queue.files[0]:
@@ -70,11 +99,16 @@ class ConsumeQueue:
         return f.start // CQ_UNIT_SIZE + (int(real[0]) if len(real) else 0)
 
     def close(self) -> None:
-        self.queue.close()
+        with self.lock:
+            if self.lru is not None:
+                self.lru.forget(self)
+            self._mfq.close()
+            self._evicted = True
 
     def destroy(self) -> None:
-        self.queue.destroy()
-        self.max_offset = self.min_offset = 0
+        with self.lock:
+            self.queue.destroy()
+            self.max_offset = self.min_offset = 0
 
     # ---- write -----------------------------------------------------------------------------------
     def put(self, first_offset: int, units: np.ndarray) -> None:
@@ -127,16 +161,20 @@ class ConsumeQueue:
         parts = []
         pos = offset * CQ_UNIT_SIZE
         end = stop * CQ_UNIT_SIZE
-        while pos < end:
-            f = self.queue.find(pos)
-            if f is None:
-                break
-            n = min(end, f.end) - pos
-            try:
-                parts.append(np.frombuffer(f.read(pos - f.start, n), dtype=CQ_DTYPE))
-            except ValueError:  # closed under us by retention
-                break
-            pos += n
+        if pos >= end:
+            return None
+        with self.lock:
+            q = self.queue
+            while pos < end:
+                f = q.find(pos)
+                if f is None:
+                    break
+                n = min(end, f.end) - pos
+                try:
+                    parts.append(np.frombuffer(f.read(pos - f.start, n), dtype=CQ_DTYPE))
+                except ValueError:  # closed under us by retention
+                    break
+                pos += n
         if not parts:
             return None
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
@@ -218,16 +256,20 @@ class ConsumeQueue:
     def flush(self) -> None:
         target = self.max_offset
         if target != self._flushed_units:
-            self.queue.sync(self._flushed_units * CQ_UNIT_SIZE, target * CQ_UNIT_SIZE + 1)
-            self._flushed_units = target
+            with self.lock:
+                if not self._evicted:  # an evicted queue was flushed when its files were closed
+                    self._mfq.sync(self._flushed_units * CQ_UNIT_SIZE, target * CQ_UNIT_SIZE + 1)
+                self._flushed_units = target
 
 
 class ConsumeQueueTable(PerQueueTable[ConsumeQueue]):
     """All consume queues of the store, created on first use."""
 
-    def __init__(self, root: Path, units_per_file: int) -> None:
+    def __init__(self, root: Path, units_per_file: int, *, max_open: int = 1024) -> None:
         super().__init__(root)
         self.units_per_file = units_per_file
+        #: queues with open files, at most max_open (StoreConfig.max_open_queues)
+        self.lru = OpenFilesLru(max_open)
 
     def _new(self, topic: str, queue_id: int, directory: Path) -> ConsumeQueue:
-        return ConsumeQueue(topic, queue_id, directory, self.units_per_file)
+        return ConsumeQueue(topic, queue_id, directory, self.units_per_file, self.lru)

@@ -121,7 +121,7 @@ class _ExtFile(MappedFile):
 
     def zero_from(self, pos: int) -> None:
         """Zero [pos, end), touching only the span that is not zero already (the rest may be sparse)."""
-        nz = np.flatnonzero(self.arr[pos:])
+        nz = np.flatnonzero(self.arr[pos:max(pos, self.alloc_end)])  # unallocated bytes were never written
         if len(nz):
             stop = pos + int(nz[-1]) + 1
             self.mm[pos:stop] = bytes(stop - pos)
@@ -170,8 +170,9 @@ class ConsumeQueueExt:
     def _unit_ok(self, f: _ExtFile, pos: int) -> int:
         """The size of the sound unit at ``pos``; 0 at the end of the data (or a torn unit), -1 at the end marker."""
         mm = f.mm
-        if pos + MIN_UNIT_SIZE > self.file_size - END_BLANK:
-            return -1 if pos + 2 <= self.file_size and SIZE.unpack_from(mm, pos)[0] == -1 else 0
+        # Nothing was written past the allocated bytes (and reading there could allocate: tmpfs).
+        if pos + MIN_UNIT_SIZE > min(f.alloc_end, self.file_size - END_BLANK):
+            return -1 if pos + 2 <= min(f.alloc_end, self.file_size) and SIZE.unpack_from(mm, pos)[0] == -1 else 0
         size, _tags, _time, bm = UNIT_HEAD.unpack_from(mm, pos)
         if size == 0 or size == -1:
             return -1 if size == -1 else 0
@@ -191,7 +192,9 @@ class ConsumeQueueExt:
             if size == 0:
                 return pos, False
             # Units of one queue mostly share one size: check a run of them at once, growing the run.
-            k = min(run, (self.file_size - END_BLANK - pos) // size)
+            k = min(run, (min(self.file_size - END_BLANK, f.alloc_end) - pos) // size)
+            if k <= 0:
+                return pos, False
             at = pos + np.arange(k, dtype=np.int64) * size
             sizes = (arr[at].astype(np.int16) << 8) | arr[at + 1]
             bms = (arr[at + 18].astype(np.int16) << 8) | arr[at + 19]
@@ -216,6 +219,7 @@ class ConsumeQueueExt:
             if self._write_off + size > MAX_REAL_OFFSET:
                 raise StoreError("the ext log has reached its highest address")
             f, pos = self._file_with_room(size)
+            f.allocate_to(pos + size)
             mm = f.mm
             mm[pos + 2:pos + MIN_UNIT_SIZE] = head[2:]
             mm[pos + MIN_UNIT_SIZE:pos + size] = bitmap
@@ -257,6 +261,7 @@ class ConsumeQueueExt:
             while i < n:
                 f, pos = self._file_with_room(size)
                 k = min((self.file_size - pos - END_BLANK) // size, n - i)
+                f.allocate_to(pos + k * size)
                 f.mm[pos:pos + k * size] = raw[i * size:(i + k) * size]
                 arr = f.arr
                 arr[pos:pos + k * size:size] = size >> 8
@@ -276,6 +281,7 @@ class ConsumeQueueExt:
             f = self._new_file()
         pos = self._write_off - f.start
         if size > self.file_size - pos - END_BLANK:
+            f.allocate_to(pos + SIZE.size)
             SIZE.pack_into(f.mm, pos, -1)
             self._dirty.add(f)
             self._write_off = f.end

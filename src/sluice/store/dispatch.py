@@ -13,10 +13,11 @@ import logging
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 
 import numpy as np
 
-from sluice.errors import CorruptRecordError, SluiceError
+from sluice.errors import CorruptRecordError, DiskFullError, SluiceError
 from sluice.format import BLANK, CORRUPT, PARTIAL, RecordWalk, is_queued, tag_code
 from sluice.protocol import properties as P
 from sluice.store.commitlog import CommitLog
@@ -47,6 +48,9 @@ class DispatchService:
         self.ext: ExtTable | None = None
         self.dispatched_messages = 0
         self.error: Exception | None = None
+        #: Told when dispatch meets a full disk (MessageStore's DiskGuard.space_error: sends are refused).
+        self.on_space_error: Callable[[Exception], object] | None = None
+        self._space_backoff = 0.0
         #: How long the thread sleeps when nothing wakes it. An owner that dispatches itself after its own
         #: appends (drive_externally) keeps the thread only as a slow safety net.
         self.poll_s = 0.2
@@ -256,6 +260,18 @@ class DispatchService:
             try:
                 busy = self.reput() > 0
                 self.error = None
+                self._space_backoff = 0.0
+            except DiskFullError as e:
+                # No room for consume-queue, ext or index bytes: sends are refused meanwhile (the disk
+                # guard logs, rate-limited); retry with back-off, from where dispatch stopped.
+                busy = False
+                if self.on_space_error is not None:
+                    self.on_space_error(e)
+                self._space_backoff = min(30.0, max(1.0, self._space_backoff * 2))
+                with self._cond:
+                    self.error = e
+                    self._cond.notify_all()
+                self._stop.wait(self._space_backoff)
             except CorruptRecordError as e:
                 busy = False
                 # Cannot step over a record whose size is untrustworthy; recovery or check must handle it.

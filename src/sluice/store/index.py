@@ -40,6 +40,7 @@ import numpy as np
 from sluice.errors import InvalidParameterError, StoreError
 from sluice.speedups import C
 from sluice.store.keyhash import key_hash, key_hashes
+from sluice.store.mapped import allocate, data_end
 
 __all__ = ["IndexService", "IndexFile", "key_hash", "index_keys"]
 
@@ -58,6 +59,8 @@ MAX_CHUNK = 16_384
 #: how far past indexCount repair looks for written entries: a chunk, or one message with the most keys
 #: properties can hold (32767 bytes: at most 16384 one-character keys)
 _REPAIR_LOOKAHEAD = 32_768
+#: bytes of entries allocated at a time ahead of the writer (52,428 entries)
+ENTRY_ALLOC_CHUNK = 1024 * 1024
 
 
 def index_keys(uniq_key: str | None, keys: Iterable[str]) -> list[str]:
@@ -82,7 +85,7 @@ class IndexFile:
     """One mapped index file. Not thread-safe on its own: IndexService serialises access."""
 
     __slots__ = ("path", "slot_num", "index_num", "size", "mm", "_fd", "_entries_at",
-                 "begin_ts", "end_ts", "begin_phy", "end_phy", "slot_count", "count")
+                 "begin_ts", "end_ts", "begin_phy", "end_phy", "slot_count", "count", "alloc_end")
 
     def __init__(self, path: Path, slot_num: int, index_num: int, *, create: bool = False) -> None:
         self.path = path
@@ -95,14 +98,26 @@ class IndexFile:
         try:
             actual = os.fstat(fd).st_size
             if create:
-                os.ftruncate(fd, self.size)  # sparse: untouched slots and entries read as zero
+                # The header and the slot table (written anywhere) are allocated for real at once, entries
+                # ahead of the writer in chunks (mapped.py: no write through a mapping may meet ENOSPC).
+                self.alloc_end = min(self.size, self._entries_at + ENTRY_ALLOC_CHUNK)
+                allocate(fd, 0, self.alloc_end, path)
+                os.ftruncate(fd, self.size)
             elif actual != self.size:
                 raise StoreError(
                     f"{path} is {actual} bytes; with {slot_num} hash slots and {index_num} entries an index "
                     f"file is {self.size} bytes (was the index configured differently?)")
+            else:
+                hole, end = data_end(fd, actual)
+                end = max(end, self._entries_at)
+                if hole < end:  # holes left by older versions (sparse slot tables) are allocated now
+                    allocate(fd, hole, end - hole, path)
+                self.alloc_end = end
             self.mm = mmap.mmap(fd, self.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             os.close(fd)
+            if create:
+                path.unlink(missing_ok=True)
             raise
         self._fd = fd
         if create:
@@ -123,6 +138,14 @@ class IndexFile:
     def room(self) -> int:
         return self.index_num - self.count
 
+    def _allocate_entries(self, n: int) -> None:
+        """Allocate room for ``n`` more entries before they are written through the mapping."""
+        end = self._entries_at + (self.count + n) * ENTRY.size
+        if end > self.alloc_end:
+            stop = min(self.size, max(end, self.alloc_end + ENTRY_ALLOC_CHUNK))
+            allocate(self._fd, self.alloc_end, stop - self.alloc_end, self.path)
+            self.alloc_end = stop
+
     @property
     def empty(self) -> bool:
         return self.count <= 1
@@ -132,6 +155,7 @@ class IndexFile:
 
         One entry at a time with struct: for a few entries this costs less than put_many's numpy calls,
         which under thread contention also pay for giving up and retaking the GIL."""
+        self._allocate_entries(len(hashes))
         mm = self.mm
         slot_num, count, entries_at = self.slot_num, self.count, self._entries_at
         if count <= 1:
@@ -162,6 +186,7 @@ class IndexFile:
         n = len(hashes)
         if n == 0:
             return
+        self._allocate_entries(n)
         count, slot_num = self.count, self.slot_num
         if count <= 1:
             self.begin_phy, self.begin_ts = int(phys[0]), int(ts[0])
@@ -339,7 +364,9 @@ class IndexFile:
             n = self.count = cut
         # Entries written past the header's count belong to a message whose header never got written.
         at = self._entries_at + n * ENTRY.size
-        tail = np.frombuffer(self.mm, dtype=np.uint8, count=min(_REPAIR_LOOKAHEAD, self.index_num - n) * ENTRY.size, offset=at)
+        # Only allocated bytes are looked at: beyond them nothing was written, and reading could allocate.
+        look = max(0, min(_REPAIR_LOOKAHEAD, self.index_num - n, (self.alloc_end - at) // ENTRY.size))
+        tail = np.frombuffer(self.mm, dtype=np.uint8, count=look * ENTRY.size, offset=at)
         written = np.flatnonzero(tail.reshape(-1, ENTRY.size).any(axis=1))
         del tail
         if len(written):

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import orjson
 
-from sluice.errors import CorruptRecordError, FlushDiskTimeoutError, StoreError
+from sluice.errors import CorruptRecordError, DiskFullError, FlushDiskTimeoutError, StoreError
 from sluice.format import tag_code
 from sluice.message import MessageExt
 from sluice.persist import fsync_dir, write_atomic
@@ -41,6 +41,7 @@ from sluice.store.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from sluice.store.commitlog import WARM_AHEAD, CommitLog, verify_record_bytes
 from sluice.store.config import StoreConfig
 from sluice.store.consumequeue import PAD_SIZE, ConsumeQueueTable
+from sluice.store.diskspace import DiskGuard, RateLimitedLog
 from sluice.store.dispatch import DispatchService, is_queued
 from sluice.store.dispatch_columns import PutRun
 from sluice.store.encode import EncodedBatch, encode_batch
@@ -77,7 +78,8 @@ class MessageStore:
             warm = WARM_AHEAD if c.flush_mode == "async" else 0
         self.commitlog = CommitLog(self.root / "commitlog", c.commitlog_file_size, warm_ahead=warm,
                                    write_by_fd=c.flush_mode == "sync")
-        self.queues = ConsumeQueueTable(self.root / "consumequeue", c.consumequeue_units_per_file)
+        self.queues = ConsumeQueueTable(self.root / "consumequeue", c.consumequeue_units_per_file,
+                                        max_open=c.max_open_queues)
         self.index: IndexService | None = (
             IndexService(self.root / "index", max_hash_slots=c.index_max_hash_slots,
                          max_index_num=c.index_max_index_num) if c.index_enable else None)
@@ -91,6 +93,11 @@ class MessageStore:
         self.recovery = Recovery(self.root, self.commitlog, self.queues, self.ext, self.index)
         self.retention = Retention(self.commitlog, self.queues, self.ext, self.index, c)
         self.recovery_report: RecoveryReport | None = None
+        #: Refuses puts while the disk is too full (diskspace.py); sampled by the maintenance thread.
+        self.disk = DiskGuard(self.root, max_used_ratio=c.disk_max_used_space_ratio,
+                              min_free_bytes=c.disk_min_free_bytes)
+        self.dispatch.on_space_error = self.disk.space_error
+        self._maint_log = RateLimitedLog(log)
         self._msgid_prefix = offset_msg_id_prefix(*c.store_host)
         self._msgid_prefix_hex = self._msgid_prefix.hex().upper()
         self._msgid_format = self._msgid_prefix_hex + "%016X"  # + the commit-log offset
@@ -102,6 +109,7 @@ class MessageStore:
         self._maint: threading.Thread | None = None
         self._ckpt_lock = threading.Lock()
         self._last_retention = 0.0
+        self.disk_checked_at = 0.0
         self.put_count = 0
         self.put_bytes = 0
 
@@ -140,6 +148,7 @@ class MessageStore:
             self._release_lock()
             raise
         self._write_abort()
+        self.disk.check()  # a store opened on a full disk refuses its first put already
         self._open = True
         self._stop.clear()
         self.dispatch.start()
@@ -202,7 +211,13 @@ class MessageStore:
             self.flusher.reset(end)
         self.flusher.flush()
         self.recovery_report = rep
-        self._checkpoint()
+        try:
+            self._checkpoint()
+        except (OSError, DiskFullError) as e:
+            # A full disk must not keep the store from opening: the last checkpoint stays valid (recovery
+            # repeats what it did), and the maintenance thread writes a new one once there is room.
+            log.error("store %s: no checkpoint written at open (%s); reads are served, writes wait for room",
+                      self.root, e)
 
     def _write_abort(self) -> None:
         fd = os.open(self.abort_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -224,13 +239,19 @@ class MessageStore:
             self._maint = None
         self.dispatch.stop()
         self.flusher.stop()
+        clean = True
         try:
             self.dispatch.reput()
             self.flusher.flush()
             self._checkpoint()
+        except (DiskFullError, OSError) as e:
+            # A full disk: the abort file stays, so the next start recovers (re-dispatches) what is missing.
+            clean = False
+            log.error("store %s closed without its final dispatch or checkpoint (%s); the next start recovers",
+                      self.root, e)
         finally:
             self._close_files()
-            if self.dispatch.error is None:
+            if clean and self.dispatch.error is None:
                 try:
                     self.abort_path.unlink()
                 except FileNotFoundError:
@@ -270,14 +291,28 @@ class MessageStore:
                 dispatch_offset=dispatched, index_offset=index_offset, min_offset=self.commitlog.min_offset))
 
     def _maintain(self) -> None:
-        interval = self.config.checkpoint_interval_ms / 1000.0
-        while not self._stop.wait(interval):
+        c = self.config
+        ckpt_s = c.checkpoint_interval_ms / 1000.0
+        disk_s = c.disk_check_interval_s
+        last_ckpt = time.monotonic()
+        while not self._stop.wait(min(ckpt_s, disk_s)):
+            now = time.monotonic()
+            if now - self.disk_checked_at >= disk_s:
+                self.disk_checked_at = now
+                self.disk.check()
+            if now - last_ckpt < ckpt_s:
+                continue
+            last_ckpt = now
             try:
                 self._checkpoint()
-                if time.monotonic() - self._last_retention >= self.config.retention_check_interval_s:
+                if time.monotonic() - self._last_retention >= c.retention_check_interval_s:
                     self._last_retention = time.monotonic()
                     self.delete_expired_files()
-            except Exception:  # keep the service alive; the next tick retries
+            except DiskFullError as e:  # keep the service alive; the next tick retries
+                self._maint_log(logging.ERROR, "store maintenance: %s", e)
+            except OSError as e:  # ENOSPC from a checkpoint replaced whole, say: once a while, not every tick
+                self._maint_log(logging.ERROR, "store maintenance failed: %s", e)
+            except Exception:
                 log.exception("store maintenance failed")
 
     def add_dispatcher(self, dispatcher: Dispatcher) -> None:
@@ -357,12 +392,17 @@ class MessageStore:
     def put_encoded(self, topic: str, qid: int, enc: EncodedBatch, *, wait_durable: bool = True) -> list[PutResult]:
         """put_messages for records encoded already (encode.encode_batch or encode_batch_body)."""
         self._check_open()
+        if self.disk.refusal is not None:  # one attribute per put: statvfs runs on the maintenance timer
+            raise self.disk.refuse()
         # Dispatch gets the records' columns (no per-message objects; properties as stored, decoded only
         # if a dispatcher asks), so it need not parse the records back.
         run = PutRun(topic, qid, enc.sizes, enc.sysflags, enc.props, enc.tags, enc.keys, enc.uniq,
                      all_queued=enc.queued is None)
-        phys, qoffs, ts, end = self.commitlog.append(enc.buf, enc.sizes, topic, qid, enc.ts_positions, enc.queued,
-                                                     run)
+        try:
+            phys, qoffs, ts, end = self.commitlog.append(enc.buf, enc.sizes, topic, qid, enc.ts_positions,
+                                                         enc.queued, run)
+        except DiskFullError as e:  # nothing was written; later puts are refused until the disk has room
+            raise self.disk.space_error(e) from None
         # tuple.__new__ over zip: PutResults built in C (a NamedTuple's own __new__ is Python code).
         ids = C.offset_msg_ids(self._msgid_prefix_hex, phys) if C is not None and type(phys) is list \
             else map(self._msgid_format.__mod__, phys)
@@ -510,6 +550,8 @@ class MessageStore:
             "fsyncs": self.flusher.fsyncs,
             "index_max_offset": self.index.max_indexed_offset() if self.index else -1,
             "flush_mode": self.config.flush_mode,
+            "disk_refusal": self.disk.refusal,
+            "disk_refused_puts": self.disk.refused_puts,
         }
 
 

@@ -5,12 +5,78 @@ that only writers take.
 """
 from __future__ import annotations
 
+import logging
 import threading
 from abc import ABC, abstractmethod
+from collections import OrderedDict
+from itertools import islice
 from pathlib import Path
 from typing import Generic, Protocol, TypeVar
 
-__all__ = ["PerQueueFiles", "PerQueueTable"]
+__all__ = ["PerQueueFiles", "PerQueueTable", "Evictable", "OpenFilesLru"]
+
+log = logging.getLogger(__name__)
+
+
+class Evictable(Protocol):
+    """A per-queue object whose files the LRU may close; it reopens them itself on its next use."""
+
+    #: held while the object's files are used; the LRU only evicts an object whose lock it gets at once
+    lock: threading.RLock
+
+    def evict_files(self) -> None:
+        """Make the files durable as far as written, then close them (called with ``lock`` held)."""
+
+
+class OpenFilesLru:
+    """Per-queue objects with open files, least recently used first; past ``capacity`` the oldest are
+    closed (``evict_files``). Objects call :meth:`touch` (holding their own lock) each time they use their
+    files. The LRU's own lock is never held while taking an object's lock, and an object's lock is only
+    tried (never waited for), so no two threads can wait for each other."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.evictions = 0
+        self._open: OrderedDict[Evictable, None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def touch(self, obj: Evictable) -> None:
+        with self._lock:
+            od = self._open
+            if obj in od:
+                od.move_to_end(obj)
+                return
+            od[obj] = None
+            excess = len(od) - self.capacity
+            if excess <= 0:
+                return
+            victims = list(islice((o for o in od if o is not obj), excess + 8))  # oldest first; some may be busy
+        for v in victims:
+            if excess <= 0:
+                break
+            if not v.lock.acquire(blocking=False):
+                continue  # in use right now: not cold
+            try:
+                with self._lock:
+                    if v not in self._open:
+                        continue
+                    del self._open[v]
+                try:
+                    v.evict_files()
+                except Exception:  # the object stays usable: it reopens its files on its next use
+                    log.exception("closing the files of %r failed", v)
+                self.evictions += 1
+                excess -= 1
+            finally:
+                v.lock.release()
+
+    def forget(self, obj: Evictable) -> None:
+        """``obj`` closed its files by itself (store close, deletion)."""
+        with self._lock:
+            self._open.pop(obj, None)
 
 
 class PerQueueFiles(Protocol):

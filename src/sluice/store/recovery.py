@@ -225,16 +225,19 @@ def recover_commitlog(cl: CommitLog, root: Path, cp: Checkpoint | None, abnormal
 
 
 def _dirty_end(cl: CommitLog, end: int) -> int:
-    """The offset just after the last non-zero byte at or after ``end`` (``end`` if all zeros)."""
+    """The offset just after the last non-zero byte at or after ``end`` (``end`` if all zeros).
+
+    Only allocated bytes are looked at (past them nothing was written), a chunk at a time with its pages
+    released after: a torn tail costs a few chunks of memory, not the rest of the segment."""
     chunk = 1 << 20
     for f in reversed(cl.queue.files):
         if f.end <= end:
             break
         lo = max(end, f.start) - f.start
-        hi = f.size
+        hi = min(f.size, f.alloc_end)
         while hi > lo:
             a = max(lo, hi - chunk)
-            block = np.frombuffer(f.read(a, hi - a), dtype=np.uint8)
+            block = np.frombuffer(f.read_released(a, hi - a), dtype=np.uint8)
             nz = np.flatnonzero(block)
             if len(nz):
                 return f.start + a + int(nz[-1]) + 1

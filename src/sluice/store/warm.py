@@ -19,6 +19,7 @@ import logging
 import mmap
 import os
 import threading
+import time
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -27,6 +28,10 @@ if TYPE_CHECKING:
     from sluice.store.mapped import MappedFileQueue
 
 log = logging.getLogger(__name__)
+
+#: after a failed warming write (ENOSPC, say) the warmer pauses this long at first, doubling up to the max
+PAUSE_MIN_S = 1.0
+PAUSE_MAX_S = 30.0
 
 PAGE = mmap.PAGESIZE
 CHUNK = 1 << 20
@@ -98,14 +103,26 @@ class Warmer:
 
     # ---- the thread ----------------------------------------------------------------------------------
     def _run(self) -> None:
+        pause = 0.0
+        last_log = -1e18
         while not self._stopped:
             self._wake.wait(1.0)
             self._wake.clear()
             try:
                 while not self._stopped and self._step():
                     pass
-            except Exception:  # warming is an optimisation: log and go on, appends never depend on it
-                log.exception("commit-log warming failed")
+                pause = 0.0
+            except Exception as e:
+                # Warming is an optimisation: appends allocate for themselves (mapped.py). A full disk
+                # (ENOSPC) pauses it with back-off, logged at most twice a minute.
+                pause = min(PAUSE_MAX_S, max(PAUSE_MIN_S, pause * 2))
+                if time.monotonic() - last_log >= PAUSE_MAX_S:
+                    last_log = time.monotonic()
+                    log.error("commit-log warming failed, paused %.0f s: %s", pause, e)
+                self._wake.clear()
+                deadline = time.monotonic() + pause
+                while not self._stopped and time.monotonic() < deadline:
+                    time.sleep(min(0.2, pause))
 
     def _step(self) -> bool:
         """Zero the next chunk ahead of the write position; False when there is nothing to do."""
@@ -124,8 +141,12 @@ class Warmer:
             self.busy = (start, stop)
             fd = os.dup(f._fd)  # the file may be closed meanwhile: the duplicate keeps it valid
             base = f.start
+            contiguous = start - base <= f.alloc_end
         done = 0
         try:
+            # Allocated first, all or nothing (tmpfs; a short pwrite would fill the disk to its last page),
+            # so the zeros below cannot meet ENOSPC half way.
+            os.posix_fallocate(fd, start - base, stop - start)
             done = os.pwrite(fd, _ZEROS[:stop - start], start - base)
         finally:
             os.close(fd)
@@ -134,5 +155,7 @@ class Warmer:
                 if done > 0:
                     self.end = start + done
                     self.warmed_bytes += done
+                    if contiguous:  # written zeros are allocated: the appender need not allocate them again
+                        f.alloc_end = max(f.alloc_end, start - base + done)
                 self.cond.notify_all()
         return done > 0
