@@ -3,6 +3,7 @@
 * ``session()`` / ``register(spark)``: a SparkSession with the needed settings; the
   ``sluice`` (topics through a broker) and ``sluice_store`` (store files) sources.
 * ``selector_column(expr)``: a SQL92 or TAG selector as a Spark Column, the broker's outcomes.
+* ``SluiceDataSource``: the ``sluice`` source itself (``spark.dataSource.register(SluiceDataSource)``).
 * ``scan`` / ``stats``: bulk jobs over a store's files (sluice.spark.jobs).
 * ``demo_job``: the README's closing job.
 
@@ -17,8 +18,9 @@ if TYPE_CHECKING:
     from sluice.spark.demo import demo_job
     from sluice.spark.jobs import scan, stats
     from sluice.spark.selector import selector_column
+    from sluice.spark.source import SluiceDataSource
 
-__all__ = ["demo_job", "register", "scan", "selector_column", "session", "stats"]
+__all__ = ["SluiceDataSource", "demo_job", "register", "scan", "selector_column", "session", "stats"]
 
 
 def __getattr__(name: str) -> Any:
@@ -31,6 +33,10 @@ def __getattr__(name: str) -> Any:
         from sluice.spark.selector import selector_column
 
         return selector_column
+    if name == "SluiceDataSource":
+        from sluice.spark.source import SluiceDataSource
+
+        return SluiceDataSource
     if name in ("scan", "stats"):
         from sluice.spark import jobs
 

@@ -11,39 +11,53 @@ are reported in a warning: a typo is the usual cause.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import uuid
-import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import orjson
 
-from sluice.errors import InvalidParameterError
+from sluice.errors import InvalidParameterError, SluiceError
 
 log = logging.getLogger(__name__)
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def short_errors(fn: F) -> F:
+    """Re-raise Sluice's errors without the frames that found them: Spark prints the Python traceback
+    inside its own message, and the error's one line is what the user needs there."""
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except SluiceError as exc:
+            raise exc.with_traceback(None) from None
+    return wrapper  # type: ignore[return-value]
+
 EARLIEST, LATEST = -2, -1
 
-#: Every option the reader understands (lower case: Spark hands them over lower-cased).
-READ_OPTIONS = frozenset(o.lower() for o in (
+#: Every option the reader understands (compared case-insensitively: Spark hands them over lower-cased).
+READ_OPTIONS = (
     "namesrv", "topic", "subscribe", "subscribePattern", "selectorType", "selector", "startingOffsets",
     "endingOffsets", "startingTimestamp", "endingTimestamp", "maxOffsetsPerTrigger", "failOnDataLoss",
-    "minPartitions", "pullBatchSize", "group", "broker", "accessKey", "secretKey", "path"))
+    "minPartitions", "pullBatchSize", "group", "broker", "accessKey", "secretKey", "path")
 #: Every option the writer understands.
-WRITE_OPTIONS = frozenset(o.lower() for o in (
-    "namesrv", "topic", "writeId", "accessKey", "secretKey", "path", "checkpointLocation"))
+WRITE_OPTIONS = ("namesrv", "topic", "writeId", "accessKey", "secretKey", "path", "checkpointLocation")
 
 
-def warn_unknown(options: Mapping[str, str], known: frozenset[str], what: str) -> list[str]:
-    """Names in ``options`` that ``known`` lacks: logged and warned once, returned (sorted)."""
-    unknown = sorted(k for k in options if k.lower() not in known)
+def warn_unknown(options: Mapping[str, str], known: tuple[str, ...], what: str) -> list[str]:
+    """Names in ``options`` that ``known`` lacks: one warning line (logged: it runs in Spark's planner
+    process, whose stderr is the driver's), returned sorted."""
+    lower = {k.lower() for k in known}
+    unknown = sorted(k for k in options if k.lower() not in lower)
     if unknown:
-        msg = (f"format('sluice') {what} ignores unknown option(s) {', '.join(unknown)} (a typo?); "
-               f"known: {', '.join(sorted(known))}")
-        log.warning("%s", msg)
-        warnings.warn(msg, UserWarning, stacklevel=2)
+        log.warning("format('sluice') %s ignores unknown option(s) %s (a typo?); known: %s", what,
+                    ", ".join(unknown), ", ".join(known))
     return unknown
 
 

@@ -17,7 +17,7 @@ from pyspark.sql.datasource import DataSourceReader, Filter, InputPartition
 
 from sluice.errors import SluiceError, TopicNotExistError
 from sluice.spark.broker_io import BrokerSession
-from sluice.spark.options import EARLIEST, LATEST, Options, resolve_table
+from sluice.spark.options import EARLIEST, LATEST, Options, resolve_table, short_errors
 from sluice.spark.pushdown import Pushdown
 from sluice.spark.storefiles import ARROW_SCHEMA
 
@@ -67,7 +67,13 @@ def queue_bounds(b: BrokerSession, o: Options, *, allow_none: bool = False) -> l
     """(message queue, min offset, max offset) of every readable queue of every subscribed topic."""
     out = []
     for topic in subscribed_topics(b, o, allow_none=allow_none):
-        for mq in b.queues(topic):
+        try:
+            queues = b.queues(topic)
+        except TopicNotExistError:
+            if o.subscription.pattern is None:
+                raise
+            continue  # listed by the namesrv but with no readable queue (a cluster or broker name, a deleted topic)
+        for mq in queues:
             lo, hi = b.bounds(mq)
             out.append((mq, lo, hi))
     return out
@@ -175,6 +181,7 @@ class SluiceBatchReader(DataSourceReader):
             if not self.push.take(f):
                 yield f
 
+    @short_errors
     def partitions(self) -> Sequence[InputPartition]:
         o, p = self.opts, self.push
         with BrokerSession(o.namesrv, o.credentials) as b:

@@ -18,8 +18,8 @@ from pyspark.sql.datasource import (
     DataSourceWriter,
 )
 
-from sluice.errors import InvalidParameterError, SluiceError
-from sluice.spark.options import READ_OPTIONS, Options, warn_unknown
+from sluice.errors import InvalidParameterError
+from sluice.spark.options import READ_OPTIONS, Options, short_errors, warn_unknown
 from sluice.spark.pushdown import Pushdown
 from sluice.spark.reader import QueueRange, RangePartition, SluiceBatchReader, read_range, resolve, split_ranges
 from sluice.spark.storefiles import SCHEMA_DDL
@@ -36,28 +36,30 @@ class SluiceDataSource(DataSource):
     def name(cls) -> str:
         return "sluice"
 
+    @short_errors
     def schema(self) -> str:
         # Called at load(): bad read options fail here, in a short error raised before any query runs
         # (from reader() they would surface inside a long AnalysisException at the first action).
         warn_unknown(self.options, READ_OPTIONS, "reading")
-        try:
-            Options(self.options)
-        except SluiceError as exc:
-            raise exc.with_traceback(None) from None  # the message alone, not the frames that found it
+        Options(self.options)
         return SCHEMA_DDL
 
+    @short_errors
     def reader(self, schema) -> DataSourceReader:
         return SluiceBatchReader(self.options)
 
+    @short_errors
     def streamReader(self, schema) -> DataSourceStreamReader:
         return SluiceStreamReader(self.options)
 
+    @short_errors
     def writer(self, schema, overwrite: bool) -> DataSourceWriter:
         if overwrite:
             raise InvalidParameterError("format('sluice') cannot overwrite a topic (messages are only appended): "
                                         "use mode('append'), as with Kafka's sink")
         return SluiceBatchWriter(self.options, schema)
 
+    @short_errors
     def streamWriter(self, schema, overwrite: bool) -> DataSourceStreamWriter:
         if overwrite:
             raise InvalidParameterError("format('sluice') cannot overwrite a topic: use outputMode('append')")

@@ -19,7 +19,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 
 from sluice.errors import InvalidParameterError
 from sluice.spark.broker_io import BrokerSession
-from sluice.spark.options import Options
+from sluice.spark.options import Options, short_errors
 from sluice.spark.reader import QueueRange, RangePartition, queue_bounds, read_range, resolve, split_ranges
 
 __all__ = ["SluiceStreamReader", "fair_limit", "flatten", "nest", "offsets_behind"]
@@ -95,6 +95,7 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return {(mq.topic, f"{mq.broker_name}:{mq.queue_id}"): hi
                     for mq, _lo, hi in queue_bounds(b, self.opts, allow_none=True)}
 
+    @short_errors
     def initialOffset(self) -> dict:
         o = self.opts
         log.info("%s: starting at %s", o.describe(), o.starting)
@@ -107,9 +108,11 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         m = self.opts.max_per_trigger
         return ReadMaxRows(m) if m else ReadAllAvailable()
 
+    @short_errors
     def prepareForTriggerAvailableNow(self) -> None:
         self.target = self._latest()
 
+    @short_errors
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         first = flatten(start, self.opts.topic)
         latest = self.target if self.target is not None else self._latest()
