@@ -10,7 +10,9 @@ Layers, bottom to top (a module may import its own package and any lower layer):
     store | filter | acl                       siblings: none imports another (acl: signatures, plain_acl.yml)
     namesrv | client                           siblings; the client may use sluice.namesrv.client only,
                                                and never the store
-    broker
+    broker | filtersrv                         siblings: the broker starts filter servers by command line only;
+                                               filtersrv may use protocol, transport, message, filter, acl
+                                               and the client's broker API, never the store
     admin | spark                              siblings
     cli, demo, embedded, __main__, bench       entry points (bench: `sluice bench`, Sluice beside its peers)
 
@@ -33,12 +35,12 @@ _TOP = {"cli", "demo", "embedded", "__main__", "bench"}
 RANK = {
     "errors": 0, "format": 0, "persist": 0, "speedups": 0, "_speedups": 0,
     "protocol": 1, "message": 2, "transport": 3, "store": 4, "filter": 4, "acl": 4, "namesrv": 5, "client": 5,
-    "broker": 6, "admin": 7, "spark": 7, **dict.fromkeys(_TOP, 8),
+    "broker": 6, "filtersrv": 6, "admin": 7, "spark": 7, **dict.fromkeys(_TOP, 8),
 }
 #: Imports across packages of one rank that are allowed (within the bottom and the top rank, all are).
 SAME_RANK_ALLOWED = {"client": ("sluice.namesrv.client",)}
 #: Imports of a lower layer that are still forbidden.
-EXTRA_FORBIDDEN = {"client": ("sluice.store",)}
+EXTRA_FORBIDDEN = {"client": ("sluice.store",), "filtersrv": ("sluice.store", "sluice.namesrv")}
 #: Leaves below their package's layer: they import nothing from sluice, so any layer may name them.
 LEAVES = {"sluice.protocol.codes"}
 
@@ -85,7 +87,9 @@ LAYER_RULES = {
                    "sluice.spark", "sluice.admin", "pyspark"),
     "sluice.namesrv": ("sluice.store", "sluice.filter", "sluice.broker", "sluice.client", "sluice.spark",
                        "sluice.admin"),
-    "sluice.broker": ("sluice.client", "sluice.spark", "sluice.admin", "sluice.cli", "pyspark"),
+    "sluice.broker": ("sluice.client", "sluice.spark", "sluice.admin", "sluice.cli", "pyspark", "sluice.filtersrv"),
+    "sluice.filtersrv": ("sluice.store", "sluice.broker", "sluice.namesrv", "sluice.spark", "sluice.admin",
+                         "sluice.cli", "pyspark"),
 }
 
 

@@ -39,3 +39,7 @@ main.add_command(admin_command)
 from sluice.bench.command import bench_command  # noqa: E402
 
 main.add_command(bench_command)
+
+from sluice.filtersrv.cli import filtersrv_command  # noqa: E402
+
+main.add_command(filtersrv_command)

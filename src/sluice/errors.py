@@ -64,6 +64,13 @@ class FlushDiskTimeoutError(StoreError):
     code = ResponseCode.FLUSH_DISK_TIMEOUT
 
 
+class DiskFullError(ServiceNotAvailableError, StoreError):
+    """The store refuses writes: its disk is above the used-space ratio or below the free-bytes floor, or
+    space could not be allocated (ENOSPC). Answered as RocketMQ does, SERVICE_NOT_AVAILABLE; reads go on."""
+
+    code = ResponseCode.SERVICE_NOT_AVAILABLE
+
+
 class CorruptRecordError(StoreError):
     """A stored record failed its checks; it is reported, never served."""
 
@@ -169,3 +176,39 @@ class FilterClassError(FilterError):
         super().__init__(message, code=code)
         self.class_name = class_name
         self.cause = cause or message
+
+
+# The filter server's answers (sluice/filtersrv/): one class per refusal, each with its code.
+
+class FilterClassUploadRefusedError(FilterClassError):
+    """A 302 carrying source while uploads are off (filter_class_uploads = false), or from an account the ACL
+    does not let upload: NO_PERMISSION."""
+
+    code = ResponseCode.NO_PERMISSION
+
+
+class FilterClassNotFoundError(FilterClassError):
+    """The class's module is not in the filter server's repository (nor uploaded): FILTER_DATA_NOT_EXIST."""
+
+    code = ResponseCode.FILTER_DATA_NOT_EXIST
+
+
+class FilterClassImportError(FilterClassError):
+    """The class's module failed to load in its worker (syntax error, import error, not a MessageFilter,
+    a raise or a limit while importing): SUBSCRIPTION_PARSE_FAILED, as a selector that does not compile."""
+
+    code = ResponseCode.SUBSCRIPTION_PARSE_FAILED
+
+
+class FilterClassConflictError(FilterClassError):
+    """Another live member of the group registered a different class for the topic: SUBSCRIPTION_NOT_LATEST,
+    the code of the broker's subscription conflicts (broker/sub_conflicts.py)."""
+
+    code = ResponseCode.SUBSCRIPTION_NOT_LATEST
+
+
+class FilterClassFailedError(FilterClassError):
+    """The class failed on a pulled batch (raised, passed the deadline, hit its CPU or memory limit, its
+    worker died): SYSTEM_ERROR, which clients answer by pulling the same offset again later."""
+
+    code = ResponseCode.SYSTEM_ERROR

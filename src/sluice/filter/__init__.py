@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from sluice.errors import FilterError, FilterEvaluationError, SelectorSyntaxError
     from sluice.filter.base import Selector
     from sluice.filter.bloom import BitsArray, BloomFilter, BloomFilterData
+    from sluice.filter.classfilter import MessageFilter
     from sluice.filter.limits import DEFAULT_LIMITS, SelectorLimits
     from sluice.filter.registry import (
         ENTRY_POINT_GROUP,
@@ -44,6 +45,7 @@ __all__ = [
     "FilterError",
     "FilterEvaluationError",
     "FilterRegistry",
+    "MessageFilter",
     "Selector",
     "SelectorLimits",
     "SelectorSyntaxError",
@@ -66,6 +68,7 @@ for _module, _names in {
     "sluice.errors": ("FilterError", "FilterEvaluationError", "SelectorSyntaxError"),
     "sluice.filter.base": ("Selector",),
     "sluice.filter.bloom": ("BitsArray", "BloomFilter", "BloomFilterData"),
+    "sluice.filter.classfilter": ("MessageFilter",),
     "sluice.filter.limits": ("DEFAULT_LIMITS", "SelectorLimits"),
     "sluice.filter.registry": ("ENTRY_POINT_GROUP", "FilterRegistry", "UnknownExpressionTypeError",
                                "compile_cache", "compile_selector", "registry"),

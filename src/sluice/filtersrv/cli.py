@@ -1,0 +1,88 @@
+"""``sluice filtersrv``: run a filter server for one broker until SIGTERM/SIGINT.
+
+A broker with ``filter_server_nums = N`` starts N of these itself
+(broker/filter_servers.py); operators may also run them by hand. Exit status 0
+after a graceful stop, 1 when the server cannot start (bad flags, port taken).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+
+import click
+
+from sluice.errors import SluiceError
+from sluice.filtersrv.sandbox import WorkerLimits
+from sluice.filtersrv.server import FiltersrvConfig, FilterServer
+
+__all__ = ["filtersrv_command", "run_filtersrv"]
+
+log = logging.getLogger("sluice.filtersrv")
+
+
+async def _watch_parent(pid: int, stop: asyncio.Event) -> None:
+    while os.getppid() == pid:
+        await asyncio.sleep(1.0)
+    log.warning("parent process %d is gone: stopping", pid)
+    stop.set()
+
+
+async def run_filtersrv(config: FiltersrvConfig, parent_pid: int | None = None) -> None:
+    server = FilterServer(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    if parent_pid is not None:  # a broker's child: a broker killed with SIGKILL must not leave it behind
+        loop.create_task(_watch_parent(parent_pid, stop))
+    try:
+        await server.start()
+        await stop.wait()
+    finally:
+        await server.stop()
+
+
+_D = WorkerLimits()
+
+
+@click.command("filtersrv")
+@click.option("--broker", required=True, metavar="HOST:PORT", help="The broker this filter server serves.")
+@click.option("--listen", default="127.0.0.1:0", show_default=True, metavar="HOST:PORT",
+              help="Address consumers connect to (registered with the broker as is; port 0 picks one).")
+@click.option("--repository", metavar="DIR", help="Directory of filter-class modules ('mod:Cls' is DIR/mod.py).")
+@click.option("--uploads/--no-uploads", default=False, show_default=True,
+              help="Accept class source sent by consumers (uploaded code; see docs/security.md).")
+@click.option("--worker-cpu-seconds", type=float, default=_D.cpu_seconds, show_default=True,
+              help="CPU seconds a class may use on one batch (RLIMIT_CPU).")
+@click.option("--worker-memory-mb", type=int, default=_D.memory_bytes // (1024 * 1024), show_default=True,
+              help="Address space of a worker in MiB (RLIMIT_AS; 0: unlimited).")
+@click.option("--batch-deadline-ms", type=int, default=int(_D.deadline_s * 1000), show_default=True,
+              help="Wall time a class may take on one batch before its worker is killed.")
+@click.option("--register-interval", type=float, default=10.0, show_default=True,
+              help="Seconds between registrations with the broker.")
+@click.option("--repository-check-interval", type=float, default=60.0, show_default=True,
+              help="Seconds between re-reads of the repository's class files.")
+@click.option("--parent-pid", type=int, hidden=True, help="Stop when this process (the broker) is gone.")
+def filtersrv_command(broker: str, listen: str, repository: str | None, uploads: bool, worker_cpu_seconds: float,
+                      worker_memory_mb: int, batch_deadline_ms: int, register_interval: float,
+                      repository_check_interval: float, parent_pid: int | None = None) -> None:
+    """Run a filter server: runs consumers' filter classes (in sandboxed workers) on their broker's messages."""
+    level = os.environ.get("SLUICE_LOG_LEVEL", "INFO").upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if worker_cpu_seconds <= 0 or batch_deadline_ms <= 0 or worker_memory_mb < 0 or register_interval <= 0 \
+            or repository_check_interval <= 0:
+        raise click.UsageError("limits and intervals must be positive (--worker-memory-mb 0: unlimited)")
+    if repository is not None and not os.path.isdir(repository):
+        raise click.UsageError(f"--repository {repository!r} is not a directory")
+    limits = WorkerLimits(cpu_seconds=worker_cpu_seconds, memory_bytes=worker_memory_mb * 1024 * 1024,
+                          deadline_s=batch_deadline_ms / 1000.0)
+    config = FiltersrvConfig(broker=broker, listen=listen, repository=repository, uploads=uploads, limits=limits,
+                             register_interval=register_interval, check_interval=repository_check_interval)
+    try:
+        asyncio.run(run_filtersrv(config, parent_pid))
+    except SluiceError as exc:
+        raise click.ClickException(f"filter server failed: {exc}") from None
+    except OSError as exc:
+        raise click.ClickException(f"filter server failed: {exc}") from None

@@ -1,0 +1,175 @@
+"""The worker subprocess that runs one filter class: ``python -m sluice.filtersrv.worker``.
+
+A filter server never runs a filter class in its own process (RocketMQ's
+FilterClassManager compiled and ran uploaded classes inside the filter server,
+filtersrv/src/main/java/org/apache/rocketmq/filtersrv/filter/FilterClassManager.java).
+Each class runs here, under resource limits set before its code is loaded:
+``RLIMIT_AS`` (address space, hard), and ``RLIMIT_CPU`` with the soft limit moved
+to "used + cpu_seconds" before each batch (the kernel's SIGXCPU ends a batch that
+spins) and a hard limit for the worker's life (SIGKILL past it; the server
+replaces a worker before it gets near). The server adds a wall-clock deadline per
+batch and kills a worker that misses it. The worker sees no store and no
+socket it was given: only the records of one pulled batch at a time.
+
+Frames on stdin (server -> worker): a 4-byte big-endian length, then the payload.
+The first is a JSON object (class_name, cpu_seconds, cpu_lifetime_seconds,
+memory_bytes), the second the class's source; then one frame per batch, the
+stored records back to back as a pull answers them.
+
+Frames on the reply pipe (worker -> server): one kind byte, a 4-byte length, the
+payload. ``R`` ready; ``I`` the class could not be loaded (text); ``M`` a batch's
+answer (8-byte CPU seconds used so far, then one byte per record, 1 = keep); ``E``
+the class raised on a batch (text). The reply pipe is the worker's original
+stdout; ``sys.stdout`` is pointed at stderr so a class that prints cannot forge a
+reply. Replies are plain bytes, never pickles: the server trusts nothing a worker
+sends beyond their shape.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import struct
+import sys
+import traceback
+import types
+from typing import Any, BinaryIO
+
+__all__ = ["main", "READY", "IMPORT_FAILED", "MASK", "RAISED"]
+
+READY, IMPORT_FAILED, MASK, RAISED = b"R", b"I", b"M", b"E"
+_LEN = struct.Struct(">I")
+_CPU = struct.Struct(">d")
+#: Longest error text sent back (a traceback's last lines name the cause).
+MAX_ERROR_TEXT = 2000
+
+
+def _read_exact(stream: BinaryIO, n: int) -> bytes | None:
+    chunks, got = [], 0
+    while got < n:
+        chunk = stream.read(n - got)
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def read_frame(stream: BinaryIO) -> bytes | None:
+    head = _read_exact(stream, 4)
+    if head is None:
+        return None
+    return _read_exact(stream, _LEN.unpack(head)[0])
+
+
+def _reply(out: BinaryIO, kind: bytes, payload: bytes = b"") -> None:
+    out.write(kind + _LEN.pack(len(payload)) + payload)
+    out.flush()
+
+
+def _cpu_used() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def _limit_cpu(seconds: float, hard: int) -> None:
+    soft = min(hard, int(_cpu_used() + seconds) + 1)
+    resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
+
+
+def _error_text(exc: BaseException) -> str:
+    if isinstance(exc, MemoryError):
+        return "MemoryError: exceeded the worker's address-space limit"
+    lines = traceback.format_exception_only(type(exc), exc)
+    tb = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {tb[-1].filename}:{tb[-1].lineno})" if tb else ""
+    return ("".join(lines).strip() + where)[:MAX_ERROR_TEXT]
+
+
+def load_class(class_name: str, source: bytes) -> Any:
+    """Execute the module source as ``module`` and build ``ClassName()``; it must be a MessageFilter."""
+    from sluice.filter.classfilter import MessageFilter, parse_class_name
+    module_name, attr = parse_class_name(class_name)
+    module = types.ModuleType(module_name)
+    module.__file__ = f"<filter class {module_name}>"
+    sys.modules[module_name] = module  # dataclasses and pickling look a class's module up by name
+    code = compile(source, module.__file__, "exec")
+    exec(code, module.__dict__)
+    cls = getattr(module, attr, None)
+    if cls is None:
+        raise ImportError(f"module {module_name} defines no {attr}")
+    if not (isinstance(cls, type) and issubclass(cls, MessageFilter)):
+        raise TypeError(f"{class_name} is not a subclass of sluice.filter.MessageFilter")
+    return cls()
+
+
+def decode(body: bytes) -> list[Any]:
+    """The batch's records as MessageExt (in C where built), in order; CRCs were checked by the store."""
+    import zlib
+
+    from sluice.format import crc32
+    from sluice.message import MessageExt
+    from sluice.protocol.record import iter_records
+    from sluice.speedups import C
+    if C is not None:
+        msgs = C.decode_messages(body, False, crc32, MessageExt, zlib.decompress)
+        if msgs is not None:
+            return msgs
+    return [MessageExt.from_record(rec) for rec in iter_records(body, check_crc=False)]
+
+
+def _exit_with_parent() -> None:
+    """A worker whose filter server died (SIGKILL leaves no one to close its pipe while a class hangs) ends."""
+    import threading
+    import time
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(3)
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def main() -> int:
+    _exit_with_parent()
+    out = os.fdopen(os.dup(1), "wb", buffering=0)
+    os.dup2(2, 1)  # what the class prints goes to stderr, never into the reply pipe
+    sys.stdout = sys.stderr
+    stdin = sys.stdin.buffer
+    init = read_frame(stdin)
+    source = read_frame(stdin)
+    if init is None or source is None:
+        return 2
+    conf = json.loads(init)
+    class_name = conf["class_name"]
+    memory = int(conf.get("memory_bytes") or 0)
+    cpu = float(conf["cpu_seconds"])
+    hard = int(_cpu_used() + float(conf["cpu_lifetime_seconds"])) + 1
+    if memory > 0:
+        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    _limit_cpu(cpu, hard)
+    try:
+        decode(b"")  # load the decoder before the class can use up memory
+        instance = load_class(class_name, source)
+        match = instance.match
+    except BaseException as exc:  # anything the class's module does on import is its failure
+        _reply(out, IMPORT_FAILED, _error_text(exc).encode("utf-8", "replace"))
+        return 1
+    _reply(out, READY)
+    while True:
+        body = read_frame(stdin)
+        if body is None:
+            return 0
+        _limit_cpu(cpu, hard)
+        try:
+            keep = bytes(1 if match(m) else 0 for m in decode(body))
+        except BaseException as exc:
+            _reply(out, RAISED, _error_text(exc).encode("utf-8", "replace"))
+            return 1
+        _reply(out, MASK, _CPU.pack(_cpu_used()) + keep)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
