@@ -158,7 +158,10 @@ def bench_command(quick: bool, peers: str, out: Path, flush: str, scripts: bool,
         scale_plan = {"messages": _parse_ints(scale_messages, "--scale-messages") if scale_messages
                       else DEFAULT_MESSAGES,
                       "groups": _parse_ints(scale_groups, "--scale-groups") if scale_groups else DEFAULT_GROUPS}
-    result = run_bench(wl, out, quick=quick, peers=peer_names, flush=flush, scripts=scripts, scale=scale_plan)
+    try:
+        result = run_bench(wl, out, quick=quick, peers=peer_names, flush=flush, scripts=scripts, scale=scale_plan)
+    except (RuntimeError, TimeoutError, OSError) as exc:  # Sluice itself could not be measured
+        raise click.ClickException(f"sluice bench failed: {exc}") from None
     click.echo(f"Wrote {out / RESULT}, {out / REPORT} and the plots in {out}")
     drains = result["systems"]["sluice"].get("drains") or {}
     failed = [f"{name} ({case}): {c['error']}" for name, cases in drains.items() for case, c in cases.items()
