@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+from array import array
 
 import pytest
 
@@ -13,7 +14,7 @@ from sluice.errors import InvalidParameterError, SelectorSyntaxError  # noqa: E4
 from sluice.spark.options import READ_OPTIONS, Options, parse_offsets, resolve_table, warn_unknown  # noqa: E402
 from sluice.spark.selector import check_selector  # noqa: E402
 from sluice.spark.stream import flatten, nest, offsets_behind  # noqa: E402
-from sluice.spark.writer import SentCount, content_digest, message_id, row_message, shared_contents  # noqa: E402
+from sluice.spark.writer import SentCount, content_digest, message_id, row_message, unsent_twins  # noqa: E402
 
 ONE = {"Orders": [("broker-a", 0), ("broker-a", 1)]}
 TWO = {"Orders": [("broker-a", 0), ("broker-b", 0)]}
@@ -103,8 +104,11 @@ def test_ids_follow_content_not_position():
     assert d1 == content_digest("T", b"x", None, [], {"a": "1"})
     assert d1 != content_digest("T", b"x", None, [], {"a": "2"}) != content_digest("T", b"x", "t", [], {"a": "1"})
     assert message_id("w", d1, 0) == message_id("w", d1, 0) != message_id("w", d1, 1) != message_id("v", d1, 1)
-    msgs = [SentCount(0, 2, d1 + b"\x01" * 16), SentCount(1, 1, d1), None]
-    assert shared_contents(msgs) == 1 and shared_contents(msgs[:1]) == 0
+    d2 = b"\x01" * 16
+    msgs = [SentCount(0, 3, d1 + d2, array("I", [2, 1]).tobytes(), array("I", [0, 0]).tobytes(), ("T",)),
+            SentCount(1, 3, d1, array("I", [3]).tobytes(), array("I", [0]).tobytes(), ("T",)), None]
+    # d1: 2 copies in task 0, 3 in task 1: task 1 sent occurrences 0..2, the driver adds 3 and 4
+    assert unsent_twins(msgs) == {d1: ("T", 3, 5)} and unsent_twins(msgs[:1]) == {}
 
 
 def test_stream_offsets_and_lag():

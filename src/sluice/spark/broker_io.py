@@ -14,15 +14,18 @@ never stored on an object Spark pickles.
 from __future__ import annotations
 
 import re
+import time
 from types import TracebackType
 from typing import Any, Self
 
+from sluice.client.broker_api import decode_messages
 from sluice.client.instance import ClientConfig, ClientInstance
 from sluice.client.pull_consumer import FLAG_SUBSCRIPTION, process_pull_response
 from sluice.client.results import MessageQueue, PullResult
 from sluice.client.routing import subscribe_queues
 from sluice.client.selector import MessageSelector
 from sluice.errors import InvalidParameterError, TopicNotExistError
+from sluice.message import MessageExt
 from sluice.protocol import headers as H
 from sluice.protocol.codes import RequestCode
 from sluice.protocol.command import RemotingCommand
@@ -124,3 +127,20 @@ class BrokerSession:
             response = await self._instance.remoting.invoke(await self._addr(mq), request, _PULL_TIMEOUT)
             return process_pull_response(response, selector)
         return self._run(pull(), _PULL_TIMEOUT + 5)
+
+    # ------------------------------------------------------------------------------ lookups
+
+    def find_by_id(self, topic: str, msg_id: str) -> MessageExt | None:
+        """The stored message of ``topic`` whose UNIQ_KEY is ``msg_id`` (the brokers' key index), or None."""
+        async def find() -> MessageExt | None:
+            route = await self._instance.topic_route(topic, refresh=True)
+            header = H.QueryMessageRequestHeader(topic=topic, key=msg_id, max_num=32, begin_timestamp=0,
+                                                 end_timestamp=int(time.time() * 1000) + 60_000)
+            for addr in sorted({a for a in (bd.select_broker_addr() for bd in route.broker_datas) if a}):
+                body = await self._instance.api.query_message(addr, header, unique_key=True,
+                                                              timeout=_REQUEST_TIMEOUT)
+                for m in decode_messages(body):
+                    if m.msg_id == msg_id and m.topic == topic:
+                        return m
+            return None
+        return self._run(find())

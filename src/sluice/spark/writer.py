@@ -5,9 +5,12 @@ the row's content (topic, body, tags, keys, properties), plus the row's occurren
 among identical rows of its task, so that real duplicate rows stay apart. A replay of
 the same rows, however partitioned, re-sends the same ids and the broker's duplicate
 check (broker/dedup.py) stores nothing new; different rows under a reused write id
-get new ids and are all stored. Identical rows in *different* partitions share an id
-(no task sees the others): the driver's commit counts them from the tasks' reports
-and fails the job, naming how many, rather than let one of them vanish.
+get new ids and are all stored. Identical rows in *different* partitions start their
+occurrences at 0 in each task (no task sees the others), so some copies share an id:
+each task reports (content digest, count, topic) of what it sent, and the driver's
+commit works out the occurrences no task sent (a content sent by k tasks, n copies in
+all, the largest task's share m: occurrences m..n-1) and sends them itself, copying the
+stored occurrence 0, under their own ids: a replay finds them stored, as any other row.
 
 Streaming writes keep (query id, micro-batch id, partition, row): a replayed
 micro-batch reads the same offsets into the same partitions.
@@ -20,7 +23,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 import uuid
+from array import array
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -31,7 +36,7 @@ from sluice.errors import InvalidParameterError, SluiceError
 from sluice.spark.options import WRITE_OPTIONS, credentials, warn_unknown
 
 __all__ = ["SentCount", "SluiceBatchWriter", "SluiceStreamWriter", "check_write_schema", "content_digest",
-           "message_id", "row_message"]
+           "message_id", "row_message", "send_twins", "unsent_twins"]
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +49,12 @@ _DIGEST = 16
 class SentCount(WriterCommitMessage):
     partition: int
     count: int
-    #: Batch writes: the content digests this task sent (16 bytes each, concatenated, each once).
+    #: Batch writes: the content digests this task sent (16 bytes each, concatenated, each once) ...
     digests: bytes = field(default=b"", repr=False)
+    #: ... how many rows had each (array "I") and the index of each one's topic in ``topics`` (array "I").
+    counts: bytes = field(default=b"", repr=False)
+    topic_of: bytes = field(default=b"", repr=False)
+    topics: tuple[str, ...] = ()
 
 
 def _unique_key(*parts: object) -> str:
@@ -161,6 +170,7 @@ def send_rows(opts_map: dict, rows, write_id: str | None) -> SentCount:
         stream_prefix = (ctx.getLocalProperty("sql.streaming.queryId"),
                          ctx.getLocalProperty("streaming.sql.batchId")) if ctx else ("stream", -1)
     seen: Counter[bytes] = Counter()
+    topic_of: dict[bytes, str] = {}
     producer = Producer(f"spark-sluice-writer-{uuid.uuid4().hex[:8]}", opts_map["namesrv"],
                         credentials=opts_map.get("credentials"))
     producer.start()
@@ -183,6 +193,7 @@ def send_rows(opts_map: dict, rows, write_id: str | None) -> SentCount:
                 digest = content_digest(topic, body, tags, keys, props)
                 uniq = message_id(write_id, digest, seen[digest])
                 seen[digest] += 1
+                topic_of.setdefault(digest, topic)
             msg = keyed(topic, body, tags=tags, keys=keys, properties=props, uniq_key=uniq)
             if pending and (pending[0].topic != topic or len(pending) >= _SEND_BATCH
                             or size + len(body) > _SEND_BATCH_BYTES):
@@ -193,19 +204,69 @@ def send_rows(opts_map: dict, rows, write_id: str | None) -> SentCount:
         flush()
     finally:
         producer.shutdown()
-    return SentCount(part, n, b"".join(seen))
+    digests = list(seen)
+    topics = sorted(set(topic_of.values()))
+    index = {t: i for i, t in enumerate(topics)}
+    return SentCount(part, n, b"".join(digests), array("I", [seen[d] for d in digests]).tobytes(),
+                     array("I", [index[topic_of[d]] for d in digests]).tobytes(), tuple(topics))
 
 
-def shared_contents(messages) -> int:
-    """Rows whose content also appeared in another task: each such group was stored once per occurrence
-    index, so rows were lost; returns how many distinct contents were shared."""
-    owners: Counter[bytes] = Counter()
+def unsent_twins(messages) -> dict[bytes, tuple[str, int, int]]:
+    """Contents that several tasks sent: digest -> (topic, the largest task's count, the total count).
+    Occurrences [largest, total) of each were sent by no task."""
+    seen: dict[bytes, list] = {}
     for m in messages:
         if m is None or not m.digests:
             continue
-        d = m.digests
-        owners.update(d[i:i + _DIGEST] for i in range(0, len(d), _DIGEST))
-    return sum(1 for c in owners.values() if c > 1)
+        counts, where = array("I"), array("I")
+        counts.frombytes(m.counts)
+        where.frombytes(m.topic_of)
+        for j in range(len(counts)):
+            d = m.digests[j * _DIGEST:(j + 1) * _DIGEST]
+            entry = seen.get(d)
+            if entry is None:
+                seen[d] = [m.topics[where[j]], 1, counts[j], counts[j]]
+            else:
+                entry[1] += 1
+                entry[2] = max(entry[2], counts[j])
+                entry[3] += counts[j]
+    return {d: (t, most, total) for d, (t, owners, most, total) in seen.items() if owners > 1}
+
+
+def send_twins(opts_map: dict, write_id: str, twins: dict[bytes, tuple[str, int, int]]) -> tuple[int, list[str]]:
+    """Send the occurrences of split twins that no task sent, copied from the stored occurrence 0.
+    Returns (messages sent, ids of occurrence 0 that could not be found)."""
+    from sluice.client import Producer
+    from sluice.protocol import properties as P
+    from sluice.spark.broker_io import BrokerSession
+
+    keyed = _keyed_message_class()
+    sent, missing = 0, []
+    producer = Producer(f"spark-sluice-writer-{uuid.uuid4().hex[:8]}", opts_map["namesrv"],
+                        credentials=opts_map.get("credentials"))
+    producer.start()
+    try:
+        with BrokerSession(opts_map["namesrv"], opts_map.get("credentials")) as b:
+            for d, (topic, most, total) in sorted(twins.items()):
+                first = message_id(write_id, d, 0)
+                stored = None
+                for _ in range(50):  # the key index follows the append closely: a short, bounded wait
+                    stored = b.find_by_id(topic, first)
+                    if stored is not None:
+                        break
+                    time.sleep(0.1)
+                if stored is None:
+                    missing.append(first)
+                    continue
+                props = {k: v for k, v in stored.properties.items() if k not in P.SYSTEM_NAMES
+                         and k != "SLUICE_DEDUP"}
+                for k in range(most, total):
+                    producer.send(keyed(topic, stored.body, tags=stored.properties.get(P.TAGS), keys=stored.keys,
+                                        properties=props, uniq_key=message_id(write_id, d, k)))
+                    sent += 1
+    finally:
+        producer.shutdown()
+    return sent, missing
 
 
 def _writer_opts(options) -> dict:
@@ -226,14 +287,18 @@ class SluiceBatchWriter(DataSourceWriter):
         return send_rows(self.opts, iterator, self.write_id)
 
     def commit(self, messages) -> None:
-        shared = shared_contents(messages)
-        if shared:
-            raise SluiceError(
-                f"sluice write {self.write_id}: {shared} row content(s) appear in more than one partition; "
-                "identical rows get one id per partition and occurrence, so the duplicate check kept only one "
-                "copy each. Repartition by every column (df.repartition(*df.columns)) so identical rows share "
-                "a partition, or add a column that tells them apart, and write again with the same writeId")
-        log.info("sluice write %s: %d messages", self.write_id, sum(m.count for m in messages if m))
+        twins = unsent_twins(messages)
+        extra = 0
+        if twins:
+            extra, missing = send_twins(self.opts, self.write_id, twins)
+            if missing:
+                raise SluiceError(
+                    f"sluice write {self.write_id}: {len(missing)} row content(s) appear in more than one "
+                    f"partition and their stored copy (e.g. id {missing[0]}) cannot be found to add the other "
+                    "copies. Repartition by every column (df.repartition(*df.columns)) so identical rows share "
+                    "a partition and write again with the same writeId")
+        log.info("sluice write %s: %d messages (%d copies of rows split across partitions)", self.write_id,
+                 sum(m.count for m in messages if m) + extra, extra)
 
 
 class SluiceStreamWriter(DataSourceStreamWriter):
