@@ -19,6 +19,9 @@ class FsSetup:
     repo: Path
     tmp: Path
 
+    #: Classes the tests keep registered (bounds the worker processes a test may see).
+    live_classes: tuple[str, ...] = ("evens:Even",) * 8
+
     @property
     def broker(self) -> str:
         return self.cluster.broker.addr
