@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 from sluice.protocol import properties as P
 from sluice.protocol.msgid import create_offset_msg_id
-from sluice.format import CORRUPT, ParsedRecord, RecordWalk
+from sluice.format import ParsedRecord
 from sluice.store.commitlog import CommitLog
 from sluice.store import MessageStore, PutResult, StoreMessage
 
@@ -201,16 +201,8 @@ class DedupWindow:
 
 
 def _walk(cl: CommitLog, start: int, on_record: Callable[[ParsedRecord], None]) -> None:
-    """Records from ``start`` (a segment start) to the write position, read in place from the mapped
-    segments (CommitLog.scan copies each segment, which at 1 GiB is too much for a start-up side job)."""
-    end = cl.write_pos
-    for f in cl.segments():
-        if f.end <= start or f.start >= end:
-            continue
-        walk = RecordWalk(f.mm, max(0, start - f.start), min(f.end, end) - f.start, check_crc=False,
-                          where=str(f.path), window=True)
-        for rec in walk:
-            on_record(rec)
-        if walk.stop == CORRUPT:
-            log.warning("dedup rebuild stopped at commit-log offset %d: %s", f.start + walk.pos, walk.error)
-            return
+    """Records from ``start`` (a segment start) to the end of the written data, read through the mapping in
+    bounded windows whose pages are released after (CommitLog.scan): memory does not grow with the tail."""
+    end, err = cl.scan(start, check_crc=False, on_record=on_record)
+    if err is not None:
+        log.warning("dedup rebuild stopped at commit-log offset %d: %s", end, err)

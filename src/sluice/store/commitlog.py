@@ -264,14 +264,18 @@ class CommitLog:
             return None
         return data
 
-    def read_span(self, offset: int, max_bytes: int) -> tuple[bytes, int]:
-        """Up to ``max_bytes`` of written data from ``offset`` within one segment: (data, segment end)."""
+    def read_span(self, offset: int, max_bytes: int, *, release: bool = False) -> tuple[bytes, int]:
+        """Up to ``max_bytes`` of written data from ``offset`` within one segment: (data, segment end).
+
+        ``release``: drop the pages read from this process afterwards (a replay of the whole log must not
+        keep it all resident)."""
         f = self.queue.find(offset)
         if f is None:
             return b"", -1
         end = min(f.end, self.write_pos, offset + max_bytes)
         try:
-            return f.read(offset - f.start, max(0, end - offset)), f.end
+            n = max(0, end - offset)
+            return (f.read_released if release else f.read)(offset - f.start, n), f.end
         except ValueError:
             return b"", -1
 

@@ -124,11 +124,13 @@ class DispatchService:
             # Below the oldest segment (retention ran ahead) or between segments: move to the next one.
             first = cl.queue.min_offset
             return [], first if start < first else start
-        data, seg_end = cl.read_span(start, self.batch_bytes)
+        # This path replays the log (recovery, a pending table that overflowed): its pages are released once
+        # copied, so a replay of a large log keeps memory bounded (appends dispatch from ``pending``).
+        data, seg_end = cl.read_span(start, self.batch_bytes, release=True)
         walk = RecordWalk(data, check_crc=False, where="commitlog", file_offset=start, window=True)
         out = self._requests(walk)
         if walk.stop == PARTIAL and not out and walk.want:  # a record larger than one batch: read exactly it
-            data = cl.read_span(start, walk.want)[0]
+            data = cl.read_span(start, walk.want, release=True)[0]
             walk = RecordWalk(data, check_crc=False, where="commitlog", file_offset=start, window=True)
             out = self._requests(walk)
         if walk.stop == BLANK:
