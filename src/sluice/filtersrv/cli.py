@@ -13,11 +13,15 @@ import signal
 
 import click
 
+from sluice.acl.signature import Credentials
 from sluice.errors import SluiceError
 from sluice.filtersrv.sandbox import WorkerLimits
 from sluice.filtersrv.server import FiltersrvConfig, FilterServer
 
-__all__ = ["filtersrv_command", "run_filtersrv"]
+__all__ = ["filtersrv_command", "run_filtersrv", "ACCESS_KEY_ENV", "SECRET_KEY_ENV"]
+
+#: The filter server's account for a broker with ACL on (a broker passes its own to its children).
+ACCESS_KEY_ENV, SECRET_KEY_ENV = "SLUICE_FILTERSRV_ACCESS_KEY", "SLUICE_FILTERSRV_SECRET_KEY"
 
 log = logging.getLogger("sluice.filtersrv")
 
@@ -64,11 +68,15 @@ _D = WorkerLimits()
               help="Seconds between registrations with the broker.")
 @click.option("--repository-check-interval", type=float, default=60.0, show_default=True,
               help="Seconds between re-reads of the repository's class files.")
+@click.option("--acl", metavar="FILE", help="plain_acl.yml: check every request; uploading needs an admin account.")
 @click.option("--parent-pid", type=int, hidden=True, help="Stop when this process (the broker) is gone.")
 def filtersrv_command(broker: str, listen: str, repository: str | None, uploads: bool, worker_cpu_seconds: float,
                       worker_memory_mb: int, batch_deadline_ms: int, register_interval: float,
-                      repository_check_interval: float, parent_pid: int | None = None) -> None:
-    """Run a filter server: runs consumers' filter classes (in sandboxed workers) on their broker's messages."""
+                      repository_check_interval: float, acl: str | None = None, parent_pid: int | None = None) -> None:
+    """Run a filter server: runs consumers' filter classes (in sandboxed workers) on their broker's messages.
+
+    With a broker that checks an ACL, the account the filter server signs with comes from the environment
+    (SLUICE_FILTERSRV_ACCESS_KEY, SLUICE_FILTERSRV_SECRET_KEY), never from flags other users could read."""
     level = os.environ.get("SLUICE_LOG_LEVEL", "INFO").upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if worker_cpu_seconds <= 0 or batch_deadline_ms <= 0 or worker_memory_mb < 0 or register_interval <= 0 \
@@ -78,8 +86,12 @@ def filtersrv_command(broker: str, listen: str, repository: str | None, uploads:
         raise click.UsageError(f"--repository {repository!r} is not a directory")
     limits = WorkerLimits(cpu_seconds=worker_cpu_seconds, memory_bytes=worker_memory_mb * 1024 * 1024,
                           deadline_s=batch_deadline_ms / 1000.0)
+    ak, sk = os.environ.get(ACCESS_KEY_ENV, ""), os.environ.get(SECRET_KEY_ENV, "")
+    if bool(ak) != bool(sk):
+        raise click.UsageError(f"{ACCESS_KEY_ENV} and {SECRET_KEY_ENV} are set together or not at all")
     config = FiltersrvConfig(broker=broker, listen=listen, repository=repository, uploads=uploads, limits=limits,
-                             register_interval=register_interval, check_interval=repository_check_interval)
+                             register_interval=register_interval, check_interval=repository_check_interval,
+                             acl=acl, credentials=Credentials(ak, sk) if ak else None)
     try:
         asyncio.run(run_filtersrv(config, parent_pid))
     except SluiceError as exc:

@@ -19,6 +19,10 @@ filtersrv/src/main/java/org/apache/rocketmq/filtersrv/).
   PULL_RETRY_IMMEDIATELY (the broker's own answer when nothing of what it read
   matched) with nextBeginOffset past the skipped records, or the broker's
   PULL_NOT_FOUND at the queue's end, its nextBeginOffset likewise past them.
+* With ``acl`` (a plain_acl.yml, the broker's) every request is checked as the
+  broker checks a pull: SUB on the topic and on the group's retry topic; a 302
+  that uploads source needs an admin account besides. The filter server signs
+  its own requests to the broker with ``credentials`` (301 needs admin, pulls SUB).
 * The class failing on a batch answers SYSTEM_ERROR (FilterClassFailedError) with
   a remark naming the class and the cause, and no nextBeginOffset: the consumer
   pulls the same offset again, so nothing is skipped unfiltered.
@@ -29,7 +33,12 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
+from sluice.acl.guard import AclGuard
+from sluice.acl.policy import SUB, Need, retry_topic
+from sluice.acl.signature import Credentials
+from sluice.acl.signing import remoting_client
 from sluice.errors import FilterClassError, InvalidParameterError
 from sluice.filtersrv.registry import FilterClassRegistry
 from sluice.filtersrv.repository import ClassRepository
@@ -70,6 +79,10 @@ class FiltersrvConfig:
     register_interval: float = 10.0
     #: How often repository files are re-read for changed classes (RocketMQ: every minute).
     check_interval: float = 60.0
+    #: A plain_acl.yml checked on every request (None: no ACL); uploading source needs an admin account.
+    acl: str | None = None
+    #: The account the filter server signs its requests to the broker with (a broker with ACL on).
+    credentials: Credentials | None = None
 
 
 class FilterServer:
@@ -79,13 +92,14 @@ class FilterServer:
         if not host or not port.isdigit():
             raise InvalidParameterError(f"listen address {config.listen!r} is not HOST:PORT")
         self.server = RemotingServer(host, int(port))
-        self.remoting = remoting or RemotingClient()
+        self.remoting = remoting or remoting_client(config.credentials)
+        self.acl = AclGuard(config.acl) if config.acl else None
         self.registry = FilterClassRegistry(ClassRepository(config.repository), config.limits,
                                             uploads=config.uploads, check_interval=config.check_interval)
         self.broker_name: str | None = None
         self.broker_id: int | None = None
-        self.server.register(RequestCode.REGISTER_MESSAGE_FILTER_CLASS, self.register_class)
-        self.server.register(RequestCode.PULL_MESSAGE, self.pull)
+        self.server.register(RequestCode.REGISTER_MESSAGE_FILTER_CLASS, self._checked(self.register_class))
+        self.server.register(RequestCode.PULL_MESSAGE, self._checked(self.pull))
         self.server.on_connection_close(self.registry.forget_owner)
         self._tasks: list[asyncio.Task[None]] = []
         self.registered = asyncio.Event()
@@ -109,6 +123,24 @@ class FilterServer:
         await self.server.close()
         await self.registry.close()
         await self.remoting.close()
+
+    def _checked(self, handler: Any) -> Any:
+        """``handler`` behind the ACL (when on): SUB on the topic and the group's retry topic, admin to upload."""
+        acl = self.acl
+        if acl is None:
+            return handler
+
+        async def checked(conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
+            ext = request.ext_fields
+            resources = {}
+            if ext.get("topic"):
+                resources[ext["topic"]] = SUB
+            if ext.get("consumerGroup"):
+                resources[retry_topic(ext["consumerGroup"])] = SUB
+            upload = request.code == RequestCode.REGISTER_MESSAGE_FILTER_CLASS and bool(request.body)
+            acl.check(conn.peer, ext, request.body, Need(request.code, admin=upload, resources=resources))
+            return await handler(conn, request)
+        return checked
 
     # ------------------------------------------------------------------------------------------ 301
 
