@@ -66,3 +66,35 @@ def test_subscribe_streams_several_topics(spark, ns, tmp_path):
     assert set(end) == {"Flow", "Flow2"} and sum(end["Flow2"].values()) == M
     counts = {r.topic: r["count"] for r in spark.table("flow_both").groupBy("topic").count().collect()}
     assert counts == {"Flow": N, "Flow2": M}
+
+
+def test_pattern_stream_picks_up_a_new_topic_from_its_start(spark, ns, tmp_path):
+    from servers import wait_for_route
+
+    from sluice.client import Producer
+    from sluice.message import Message
+
+    out = tmp_path / "out"
+
+    def run():  # a parquet sink: the memory sink cannot resume from a checkpoint
+        q = (spark.readStream.format("sluice").option("namesrv", ns).option("subscribePattern", "Dyn.*")
+             .option("startingOffsets", "earliest").load().select("topic", "body")
+             .writeStream.format("parquet").option("path", str(out))
+             .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
+        q.awaitTermination(180)
+        assert q.exception() is None
+
+    with Producer("progress-dyn", ns) as p:
+        for i in range(7):
+            p.send(Message("DynA", f"a{i}".encode()))
+    wait_for_route(ns, "DynA", timeout=20.0)
+    run()
+    assert spark.read.parquet(str(out)).count() == 7
+    with Producer("progress-dyn", ns) as p:
+        for i in range(5):
+            p.send(Message("DynB", f"b{i}".encode()))
+        p.send(Message("DynA", b"a-late"))
+    wait_for_route(ns, "DynB", timeout=20.0)
+    run()  # same checkpoint: the new topic from its start, the old one from where it was
+    counts = {r.topic: r["count"] for r in spark.read.parquet(str(out)).groupBy("topic").count().collect()}
+    assert counts == {"DynA": 8, "DynB": 5}

@@ -95,6 +95,16 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return {(mq.topic, f"{mq.broker_name}:{mq.queue_id}"): hi
                     for mq, _lo, hi in queue_bounds(b, self.opts, allow_none=True)}
 
+    def _earliest(self, keys: list[tuple[str, str]]) -> Flat:
+        from sluice.client import MessageQueue
+
+        with self._session() as b:
+            out = {}
+            for topic, q in keys:
+                broker, _, qid = q.rpartition(":")
+                out[(topic, q)] = b.bounds(MessageQueue(topic=topic, broker_name=broker, queue_id=int(qid)))[0]
+            return out
+
     @short_errors
     def initialOffset(self) -> dict:
         o = self.opts
@@ -133,9 +143,13 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {"source": self.opts.describe(), "offsets": nest(self._latest_seen),
                 **offsets_behind(self._last_end or {}, self._latest_seen)}
 
+    @short_errors
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         one = self.opts.topic
         first, last = flatten(start, one), flatten(end, one)
+        fresh = sorted(k for k in last if k not in first)
+        if fresh:  # queues that appeared since the batch started (a new topic of a pattern): from earliest
+            first = {**first, **self._earliest(fresh)}
         ranges = []
         for (topic, q), e in sorted(last.items()):
             broker, _, qid = q.rpartition(":")
