@@ -148,3 +148,29 @@ def test_backfill_quiet_prints_only_its_manifest(store, tmp_path):
     manifest = orjson.loads((tmp_path / "bf" / "manifest.json").read_bytes())
     assert sum(q["matched"] for q in manifest["queues"].values()) == 20
     assert manifest["queues"]["0"]["file"].startswith(str(tmp_path / "bf"))  # --out made absolute
+
+
+def test_a_bad_master_is_refused_before_a_jvm_starts(store, tmp_path):
+    r = run("scan", str(store), "--out", str(tmp_path / "o"), "--master", "nonsense://x", timeout=60)
+    assert r.returncode == 2
+    assert "'nonsense://x' is not a Spark master" in r.stderr and "at org.apache" not in r.stderr
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_an_error_inside_spark_tasks_is_one_line(store, tmp_path):
+    """A damaged record fails a task deep inside Spark: the user gets the Sluice error, once, on one line."""
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(store, bad)
+    seg = bad / "commitlog" / f"{0:020d}"
+    data = bytearray(seg.read_bytes())
+    at = data.index(b"m25") + 1
+    data[at] ^= 0xFF  # a body byte: the record stays walkable, its CRC no longer matches
+    seg.write_bytes(bytes(data))
+    r = run("scan", str(bad), "--out", str(tmp_path / "o"), "--master", "local[1]")
+    assert r.returncode == 1
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip() and not ln.startswith("WARNING: Using incubator")]
+    assert len(lines) == 1, r.stderr[-3000:]
+    assert lines[0].startswith("Error: CorruptRecordError: body CRC mismatch") and str(seg) in lines[0]

@@ -51,7 +51,7 @@ _LOCAL_JAVA_OPTIONS = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1"
 # (`sluice demo`, `sluice spark ...`); errors still reach stderr, and the job's own errors are raised.
 # The repl logger at the root's level stops the "Setting default log level" notice of a Python driver.
 _LOG4J2 = """\
-rootLogger.level = error
+rootLogger.level = {level}
 rootLogger.appenderRef.stderr.ref = console
 appender.console.type = Console
 appender.console.name = console
@@ -59,16 +59,23 @@ appender.console.target = SYSTEM_ERR
 appender.console.layout.type = PatternLayout
 appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
 logger.repl.name = org.apache.spark.repl.Main
-logger.repl.level = error
+logger.repl.level = {level}
 logger.gateway.name = org.apache.spark.api.python.PythonGatewayServer
-logger.gateway.level = error
+logger.gateway.level = {level}
 """
 
 
-def _log4j2_file() -> str:
-    path = Path(tempfile.gettempdir()) / f"sluice-spark-log4j2-{os.getuid()}.properties"
-    if not path.exists() or path.read_text() != _LOG4J2:
-        write_atomic(path, _LOG4J2.encode())
+#: Levels ``session(log_level=...)`` takes (log4j's names).
+LOG_LEVELS = ("off", "fatal", "error", "warn", "info", "debug")
+
+
+def _log4j2_file(level: str = "error") -> str:
+    if level not in LOG_LEVELS:
+        raise InvalidParameterError(f"log_level must be one of {', '.join(LOG_LEVELS)}, not {level!r}")
+    text = _LOG4J2.replace("{level}", level)
+    path = Path(tempfile.gettempdir()) / f"sluice-spark-log4j2-{os.getuid()}-{level}.properties"
+    if not path.exists() or path.read_text() != text:
+        write_atomic(path, text.encode())
     return str(path)
 
 
@@ -128,12 +135,14 @@ def chosen_master(master: str | None = None, conf: dict[str, Any] | None = None)
     return DEFAULT_MASTER, DEFAULT_MASTER
 
 
-def session(master: str | None = None, app_name: str = "sluice", *, ui: bool = True, **conf: Any) -> SparkSession:
+def session(master: str | None = None, app_name: str = "sluice", *, ui: bool = True, log_level: str = "error",
+            **conf: Any) -> SparkSession:
     """Build (or get) a SparkSession ready for ``format("sluice")`` and the store jobs, registered.
 
     ``master``: None respects a master chosen outside the program (spark-submit's ``--master``,
     ``spark.master`` in ``conf``, ``PYSPARK_SUBMIT_ARGS``, ``MASTER``), else local[*]. ``ui=False``
-    turns Spark's web UI off (it stays on by default, clusters included). ``conf`` keys are Spark
+    turns Spark's web UI off (it stays on by default, clusters included). ``log_level`` is the JVM's log
+    level (LOG_LEVELS; "off" leaves errors to the exceptions the job raises). ``conf`` keys are Spark
     settings with dots written as is (pass a dict: ``**{"spark.executor.memory": "2g"}``).
     On a cluster (``master`` not ``local``) the executors must have sluice installed (docs/spark.md).
     """
@@ -149,13 +158,13 @@ def session(master: str | None = None, app_name: str = "sluice", *, ui: bool = T
     builder = SparkSession.builder.appName(app_name)
     if to_set:
         builder = builder.master(to_set)
-    java = f"-Dlog4j2.configurationFile={_log4j2_file()}" + (f" {_LOCAL_JAVA_OPTIONS}" if local else "")
+    java = f"-Dlog4j2.configurationFile={_log4j2_file(log_level)}" + (f" {_LOCAL_JAVA_OPTIONS}" if local else "")
     settings = {**BASE_CONF, **(LOCAL_CONF if local else {}), "spark.driver.extraJavaOptions": java,
                 **({} if ui else {"spark.ui.enabled": "false"}), **{k: str(v) for k, v in conf.items()}}
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
+    spark.sparkContext.setLogLevel(log_level.upper())
     register(spark)
     return spark
 

@@ -23,24 +23,43 @@ import orjson
 
 from sluice.errors import SluiceError
 
-_store_arg = click.argument("store", type=click.Path(exists=True, file_okay=False, resolve_path=True))
-_master_opt = click.option("--master", default=None,
-                           help="Spark master URL. Default: spark-submit's or $MASTER, else local[*].")
-_quiet_opt = click.option("--quiet", "-q", is_flag=True, help="No progress display and no summary line.")
-
 # A Sluice error raised inside a Spark task or planner arrives wrapped in Spark's text: the class and
 # message are found again there.
-_SLUICE_IN_SPARK = re.compile(r"sluice\.errors\.(\w+Error): (.+)|\b(\w+Error): (.+)")
+_SLUICE_IN_SPARK = re.compile(r"sluice\.errors\.(\w+Error): (.+)")
 
 
 def _one_line(e: BaseException) -> str:
     """A Spark or py4j error as one line: the innermost Sluice error it carries, else its first line."""
     text = str(e)
-    for m in _SLUICE_IN_SPARK.finditer(text):
-        if m.group(1):
-            return f"{m.group(1)}: {m.group(2).strip()}"
+    found = _SLUICE_IN_SPARK.findall(text)
+    if found:
+        name, message = found[-1]
+        return f"{name}: {message.strip()}"
     first = next((line.strip() for line in text.splitlines() if line.strip()), type(e).__name__)
     return first if len(first) <= 400 else first[:400] + "…"
+
+
+# The masters spark-submit accepts (SparkSubmit.prepareSubmitEnvironment): anything else makes the JVM
+# print a stack trace and exit before Python gets an error, so it is refused here first.
+_MASTER = re.compile(r"local(\[(\*|\d+)(,\s*\d+)?\])?|local-cluster\[\d+,\s*\d+,\s*\d+\]|yarn|"
+                     r"(spark|k8s)://\S+")
+
+
+def _check_master(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is not None and not _MASTER.fullmatch(value):
+        raise click.BadParameter(f"{value!r} is not a Spark master: local[N], local[*], spark://HOST:PORT[,...], "
+                                 f"yarn or k8s://URL")
+    return value
+
+
+_store_arg = click.argument("store", type=click.Path(exists=True, file_okay=False, resolve_path=True))
+_master_opt = click.option("--master", default=None, callback=_check_master,
+                           help="Spark master URL. Default: spark-submit's or $MASTER, else local[*].")
+_quiet_opt = click.option("--quiet", "-q", is_flag=True, help="No progress display and no summary line.")
+
+
+def _traceback_wanted() -> bool:
+    return bool(os.environ.get("SLUICE_SPARK_TRACEBACK"))
 
 
 def _session(master: str | None):
@@ -48,7 +67,8 @@ def _session(master: str | None):
         from sluice.spark.builder import session
     except ImportError:  # pragma: no cover - depends on the install
         raise click.ClickException("PySpark is not installed: pip install 'sluice[spark]'") from None
-    return session(master)
+    # Spark's own error log repeats a failed task's stack several times; the job's exception says it once.
+    return session(master, log_level="error" if _traceback_wanted() else "off")
 
 
 @contextlib.contextmanager
@@ -68,7 +88,7 @@ def _job(job: str, master: str | None, quiet: bool) -> Iterator[tuple[Any, Any]]
         except SluiceError as e:
             raise click.ClickException(str(e)) from None
         except Exception as e:  # noqa: BLE001 - Spark's own (py4j, AnalysisException, PythonException)
-            if os.environ.get("SLUICE_SPARK_TRACEBACK") or type(e).__module__.startswith(("click", "builtins")):
+            if _traceback_wanted() or type(e).__module__.startswith(("click", "builtins")):
                 raise
             raise click.ClickException(_one_line(e) + "  (SLUICE_SPARK_TRACEBACK=1 shows Spark's error)") from None
         finally:
