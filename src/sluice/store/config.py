@@ -81,8 +81,9 @@ class StoreConfig:
     #: most a second of appends lands beyond a limit (the floor is sized for far more than that).
     disk_check_interval_s: float = 1.0
     #: Consume queues (and their ext files) kept open at once, least recently used first to close; a closed
-    #: queue reopens on its next read or write. Each open queue costs a descriptor and a mapping per file,
-    #: so descriptors grow with the active queues, not with every queue that ever existed.
+    #: queue reopens on its next read or write. Each open queue file costs two descriptors (the store's and
+    #: the duplicate Python's mmap keeps) and a mapping, so descriptors grow with the active queues, not
+    #: with every queue that ever existed.
     max_open_queues: int = 1024
 
     def __post_init__(self) -> None:
