@@ -36,6 +36,11 @@ def parse_namesrv_list(text: str | None) -> list[str]:
     return out
 
 
+#: Settings that name a file: relative in a TOML file, they are resolved against that file's folder (a flag's
+#: relative path stays relative to the working directory, as any command-line path).
+_FILE_SETTINGS = ("acl", "filter_class_repository")
+
+
 @dataclass(frozen=True, kw_only=True)
 class BrokerConfig:
     #: Where clients connect; RocketMQ's listenPort is 10911.
@@ -92,6 +97,10 @@ class BrokerConfig:
     #: PULL_NOT_FOUND at once, unheld (docs/broker.md). A client holds one per queue it consumes.
     max_held_pulls_per_connection: int = 4096
     max_held_pulls: int = 65_536
+    #: Held pulls woken per event-loop iteration at most when a burst of messages matches many of them; the
+    #: rest are woken in the next iterations, so other clients' requests are read and answered in between
+    #: (each woken pull reads the store and answers on the loop). RocketMQ has no such bound.
+    max_held_pull_wakes_per_turn: int = 256
     #: Broker → namesrv registration period (registerNameServerPeriod).
     register_namesrv_period_ms: int = 30_000
     #: Committed offsets are written to disk this often (flushConsumerOffsetInterval).
@@ -150,6 +159,9 @@ class BrokerConfig:
     #: by permissive and enforcing.
     tls_cert: str = ""
     tls_key: str = ""
+    #: Mutual TLS (tls.server.need.client.auth = require, tls.server.trustCertPath): TLS clients must present a
+    #: certificate this CA file signed; empty asks for none (client identity is then the ACL's job).
+    tls_client_ca: str = ""
     #: Connect to the namesrvs over TLS (for registration; tls.client.*): off by default, as the namesrv's
     #: own tls_mode is. namesrv_tls_ca: the CA file their certificates are checked with (empty: the system's
     #: CAs); namesrv_tls_server_name: the name checked (empty: each namesrv's host); namesrv_tls_verify: false
@@ -158,6 +170,41 @@ class BrokerConfig:
     namesrv_tls_ca: str = ""
     namesrv_tls_server_name: str = ""
     namesrv_tls_verify: bool = True
+    #: The broker's own certificate and key for namesrvs that require one (their tls_client_ca); empty: none.
+    namesrv_tls_cert: str = ""
+    namesrv_tls_key: str = ""
+    #: Sends are refused (SERVICE_NOT_AVAILABLE, "service not available now, maybe disk full" with the
+    #: figures; pulls and commits go on) while the store's disk is more than this percent used: RocketMQ's
+    #: diskMaxUsedSpaceRatio (75), which keeps room for the page cache's write-back and for operators to act.
+    disk_max_used_space_ratio: int = 75
+    #: ... or has fewer free bytes than this: room for what the broker must still write while it refuses
+    #: sends (consume-queue and index chunks of messages already stored, a new index file's 20 MB slot
+    #: table, checkpoints, consumer offsets replaced whole, its log). 0 turns the floor off.
+    disk_min_free_bytes: int = 256 * 1024 * 1024
+    #: How often the disk is sampled (statvfs on a timer, never per message).
+    disk_check_interval_s: float = 1.0
+    #: Consume queues (with their ext files) kept open at once; the least recently used are closed and
+    #: reopen on their next read or write, so descriptors grow with the active queues, not with every
+    #: queue that ever existed (each open consume-queue file holds two: the store's and the duplicate
+    #: Python's mmap keeps).
+    max_open_queues: int = 1024
+    #: Filter servers (`sluice filtersrv`, class-filter mode) the broker runs as child processes and restarts
+    #: when they exit; 0, as RocketMQ's filterServerNums: class filters are opt-in, each server costs a process.
+    filter_server_nums: int = 0
+    #: Let consumers upload filter-class source to those filter servers: off, because uploaded code is code
+    #: from anyone who can reach the port; classes then come from filter_class_repository.
+    filter_class_uploads: bool = False
+    #: The directory of filter-class modules the filter servers load ('mod:Cls' is DIR/mod.py); None: none.
+    filter_class_repository: str | None = None
+    #: CPU seconds a filter class may spend on one pulled batch (RLIMIT_CPU in its worker): far above what
+    #: a predicate over a 32-message batch needs, short enough that a spinning class frees its core soon.
+    filter_worker_cpu_seconds: float = 5.0
+    #: Address space of a filter worker, MiB (RLIMIT_AS): an interpreter, the decoded batch and a class's
+    #: own tables fit many times over; a class that hoards memory fails alone instead of swapping the host.
+    filter_worker_memory_mb: int = 512
+    #: Wall time a filter class may take on one batch before its worker is killed: within the consumer's
+    #: pull timeout (RocketMQ clients wait 30 s on a suspended pull, 15 s of which the broker may hold it).
+    filter_batch_deadline_ms: int = 5000
 
     @property
     def host_port(self) -> tuple[str, int]:
@@ -169,7 +216,8 @@ class BrokerConfig:
         if not self.namesrv_tls:
             return None
         return ClientTls(ca=self.namesrv_tls_ca or None, server_name=self.namesrv_tls_server_name or None,
-                         verify=self.namesrv_tls_verify)
+                         verify=self.namesrv_tls_verify, cert=self.namesrv_tls_cert or None,
+                         key=self.namesrv_tls_key or None)
 
     def validate(self) -> BrokerConfig:
         self.host_port  # noqa: B018 - raises on a bad address
@@ -192,8 +240,15 @@ class BrokerConfig:
         object.__setattr__(self, "tls_mode", check_tls_mode(self.tls_mode))
         if self.tls_mode != "disabled" and not (self.tls_cert and self.tls_key):
             raise InvalidParameterError(f"tls_mode {self.tls_mode} needs tls_cert and tls_key (PEM files)")
-        if not self.namesrv_tls and (self.namesrv_tls_ca or self.namesrv_tls_server_name):
-            raise InvalidParameterError("namesrv_tls_ca / namesrv_tls_server_name are set but namesrv_tls is off")
+        if not self.namesrv_tls and (self.namesrv_tls_ca or self.namesrv_tls_server_name or self.namesrv_tls_cert):
+            raise InvalidParameterError("namesrv_tls_ca / namesrv_tls_server_name / namesrv_tls_cert are set but "
+                                        "namesrv_tls is off")
+        if self.tls_client_ca and self.tls_mode == "disabled":
+            raise InvalidParameterError("tls_client_ca needs tls_mode permissive or enforcing")
+        if self.filter_server_nums < 0 or self.filter_worker_cpu_seconds <= 0 or self.filter_worker_memory_mb < 0 \
+                or self.filter_batch_deadline_ms <= 0:
+            raise InvalidParameterError("filter_server_nums, filter_worker_memory_mb must not be negative and "
+                                        "filter_worker_cpu_seconds, filter_batch_deadline_ms must be positive")
         if self.server_channel_max_idle_time_seconds < 0:
             raise InvalidParameterError("server_channel_max_idle_time_seconds must not be negative (0: never)")
         if not 1 <= self.max_transfer_bytes <= PULL_BODY_CEILING:
@@ -204,6 +259,8 @@ class BrokerConfig:
             raise InvalidParameterError(f"max_transfer_count {self.max_transfer_count} must be positive")
         if self.max_held_pulls_per_connection < 0 or self.max_held_pulls < 0:
             raise InvalidParameterError("max_held_pulls_per_connection and max_held_pulls must not be negative")
+        if self.max_held_pull_wakes_per_turn < 1:
+            raise InvalidParameterError("max_held_pull_wakes_per_turn must be positive")
         if self.max_selector_compiles_per_client_per_minute < 1 or self.max_evaluations_per_pull < 1:
             raise InvalidParameterError("max_selector_compiles_per_client_per_minute and max_evaluations_per_pull "
                                         "must be positive")
@@ -215,7 +272,8 @@ class BrokerConfig:
     def load(cls, path: str | Path | None = None, **overrides: Any) -> BrokerConfig:
         """Read a TOML file (keys as the field names, top level or under ``[broker]``), then apply overrides.
 
-        Overrides that are None are ignored, so unset command-line flags do not win.
+        Overrides that are None are ignored, so unset command-line flags do not win. A relative ``acl`` path
+        in the file is resolved against the file's folder.
         """
         values: dict[str, Any] = {}
         if path is not None:
@@ -224,6 +282,10 @@ class BrokerConfig:
             except (OSError, tomllib.TOMLDecodeError) as e:
                 raise InvalidParameterError(f"cannot read broker config {path}: {e}") from None
             values.update(doc.get("broker", doc))
+            base = Path(path).absolute().parent
+            for key in _FILE_SETTINGS:  # a relative path in the file names a file beside it, not in the cwd
+                if isinstance(values.get(key), str) and values[key] and not Path(values[key]).is_absolute():
+                    values[key] = str(base / values[key])
         values.update({k: v for k, v in overrides.items() if v is not None})
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)

@@ -40,6 +40,8 @@ from sluice.broker.consumers import ConsumerManager
 from sluice.broker.dedup import DedupWindow
 from sluice.broker.filter_admin import FilterAdminProcessor, persist_filter_data_loop
 from sluice.broker.filter_data import ConsumerFilterManager
+from sluice.broker.filter_servers import EXPIRY_SCAN_S as FILTER_SERVER_SCAN_S
+from sluice.broker.filter_servers import FilterServerChildren, FilterServerManager, child_env
 from sluice.broker.locks import RebalanceLockManager
 from sluice.broker.longpoll import HoldService
 from sluice.broker.offset_reset import OffsetResetProcessor
@@ -115,6 +117,8 @@ class BrokerController:
     appender: Appender
     schedule: ScheduleService
     backfills: BackfillManager
+    filter_servers: FilterServerManager  #: filter servers registered with 301 (class-filter mode)
+    filter_server_children: FilterServerChildren | None  #: the ``filter_server_nums`` children, if any
     send_processor: SendProcessor
     pull_processor: PullProcessor
     retry_processor: RetryProcessor
@@ -134,7 +138,7 @@ class BrokerController:
         self.host, self.port = host, port
         self.address = f"{_advertised_ip(host)}:{port}"
         # TLS files are read before the store opens, so a bad certificate or CA file fails the start cleanly.
-        tls_mode, ssl_context = server_tls(config.tls_mode, config.tls_cert, config.tls_key)
+        tls_mode, ssl_context = server_tls(config.tls_mode, config.tls_cert, config.tls_key, config.tls_client_ca)
         if (namesrv_tls := config.namesrv_client_tls) is not None:
             namesrv_tls.context()
         root = Path(config.store)
@@ -142,7 +146,9 @@ class BrokerController:
             flush_mode=config.flush,  # type: ignore[arg-type]
             commitlog_file_size=config.commitlog_file_size, max_message_size=config.max_message_size,
             retention_hours=config.retention_hours, store_host=(_advertised_ip(host), port),
-            max_transfer_bytes=config.max_transfer_bytes))
+            max_transfer_bytes=config.max_transfer_bytes,
+            disk_max_used_space_ratio=config.disk_max_used_space_ratio, disk_min_free_bytes=config.disk_min_free_bytes,
+            disk_check_interval_s=config.disk_check_interval_s, max_open_queues=config.max_open_queues))
         self.pool = pool = BlockingPool(STORE_THREADS)
         self.topics = topics = TopicConfigManager(root / "config", auto_create=config.auto_create_topic,
                                                   default_queue_nums=config.default_topic_queue_nums,
@@ -163,7 +169,8 @@ class BrokerController:
             store.add_dispatcher(self.bitmap_dispatcher)
         self.hold = hold = HoldService(store.get_max_offset, check_interval_s=config.long_polling_check_ms / 1000.0,
                                        max_per_owner=config.max_held_pulls_per_connection,
-                                       max_total=config.max_held_pulls)
+                                       max_total=config.max_held_pulls,
+                                       wakes_per_turn=config.max_held_pull_wakes_per_turn)
         store.add_dispatcher(hold)
         self.appender = appender = Appender(store, pool.executor)
         store.dispatch.drive_externally()  # every append happens on the loop, which dispatches after it
@@ -189,6 +196,14 @@ class BrokerController:
         self.namesrv = NamesrvClient(config.namesrv, remoting=self.remoting) if config.namesrv else None
 
         changed = self.topics_changed
+        # Filter servers (class-filter mode): registered ones are listed in namesrv registrations, so every
+        # change re-registers; the children run `sluice filtersrv` (never imported here).
+        self.filter_servers = FilterServerManager(broker_name=config.broker_name, broker_id=config.broker_id,
+                                                  on_change=changed)
+        self.filter_server_children = FilterServerChildren(
+            config.filter_server_nums, self.address, _advertised_ip(host), self._filtersrv_args(),
+            env=child_env(config.acl_access_key, config.acl_secret_key)) \
+            if config.filter_server_nums > 0 else None
         self.send_processor = SendProcessor(
             topics=topics, topics_changed=changed, appender=appender, dedup=self.dedup, divert=self.schedule.divert,
             max_reconsume_times=config.max_reconsume_times, store_host=store.config.store_host,
@@ -212,6 +227,7 @@ class BrokerController:
                                  offsets=offsets, consumers=consumers),
             FilterAdminProcessor(filter_data=fm, consumers=consumers, sub_guard=sub_guard),
             BackfillProcessor(backfills=backfills, pool=pool),
+            self.filter_servers,
         ]
         by_class = {type(p): p for p in processors}
         self.routes = {}
@@ -321,7 +337,11 @@ class BrokerController:
                                    name="persist-offsets"),
             self._loop.create_task(self._every(EXPIRY_SCAN_S, self._expire_clients), name="client-expiry"),
             self._loop.create_task(persist_filter_data_loop(self.filter_data, self.pool), name="persist-filter-data"),
+            self._loop.create_task(self._every(FILTER_SERVER_SCAN_S, self._expire_filter_servers),
+                                   name="filter-server-expiry"),
         ]
+        if self.filter_server_children is not None:
+            self.filter_server_children.start()
         self.schedule.start()
         if self.namesrv is not None:
             await self.register_all()
@@ -343,6 +363,8 @@ class BrokerController:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.hold.stop()
         await self.schedule.stop()
+        if self.filter_server_children is not None:
+            await self.filter_server_children.stop()
         deadline = time.monotonic() + DRAIN_TIMEOUT_S
         while self._in_flight > 0 and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
@@ -396,6 +418,22 @@ class BrokerController:
         finally:
             self.dedup.open()
 
+    async def _expire_filter_servers(self) -> None:
+        self.filter_servers.expire()
+
+    def _filtersrv_args(self) -> list[str]:
+        """The children's `sluice filtersrv` flags from this broker's filter_* settings."""
+        c = self.config
+        args = ["--uploads" if c.filter_class_uploads else "--no-uploads",
+                "--worker-cpu-seconds", str(c.filter_worker_cpu_seconds),
+                "--worker-memory-mb", str(c.filter_worker_memory_mb),
+                "--batch-deadline-ms", str(c.filter_batch_deadline_ms)]
+        if c.filter_class_repository:
+            args += ["--repository", str(Path(c.filter_class_repository).absolute())]
+        if c.acl:  # the broker's ACL guards its filter servers too
+            args += ["--acl", str(Path(c.acl).absolute())]
+        return args
+
     async def _persist_offsets(self) -> None:
         await self.pool.run(self.offsets.persist)
 
@@ -422,7 +460,7 @@ class BrokerController:
             outcomes = await self.namesrv.register_broker(
                 cluster_name=self.config.cluster_name, broker_name=self.config.broker_name,
                 broker_addr=self.address, broker_id=self.config.broker_id, topics=table, data_version=dv,
-                filter_servers=[])
+                filter_servers=self.filter_servers.addresses())
             for o in outcomes:
                 if not o.ok:
                     log.warning("registration with namesrv %s failed: %s", o.namesrv, o.error)
@@ -482,6 +520,7 @@ class BrokerController:
             "pullWokenByArrival": self.hold.woken_by_arrival,
             "pullTimedOut": self.hold.timed_out,
             "pullNotHeldOverLimit": self.hold.refused_full,  # max_held_pulls[_per_connection] reached
+            "pullWakesDeferred": self.hold.wake_turns_deferred,  # max_held_pull_wakes_per_turn reached
             "consumerGroups": len(self.consumers.groups),
             "producerGroups": len(self.consumers.producers),
             "topics": len(self.topics.all()),

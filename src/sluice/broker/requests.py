@@ -21,6 +21,7 @@ from sluice.broker.admin import AdminProcessor
 from sluice.broker.backfill import BackfillProcessor
 from sluice.broker.client_manage import ClientManageProcessor
 from sluice.broker.filter_admin import FilterAdminProcessor
+from sluice.broker.filter_servers import FilterServerManager
 from sluice.broker.offset_reset import OffsetResetProcessor
 from sluice.broker.pull import PullProcessor
 from sluice.broker.queries import QueryProcessor
@@ -97,6 +98,9 @@ ROUTES: tuple[Route, ...] = (
     # which messages a group's pulls skip).
     Route(R.GET_CONSUMER_FILTER_DATA, ADMIN, FilterAdminProcessor, "filter_data"),
     Route(R.PUT_FILTER_BACKFILL, ADMIN, BackfillProcessor, "handle"),
+    # A filter server announcing itself (RocketMQ's AdminBrokerProcessor.registerFilterServer): consumers send
+    # their classes and pulls to the addresses it lists, so only an admin account may add one.
+    Route(R.REGISTER_FILTER_SERVER, ADMIN, FilterServerManager, "register"),
 )
 
 ROUTE_BY_CODE: dict[int, Route] = {int(r.code): r for r in ROUTES}
