@@ -210,7 +210,8 @@ class BrokerController:
             max_message_size=store.config.max_message_size)
         self.pull_processor = PullProcessor(
             config=config, store=store, pool=pool, topics=topics, offsets=offsets, consumers=consumers,
-            filter_data=fm, sub_guard=sub_guard, backfills=backfills, hold=hold)
+            filter_data=fm, sub_guard=sub_guard, backfills=backfills, hold=hold,
+            filter_servers=self.filter_servers.addresses, is_filter_server=self.filter_servers.is_filter_server)
         self.retry_processor = RetryProcessor(
             store=store, pool=pool, topics=topics, topics_changed=changed, appender=appender,
             divert=self.schedule.divert, max_reconsume_times=config.max_reconsume_times)

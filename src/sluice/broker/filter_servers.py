@@ -98,6 +98,10 @@ class FilterServerManager:
             self.on_change()
         return addrs
 
+    def is_filter_server(self, conn: RemotingConnection) -> bool:
+        """Whether ``conn`` is a registered filter server's (its pulls are not a consumer group member's)."""
+        return conn in self._table
+
     def addresses(self) -> list[str]:
         """The live filter servers' addresses, as the namesrv registration lists them."""
         return sorted({r.addr for r in self._table.values()})
