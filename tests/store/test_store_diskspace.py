@@ -201,3 +201,29 @@ def test_cold_queues_are_closed_and_reopen_on_use(tmp_path: Path) -> None:
         assert bodies(s, "T7") == [b"q7-%d" % i for i in range(3)]
     finally:
         s.close()
+
+
+def test_ext_queues_share_the_lru_and_reopen(tmp_path: Path) -> None:
+    from sluice.store.consumequeue_ext import ConsumeQueueExt
+    from sluice.store.per_queue import OpenFilesLru
+
+    lru = OpenFilesLru(2)
+    exts = [ConsumeQueueExt(tmp_path / f"e{i}", file_size=64 * 1024, bitmap_bytes_max=8, lru=lru) for i in range(6)]
+    addrs = []
+    for i, e in enumerate(exts):
+        e.load()
+        addrs.append(e.put_many([i, i + 100], [1000 + i, 2000 + i], [bytes([i] * 4), bytes([i + 1] * 4)]))
+    assert len(lru) <= 2
+    assert sum(not e._evicted for e in exts) <= 2
+    for i, e in enumerate(exts):  # cold ones reopen and read their units back
+        u = e.get(addrs[i][1])
+        assert u is not None and u.tags_code == i + 100 and u.bitmap == bytes([i + 1] * 4)
+        more = e.put(7, 7, b"\x07" * 4)  # and append after them
+        assert e.get(more).tags_code == 7
+    assert len(lru) <= 2
+    for e in exts:
+        e.close()
+    reloaded = ConsumeQueueExt(tmp_path / "e3", file_size=64 * 1024, bitmap_bytes_max=8)
+    reloaded.load()
+    assert reloaded.get(addrs[3][0]).tags_code == 3
+    reloaded.close()

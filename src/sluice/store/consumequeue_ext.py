@@ -43,6 +43,7 @@ from sluice.format import (
     is_ext_address,
 )
 from sluice.store.mapped import MappedFile, open_file_run
+from sluice.store.per_queue import OpenFilesLru
 
 __all__ = [
     "ConsumeQueueExt", "ExtUnit", "ExtBatch", "decorate", "undecorate", "is_ext_address",
@@ -138,7 +139,8 @@ class ConsumeQueueExt:
     sections (reads touch only mapped memory).
     """
 
-    def __init__(self, directory: Path, *, file_size: int = 48 * 1024 * 1024, bitmap_bytes_max: int = 64) -> None:
+    def __init__(self, directory: Path, *, file_size: int = 48 * 1024 * 1024, bitmap_bytes_max: int = 64,
+                 lru: OpenFilesLru | None = None) -> None:
         if not 0 <= bitmap_bytes_max <= MAX_UNIT_SIZE - MIN_UNIT_SIZE:
             raise InvalidParameterError(
                 f"bitmap_bytes_max {bitmap_bytes_max} is outside 0..{MAX_UNIT_SIZE - MIN_UNIT_SIZE}")
@@ -148,10 +150,37 @@ class ConsumeQueueExt:
         self.directory = Path(directory)
         self.file_size = file_size
         self.bitmap_bytes_max = bitmap_bytes_max
-        self.files: list[_ExtFile] = []
+        self._files: list[_ExtFile] = []
         self._write_off = 0  # ext-log offset where the next unit goes
         self._dirty: set[_ExtFile] = set()
         self._lock = threading.RLock()
+        # The LRU of open per-queue files (per_queue.py) closes a cold queue's files; every use of
+        # ``files`` (under ``_lock``) reopens them.
+        self.lock = self._lock
+        self.lru = lru
+        self._evicted = False
+
+    @property
+    def files(self) -> list[_ExtFile]:
+        """The open files, reopened if the LRU closed them; callers hold ``_lock``."""
+        if self._evicted:
+            self._files = open_file_run(self.directory, self.file_size, _ExtFile, size_name="ext file size")
+            self._evicted = False
+        if self.lru is not None:
+            self.lru.touch(self)
+        return self._files
+
+    @files.setter
+    def files(self, value: list[_ExtFile]) -> None:
+        self._files = value
+
+    def evict_files(self) -> None:
+        """Called by the LRU with ``_lock`` held: make the units durable, close the files, keep the end."""
+        self.flush()
+        for f in self._files:
+            f.close()
+        self._files = []
+        self._evicted = True
 
     # -- opening ---------------------------------------------------------------------------------------
 
@@ -159,7 +188,10 @@ class ConsumeQueueExt:
         """Open the files, find the end of the data in the last one and clear a torn unit after it."""
         with self._lock:
             self._close_files()
-            self.files = files = open_file_run(self.directory, self.file_size, _ExtFile, size_name="ext file size")
+            self._files = files = open_file_run(self.directory, self.file_size, _ExtFile, size_name="ext file size")
+            self._evicted = False
+            if self.lru is not None:
+                self.lru.touch(self)
             if files:
                 last = files[-1]
                 pos, full = self._scan(last)
@@ -424,12 +456,16 @@ class ConsumeQueueExt:
                 f.sync()
 
     def _close_files(self, *, delete: bool = False) -> None:
-        for f in self.files:
+        files = self.files if delete else self._files  # deleting needs them open
+        if self.lru is not None:
+            self.lru.forget(self)
+        for f in files:
             if delete:
                 f.delete()
             else:
                 f.close()
-        self.files = []
+        self._files = []
+        self._evicted = False
         self._dirty = set()
         self._write_off = 0
 

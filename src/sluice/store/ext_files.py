@@ -18,7 +18,7 @@ import numpy as np
 
 from sluice.store.consumequeue import PAD_SIZE, ConsumeQueue
 from sluice.store.consumequeue_ext import ConsumeQueueExt, ExtBatch, is_ext_address_array
-from sluice.store.per_queue import PerQueueTable
+from sluice.store.per_queue import OpenFilesLru, PerQueueTable
 
 __all__ = ["ExtTable", "resolve_units", "recover_ext", "retain_ext", "ext_addresses_ok"]
 
@@ -30,13 +30,15 @@ _CHUNK = 1 << 16  # units looked at per step when searching a queue for ext addr
 class ExtTable(PerQueueTable[ConsumeQueueExt]):
     """Every ConsumeQueueExt of the store, created when a queue's first bitmap arrives."""
 
-    def __init__(self, root: Path, *, file_size: int, bitmap_bytes_max: int) -> None:
+    def __init__(self, root: Path, *, file_size: int, bitmap_bytes_max: int, lru: OpenFilesLru | None = None) -> None:
         super().__init__(Path(root))
         self.file_size = file_size
         self.bitmap_bytes_max = bitmap_bytes_max
+        self.lru = lru  # the consume queues' LRU of open files: one bound over both kinds
 
     def _new(self, topic: str, queue_id: int, directory: Path) -> ConsumeQueueExt:
-        return ConsumeQueueExt(directory, file_size=self.file_size, bitmap_bytes_max=self.bitmap_bytes_max)
+        return ConsumeQueueExt(directory, file_size=self.file_size, bitmap_bytes_max=self.bitmap_bytes_max,
+                               lru=self.lru)
 
     def drop(self, topic: str, queue_id: int) -> None:
         """Delete a queue's ext files (its consume queue is being rebuilt or deleted)."""

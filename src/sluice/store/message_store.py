@@ -85,7 +85,7 @@ class MessageStore:
                          max_index_num=c.index_max_index_num) if c.index_enable else None)
         self.dispatch = DispatchService(self.commitlog, self.queues, self.index, batch_bytes=c.dispatch_batch_bytes)
         self.ext = ExtTable(self.root / "consumequeue_ext", file_size=c.consumequeue_ext_file_size,
-                            bitmap_bytes_max=c.consumequeue_ext_bitmap_max)
+                            bitmap_bytes_max=c.consumequeue_ext_bitmap_max, lru=self.queues.lru)
         self.dispatch.ext = self.ext
         self.flusher = FlushService(self.commitlog, interval_ms=c.flush_interval_ms, timeout_s=c.sync_flush_timeout_s)
         self.group_commit = GroupCommit(self._append_now, self.flusher, c.sync_flush_timeout_s)
