@@ -192,6 +192,8 @@ class FilterServer:
     async def pull(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         h = PullMessageRequestHeader.from_command(request)
         entry = self.registry.entry(h.topic, h.consumer_group)
+        if entry.error is not None and entry.worker is None and entry.ready is not None and entry.ready.done():
+            raise entry.error  # a class that did not load: answered before anything is pulled or committed
         suspend = bool(h.sys_flag & FLAG_SUSPEND)
         end = time.monotonic() + (max(0, h.suspend_timeout_millis) / 1000.0 if suspend else 0.0)
         offset, skipped = h.queue_offset, 0
