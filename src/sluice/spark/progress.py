@@ -74,6 +74,8 @@ class JobProgress:
                                highlight=False, soft_wrap=True)
 
     def _poll(self) -> None:
+        # Stages seen running (or with tasks done) are refreshed on every look, so one that ends between
+        # two looks still counts whole; stages a job skipped (cached, reused shuffle) never run and are left out.
         seen: dict[int, tuple[int, int]] = {}
         while not self._stop.wait(POLL_SECONDS):
             spark = self._spark
@@ -81,16 +83,20 @@ class JobProgress:
                 continue
             try:
                 tracker = spark.sparkContext.statusTracker()
-                active = tracker.getActiveStageIds()
-                for sid in active:
+                active = sorted(tracker.getActiveStageIds())
+                candidates = set(seen) | set(active)
+                for jid in tracker.getActiveJobsIds():
+                    job = tracker.getJobInfo(jid)
+                    candidates.update(job.stageIds if job is not None else ())
+                for sid in candidates:
                     info = tracker.getStageInfo(sid)
-                    if info is not None:
+                    if info is not None and (sid in seen or sid in active or info.numCompletedTasks > 0):
                         seen[sid] = (info.numCompletedTasks, info.numTasks)
             except Exception:  # noqa: BLE001 - the session is stopping; the display just stops moving
                 return
             done = sum(d for d, _ in seen.values())
             total = sum(t for _, t in seen.values())
             self.tasks_done = done
-            stages = ", ".join(str(s) for s in sorted(active)) or "-"
+            running = f" (stage {', '.join(map(str, active))})" if active else ""
             self._progress.update(self._bar, completed=done, total=total or None,
-                                  description=f"{self.job}: {self._phase} (stage {stages})")
+                                  description=f"{self.job}: {self._phase}{running}")
