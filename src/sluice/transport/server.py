@@ -67,6 +67,7 @@ class RemotingServer:
         #: Connections refused at accept (over max_connections) and closed for idleness, so far.
         self.refused = 0
         self.idle_closed = 0
+        self.accept_errors = 0  # accepts that failed for want of descriptors (EMFILE)
         self._refusals = RateLimitedLog(log)
         self._idle_task: asyncio.Task[None] | None = None
         mode = check_tls_mode(tls_mode)
@@ -98,12 +99,38 @@ class RemotingServer:
         loop = asyncio.get_running_loop()
         factory = self._new_connection if self.tls is None else self.tls.protocol
         self._server = await loop.create_server(factory, self.host, self.port, reuse_address=True)
+        self._quiet_accept_errors(loop)
         sock = self._server.sockets[0]
         self.port = sock.getsockname()[1]
         if self.idle_timeout:
             self._idle_task = loop.create_task(self._close_idle(), name=f"idle-check-{self.port}")
         log.info("remoting server listening on %s%s", self.address,
                  "" if self.tls is None else f" (TLS {self.tls_mode})")
+
+    def _quiet_accept_errors(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Out of descriptors (EMFILE) at accept: asyncio stops accepting for a second and retries (its
+        selector_events._accept_connection), reporting each time with a traceback; here that is one
+        rate-limited line, counted in ``accept_errors``, and every other report goes where it went."""
+        previous = loop.get_exception_handler()
+        if getattr(previous, "sluice_accept_errors", False):
+            return  # one handler per loop (a broker's second server, say) is enough
+
+        def handler(loop: asyncio.AbstractEventLoop, context: dict) -> None:
+            exc = context.get("exception")
+            if context.get("message") == "socket.accept() out of system resource" and isinstance(exc, OSError):
+                self.accept_errors += 1
+                sock = context.get("socket")
+                where = "%s:%s" % sock.getsockname()[:2] if sock is not None else self.address
+                self._refusals.warning("accept on %s failed (%s): not accepting for 1 s, then retrying; "
+                                       "%d connections open", where, exc.strerror, len(self.connections))
+                return
+            if previous is not None:
+                previous(loop, context)
+            else:
+                loop.default_exception_handler(context)
+
+        handler.sluice_accept_errors = True  # type: ignore[attr-defined]
+        loop.set_exception_handler(handler)
 
     async def serve_forever(self) -> None:
         if self._server is None:
