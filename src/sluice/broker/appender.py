@@ -38,6 +38,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING
 
+from sluice.errors import DiskFullError
 from sluice.store import MessageStore, PutResult, StoreMessage
 from sluice.store.encode import EncodedBatch
 
@@ -151,6 +152,8 @@ class Appender:
             return  # the dispatch thread retries and reports it (DispatchService._run)
         try:
             dispatch.reput()
+        except DiskFullError as exc:  # no room for queue or index bytes: the dispatch thread backs off and logs
+            dispatch.error = exc
         except Exception:  # the thread's next poll meets it again and records it
             log.exception("dispatch on the event loop failed; the dispatch thread takes over")
 
