@@ -133,6 +133,7 @@ def test_stats_on_a_terminal_shows_progress_then_a_summary_and_plots(store, tmp_
     rc, screen = run_in_pty([*SLUICE, "stats", str(store), "--master", "local[1]", "--plot", str(png)], tmp_path)
     assert rc == 0, screen[-3000:]
     assert "stats: " in screen and "tasks" in screen  # the rich display: phase and task counts
+    assert "stats: Spark UI at http://" in screen  # the UI stays on, and the user is told where
     assert "stats: 60 messages in 1 topic(s), plot in " + str(png) in screen.replace("\r\n", " ").replace("\n", " ")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

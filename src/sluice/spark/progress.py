@@ -59,9 +59,12 @@ class JobProgress:
             self._progress.stop()
 
     def attach(self, spark: SparkSession) -> None:
-        """Follow ``spark``'s stages from now on."""
+        """Follow ``spark``'s stages from now on (on a terminal, the Spark UI's address is printed once)."""
         self._spark = spark
         self.phase("planning")
+        url = spark.sparkContext.uiWebUrl
+        if self.live and url:
+            self.console.print(f"{self.job}: Spark UI at {url}", highlight=False)
 
     def phase(self, text: str) -> None:
         """Name what the job is doing now (shown before the task counts)."""
