@@ -52,3 +52,15 @@ def test_admin_flags_and_environment() -> None:
     assert AdminEnv(env={"SLUICE_TLS_CA": "/x/ca.pem"}).client_tls() == ClientTls(ca="/x/ca.pem")
     assert AdminEnv(env={"SLUICE_TLS_CA": "/x/ca.pem"}, tls_ca="/y/ca.pem").client_tls() == ClientTls(ca="/y/ca.pem")
     assert AdminEnv(env={"SLUICE_TLS": "0"}, tls=True).client_tls() == ClientTls()
+
+
+def test_relative_tls_files_in_a_toml_file_are_beside_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    (etc / "broker.toml").write_text('tls_mode = "enforcing"\ntls_cert = "tls/server.pem"\ntls_key = "tls/server.key"\n'
+                                     'tls_client_ca = "tls/ca.pem"\nnamesrv_tls = true\nnamesrv_tls_ca = "/abs/ca.pem"\n')
+    config = BrokerConfig.load(etc / "broker.toml")
+    assert (config.tls_cert, config.tls_key, config.tls_client_ca) == (
+        str(etc / "tls/server.pem"), str(etc / "tls/server.key"), str(etc / "tls/ca.pem"))
+    assert config.namesrv_tls_ca == "/abs/ca.pem"
+    assert BrokerConfig.load(etc / "broker.toml", tls_cert="mine.pem").tls_cert == "mine.pem"  # flags stay as given

@@ -38,7 +38,8 @@ def parse_namesrv_list(text: str | None) -> list[str]:
 
 #: Settings that name a file: relative in a TOML file, they are resolved against that file's folder (a flag's
 #: relative path stays relative to the working directory, as any command-line path).
-_FILE_SETTINGS = ("acl", "filter_class_repository")
+_FILE_SETTINGS = ("acl", "filter_class_repository", "tls_cert", "tls_key", "tls_client_ca", "namesrv_tls_ca",
+                  "namesrv_tls_cert", "namesrv_tls_key")
 
 
 @dataclass(frozen=True, kw_only=True)
