@@ -34,9 +34,11 @@ RETRY_PREFIX = "%RETRY%"
 # ------------------------------------------------------------------------------------------ consumerProgress
 
 async def consume_stats(s: AdminSession, group: str, topic: str | None,
-                        filter_stats: dict[str, Any] | None = None) -> tuple[list[dict[str, Any]], float, list[str]]:
+                        filter_stats: dict[str, Any] | None = None, class_errors: list[dict[str, Any]] | None = None,
+                        ) -> tuple[list[dict[str, Any]], float, list[str]]:
     """Every master's GET_CONSUME_STATS entries for ``group``, the summed consume TPS, and warnings;
-    the brokers' per-topic filter figures (``filterStats``) go into ``filter_stats`` by broker name."""
+    the brokers' per-topic filter figures (``filterStats``) go into ``filter_stats`` by broker name, the
+    members' class-filter errors (``classFilterErrors``) into ``class_errors``."""
     header = H.GetConsumeStatsRequestHeader(consumer_group=group, topic=topic)
 
     async def one(b: BrokerRef) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -58,10 +60,14 @@ async def consume_stats(s: AdminSession, group: str, topic: str | None,
         for c in body.get("subscriptionConflicts", []):
             warnings.append(f"subscription conflict in group {group}: {_conflict_text(c)}")
         for c in body.get("classFilterErrors", []):  # reported by the members' heartbeats (class filters)
+            if topic is not None and c.get("topic") != topic:
+                continue
             text = (f"class filter error in group {group} on topic {c.get('topic')} (client {c.get('clientId')}): "
                     f"{c.get('error')}")
             if text not in warnings:
                 warnings.append(text)
+                if class_errors is not None:
+                    class_errors.append({**c, "brokerName": b.name or b.addr})
     entries.sort(key=lambda e: (e["topic"], e["brokerName"], e["queueId"]))
     tps = sum(float(body.get("consumeTps", 0.0)) for _, (body, _t) in res.ok)
     return entries, tps, warnings
@@ -106,7 +112,8 @@ async def consumer_progress(s: AdminSession, group: str | None, topic: str | Non
             raise click.UsageError("-t/--topic needs -g/--groupName")
         return await _all_groups(s)
     filters: dict[str, Any] = {}
-    entries, tps, warnings = await consume_stats(s, group, topic, filters)
+    class_errors: list[dict[str, Any]] = []
+    entries, tps, warnings = await consume_stats(s, group, topic, filters, class_errors)
     if not entries:
         what = f"topic {topic!r} of group {group!r}" if topic else f"group {group!r}"
         raise NotFoundError(f"{what}: no committed offset and no online subscription on any broker")
@@ -127,7 +134,7 @@ async def consumer_progress(s: AdminSession, group: str | None, topic: str | Non
         notes.append("≥ the broker stopped counting at its work bound: at least this many match")
     notes += filter_notes(filters)
     data = {"group": group, "offsetTable": entries, "totalLag": total, "totalMatchingLag": matching,
-            "matchingLagBasis": basis, "consumeTps": tps, "filterStats": filters}
+            "matchingLagBasis": basis, "consumeTps": tps, "filterStats": filters, "classFilterErrors": class_errors}
     return Result(data, [t], notes, warnings, ExitStatus.PARTIAL if warnings else ExitStatus.SUCCESS)
 
 

@@ -78,8 +78,9 @@ def register_filter_class_request(group: str, topic: str, selector: MessageSelec
 def class_error(class_name: str, cause: str, *, code: int | None = None, where: str = "") -> FilterClassError:
     """The error a user sees: the class, what went wrong, and where."""
     at = f" ({where})" if where else ""
-    return FilterClassError(f"filter class {class_name!r}: {cause}{at}", class_name=class_name, cause=cause,
-                            code=code)
+    # A filter server's remark names the class already; the SDK's own causes do not.
+    text = cause if repr(class_name) in cause or class_name in cause.split() else f"filter class {class_name!r}: {cause}"
+    return FilterClassError(f"{text}{at}", class_name=class_name, cause=cause, code=code)
 
 
 class ClassFilterConsumer(Protocol):
@@ -178,7 +179,8 @@ class ClassFilters:
     def note_error(self, group: str, topic: str, err: FilterClassError) -> None:
         """Keep ``err`` as the group's current error on ``topic``; a new one is logged and heartbeated early."""
         st = self.states.setdefault((group, topic), ClassFilterState())
-        fresh = st.error is None or str(st.error) != str(err)
+        # One log line per new cause (not per queue or filter server reporting it).
+        fresh = st.error is None or (st.error.class_name, st.error.cause) != (err.class_name, err.cause)
         st.error, st.error_time_ms = err, int(time.time() * 1000)
         if fresh:
             log.warning("consumer group %s on topic %s: %s", group, topic, err)
