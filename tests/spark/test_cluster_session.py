@@ -57,12 +57,25 @@ def run_job(tmp: Path, source: str, argv: list[str], env: dict[str, str], timeou
     (None, {}, {"PYSPARK_SUBMIT_ARGS": "--master 'local[2]' pyspark-shell"}, (None, "local[2]")),
     (None, {}, {"PYSPARK_SUBMIT_ARGS": "--master=yarn pyspark-shell", "MASTER": "local[3]"}, (None, "yarn")),
 ])
-def test_chosen_master_respects_what_was_set_outside(monkeypatch, arg, conf, env, expected):
+def test_chosen_master_respects_what_was_set_outside(monkeypatch, tmp_path, arg, conf, env, expected):
     for k in SPARK_VARS:
         monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))  # no spark-defaults.conf there
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     assert chosen_master(arg, conf) == expected
+
+
+def test_chosen_master_reads_spark_defaults_conf(monkeypatch, tmp_path):
+    for k in SPARK_VARS:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
+    (tmp_path / "spark-defaults.conf").write_text("# cluster\nspark.executor.memory 2g\nspark.master   spark://m:7077\n")
+    assert chosen_master() == (None, "spark://m:7077")
+    monkeypatch.setenv("MASTER", "local[3]")  # spark-submit: the properties file before $MASTER
+    assert chosen_master() == (None, "spark://m:7077")
+    monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", "--master local[2] pyspark-shell")
+    assert chosen_master() == (None, "local[2]")
 
 
 # ---------------------------------------------------------------- real sessions in subprocesses

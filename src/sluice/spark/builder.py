@@ -111,12 +111,25 @@ def _submit_args_master(args: str) -> str | None:
     return None
 
 
+def _defaults_master() -> str | None:
+    """``spark.master`` of spark-defaults.conf (in $SPARK_CONF_DIR, else $SPARK_HOME/conf), as spark-submit reads it."""
+    conf_dir = os.environ.get("SPARK_CONF_DIR") or os.path.join(os.environ.get("SPARK_HOME") or spark_home(), "conf")
+    path = Path(conf_dir) / "spark-defaults.conf"
+    if not path.is_file():
+        return None
+    for line in path.read_text(errors="replace").splitlines():
+        key, _, value = line.strip().replace("=", " ", 1).partition(" ")
+        if key == "spark.master" and value.strip():
+            return value.strip()
+    return None
+
+
 def chosen_master(master: str | None = None, conf: dict[str, Any] | None = None) -> tuple[str | None, str]:
     """(the master session() must set, or None to leave Spark's own choice; the master the session gets).
 
     Order, as spark-submit decides it: the ``master`` argument, ``spark.master`` in ``conf``, the master
     of a driver launched by spark-submit (its JVM is already running), ``--master`` in
-    ``PYSPARK_SUBMIT_ARGS``, ``MASTER``; else local[*]."""
+    ``PYSPARK_SUBMIT_ARGS``, ``spark.master`` in spark-defaults.conf, ``MASTER``; else local[*]."""
     if master:
         return master, master
     conf = conf or {}
@@ -129,7 +142,8 @@ def chosen_master(master: str | None = None, conf: dict[str, Any] | None = None)
         found = SparkConf().get("spark.master", None)
         if found:
             return None, found
-    found = _submit_args_master(os.environ.get("PYSPARK_SUBMIT_ARGS", "")) or os.environ.get("MASTER")
+    found = (_submit_args_master(os.environ.get("PYSPARK_SUBMIT_ARGS", "")) or _defaults_master()
+             or os.environ.get("MASTER"))
     if found:
         return None, found
     return DEFAULT_MASTER, DEFAULT_MASTER
