@@ -21,11 +21,15 @@ def test_a_class_from_the_repository_filters_pulls_exactly(fs_setup) -> None:
     first = s.rpc.pull(s.fs.addr, "G-even", topic, 0, max_msgs=4)
     assert first.code == ResponseCode.SUCCESS
     msgs = decode_messages(first.body)
-    assert numbers(msgs) == [0, 2]  # the broker's batch of 4, cut to what the class kept
-    assert first.ext_fields["nextBeginOffset"] == "4"
+    # the broker is asked for 8 times 4 messages; the answer is cut at the 4th kept one, and the next pull
+    # starts at the first kept record left out
+    assert numbers(msgs) == [0, 2, 4, 6]
+    assert first.ext_fields["nextBeginOffset"] == "8"
     assert first.ext_fields["minOffset"] == "0" and first.ext_fields["maxOffset"] == "20"
     assert first.ext_fields["suggestWhichBrokerId"] == "0"
-    assert [m.queue_offset for m in msgs] == [0, 2]
+    assert [m.queue_offset for m in msgs] == [0, 2, 4, 6]
+    last = s.rpc.pull(s.fs.addr, "G-even", topic, 17, max_msgs=4)
+    assert numbers(decode_messages(last.body)) == [18] and last.ext_fields["nextBeginOffset"] == "20"
     end = s.rpc.pull(s.fs.addr, "G-even", topic, 20)
     assert end.code == ResponseCode.PULL_NOT_FOUND
     assert end.ext_fields["nextBeginOffset"] == "20"
@@ -51,14 +55,15 @@ def test_a_batch_with_nothing_kept_advances_past_the_filtered_records(fs_setup) 
 
 def test_rounds_are_bounded_then_pull_again_from_the_advanced_offset(fs_setup) -> None:
     s, topic = fs_setup, "FsManyRounds"
-    for n in range(40):
+    for n in range(100):
         s.rpc.send(topic, n, tags="blue")
-    s.rpc.send(topic, 40, tags="red")
+    s.rpc.send(topic, 100, tags="red")
     assert s.rpc.register(s.fs.addr, "G-red", topic, "tagged:RedOnly").code == ResponseCode.SUCCESS
-    resp = s.rpc.pull(s.fs.addr, "G-red", topic, 0, max_msgs=1)  # 8 rounds of 1 record, none kept
+    resp = s.rpc.pull(s.fs.addr, "G-red", topic, 0, max_msgs=1)  # 8 broker pulls of 8 records, none kept
     assert resp.code == ResponseCode.PULL_RETRY_IMMEDIATELY
-    assert resp.ext_fields["nextBeginOffset"] == "8"
-    assert numbers(s.rpc.drain(s.fs.addr, "G-red", topic)) == [40]
+    assert resp.ext_fields["nextBeginOffset"] == "64"
+    assert "64 messages pulled, none kept by filter class tagged:RedOnly" in resp.remark
+    assert numbers(s.rpc.drain(s.fs.addr, "G-red", topic)) == [100]
 
 
 def test_the_commit_offset_reaches_the_broker(fs_setup) -> None:

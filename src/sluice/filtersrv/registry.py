@@ -97,8 +97,7 @@ class ClassEntry:
 
 @dataclass(frozen=True, slots=True)
 class FilterOutcome:
-    body: bytes  # the kept records back to back
-    kept: int
+    kept: list[memoryview]  # the kept records, in queue order
     total: int
 
 
@@ -211,8 +210,7 @@ class FilterClassRegistry:
                             entry.class_name, entry.key, exc.cause)
                 raise
             entry.batches += 1
-        kept = [rec for rec, keep in zip(records, mask) if keep]
-        return FilterOutcome(b"".join(kept), len(kept), len(records))
+        return FilterOutcome([rec for rec, keep in zip(records, mask) if keep], len(records))
 
     # ------------------------------------------------------------------------------------------ upkeep
 

@@ -13,6 +13,11 @@ filtersrv/src/main/java/org/apache/rocketmq/filtersrv/).
   group's offsets are the broker's; long polling as the consumer asked). The
   class runs on the batch in its worker; the answer is the broker's, with the
   body cut to the records the class kept.
+* The broker is asked for ``OVERFETCH`` times the messages the consumer asked
+  for (at most 1024, the broker's own cap); when the class keeps more than the
+  consumer asked for, the answer is cut there and its nextBeginOffset is the
+  queue offset of the first kept record left out (the filtered-out records
+  before it are skipped, not read again).
 * A batch the class keeps nothing of is not answered FOUND-with-nothing (RocketMQ
   clients cannot take that): the server pulls on from the next offset, up to
   ``MAX_EMPTY_ROUNDS`` broker pulls within the pull's time, then answers
@@ -40,6 +45,7 @@ from sluice.acl.policy import SUB, Need, retry_topic
 from sluice.acl.signature import Credentials
 from sluice.acl.signing import remoting_client
 from sluice.errors import FilterClassError, InvalidParameterError
+from sluice.format import POS_QUEUEOFFSET
 from sluice.filtersrv.registry import FilterClassRegistry
 from sluice.filtersrv.repository import ClassRepository
 from sluice.filtersrv.sandbox import WorkerLimits
@@ -58,6 +64,11 @@ log = logging.getLogger(__name__)
 FLAG_COMMIT_OFFSET, FLAG_SUSPEND, FLAG_SUBSCRIPTION, FLAG_CLASS_FILTER = 0x1, 0x2, 0x4, 0x8
 #: Broker pulls one consumer pull may make while every batch is filtered out.
 MAX_EMPTY_ROUNDS = 8
+#: Messages asked of the broker per message the consumer asked for: at 10 % selectivity a 32-message pull
+#: is answered from one broker pull and one worker call instead of ten.
+OVERFETCH = 8
+#: The most messages asked of the broker at once (a Sluice broker's max_transfer_count default).
+MAX_FETCH = 1024
 #: Time a broker pull may take beyond the suspend time it asks for.
 BROKER_PULL_SLACK_S = 5.0
 _PULL_FIELDS = ("suggestWhichBrokerId", "nextBeginOffset", "minOffset", "maxOffset")
@@ -83,6 +94,11 @@ class FiltersrvConfig:
     acl: str | None = None
     #: The account the filter server signs its requests to the broker with (a broker with ACL on).
     credentials: Credentials | None = None
+
+
+def queue_offset_of(record: memoryview) -> int:
+    """The queue offset a stored record carries (format.POS_QUEUEOFFSET)."""
+    return int.from_bytes(record[POS_QUEUEOFFSET:POS_QUEUEOFFSET + 8], "big", signed=True)
 
 
 class FilterServer:
@@ -197,6 +213,8 @@ class FilterServer:
         suspend = bool(h.sys_flag & FLAG_SUSPEND)
         end = time.monotonic() + (max(0, h.suspend_timeout_millis) / 1000.0 if suspend else 0.0)
         offset, skipped = h.queue_offset, 0
+        want = max(1, h.max_msg_nums)
+        fetch = min(MAX_FETCH, want * OVERFETCH)
         for round_no in range(MAX_EMPTY_ROUNDS):
             left_ms = max(0, int((end - time.monotonic()) * 1000))
             flags = FLAG_SUBSCRIPTION
@@ -206,7 +224,7 @@ class FilterServer:
                 flags |= FLAG_COMMIT_OFFSET
             fwd = PullMessageRequestHeader(
                 consumer_group=h.consumer_group, topic=h.topic, queue_id=h.queue_id, queue_offset=offset,
-                max_msg_nums=h.max_msg_nums, sys_flag=flags, commit_offset=h.commit_offset,
+                max_msg_nums=fetch, sys_flag=flags, commit_offset=h.commit_offset,
                 suspend_timeout_millis=left_ms, subscription="*", sub_version=h.sub_version,
                 expression_type="TAG", max_msg_bytes=h.max_msg_bytes)
             resp = await self.remoting.invoke(self.config.broker,
@@ -220,7 +238,9 @@ class FilterServer:
                 return request.make_response(resp.code, resp.remark, ext_fields=fields)
             out = await self.registry.filter(entry, resp.body)
             if out.kept:
-                return request.make_response(ResponseCode.SUCCESS, ext_fields=fields, body=out.body)
+                if len(out.kept) > want:  # the rest is read again from the first kept record left out
+                    fields["nextBeginOffset"] = str(queue_offset_of(out.kept[want]))
+                return request.make_response(ResponseCode.SUCCESS, ext_fields=fields, body=b"".join(out.kept[:want]))
             skipped += out.total
             offset = int(fields.get("nextBeginOffset", offset))
             if suspend and time.monotonic() >= end:
