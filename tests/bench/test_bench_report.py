@@ -61,6 +61,14 @@ def test_the_table_has_a_row_per_figure_and_a_column_per_system() -> None:
     assert by_label["latency p50 / p99 ms at 1,000 msgs/s"][:3] == ["2.00 / 5.0", "0.75 / 7.9", "0.85 / 2.2"]
 
 
+def test_a_latency_run_short_of_its_rate_says_the_rate_reached() -> None:
+    result = canned()
+    result["systems"]["sluice"]["latency"]["10000"]["achieved_rate"] = 7121
+    result["systems"]["nats"]["latency"]["10000"] = {"p50_ms": 0.3, "p99_ms": 5.0, "achieved_rate": 9560}
+    row = {r[0]: r[1:] for r in table_rows(result)[1:]}["latency p50 / p99 ms at 10,000 msgs/s"]
+    assert row[:2] == ["3.00 / 9.0, sent at 7,121/s", "0.30 / 5.0"]
+
+
 def test_the_change_from_a_previous_result_is_shown_per_cell() -> None:
     rows = {r[0]: r[1:] for r in table_rows(canned(2.0), previous=canned(1.0))[1:]}
     assert rows["produce msgs/s"][0] == "60,000 (+100% better)"

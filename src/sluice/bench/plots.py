@@ -15,6 +15,10 @@ def _systems(result: dict[str, Any]) -> list[str]:
     return [s for s in SYSTEMS if result.get("systems", {}).get(s, {}).get("available")]
 
 
+def _ms(v: float) -> str:
+    return f"{v:.2f}" if v < 10 else f"{v:,.0f}"
+
+
 def write_plots(result: dict[str, Any], out_dir: Path) -> list[str]:
     """Writes throughput.png and latency.png (and scale.png with a scale table); returns their file names."""
     import matplotlib
@@ -58,8 +62,8 @@ def write_plots(result: dict[str, Any], out_dir: Path) -> list[str]:
         ax.bar([x - 0.2 for x in xs], p50, width=0.4, label="p50", color="#1f77b4")
         ax.bar([x + 0.2 for x in xs], p99, width=0.4, label="p99", color="#ff7f0e")
         for x, a, b in zip(xs, p50, p99):
-            ax.text(x - 0.2, a, f"{a:.2f}", ha="center", va="bottom", fontsize=7)
-            ax.text(x + 0.2, b, f"{b:.1f}", ha="center", va="bottom", fontsize=7)
+            ax.text(x - 0.2, a, _ms(a), ha="center", va="bottom", fontsize=7)
+            ax.text(x + 0.2, b, _ms(b), ha="center", va="bottom", fontsize=7)
         ax.set_xticks(list(xs), names, fontsize=8, rotation=15)
         ax.set_yscale("log")
         ax.set_ylabel("ms, log scale (lower is better)")

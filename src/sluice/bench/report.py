@@ -31,8 +31,8 @@ HOW = {
                 "transactions of 32 (`tx_commit` answers once they are routed and stored). A queue gets only what is "
                 "routed while it is bound, so there is no catch-up case. Client: pika, one connection per thread, "
                 "4 threads.",
-    "redis": "Redis streams have no server-side filter: every drain reads the whole stream (`XREADGROUP` / "
-             "`XRANGE`) and filters in the client, so its matched/s counts only the matches among everything read. "
+    "redis": "Redis streams have no server-side filter: every drain reads the whole stream (`XREADGROUP`, "
+             "acknowledged with `XACK`) and filters in the client, so its matched/s counts only the matches among everything read. "
              "`appendonly yes` with `appendfsync everysec`. Client: redis-py, pipelines of 32 `XADD`s from 4 "
              "threads.",
     "activemq": "ActiveMQ evaluates JMS selectors on the broker; over STOMP every header is a string, so "
@@ -119,6 +119,17 @@ def _change(key: str, now: float | None, before: float | None) -> str:
     return f" ({pct:+.0f}%{' better' if better and abs(pct) >= 1 else ''})"
 
 
+def _short_of_rate(key: str, raw: Any) -> str:
+    """A latency run whose sender fell more than 10 % short of the asked rate says the rate it reached (a
+    blocking sender slows down; an asynchronous one queues, and its latency then includes that queue)."""
+    if not key.startswith("latency_") or not isinstance(raw, dict) or "p50_ms" not in raw:
+        return ""
+    target, achieved = int(key.split("_")[1]), raw.get("achieved_rate")
+    if isinstance(achieved, (int, float)) and achieved < 0.9 * target:
+        return f", sent at {achieved:,.0f}/s"
+    return ""
+
+
 def table_rows(result: dict[str, Any], previous: dict[str, Any] | None = None) -> list[list[str]]:
     """The table as text cells: a header row, then one row per ROWS entry (with the change, if any)."""
     systems = [s for s in SYSTEMS if s in result.get("systems", {})]
@@ -132,7 +143,7 @@ def table_rows(result: dict[str, Any], previous: dict[str, Any] | None = None) -
                 row.append("not run")
                 continue
             raw = pick(sysres)
-            cell = _fmt(raw)
+            cell = _fmt(raw) + _short_of_rate(key, raw)
             prev = prev_systems.get(s)
             if prev and prev.get("available"):
                 cell += _change(key, cell_value(raw), cell_value(pick(prev)))
@@ -207,7 +218,7 @@ def render_markdown(result: dict[str, Any], previous: dict[str, Any] | None = No
         "the consumer's callback (same process).",
         "",
         "Drain figures are matched messages per second from the consumer's start (subscribing, joining, its "
-        "first request) to the last matched delivery; latency cells are p50 / p99 in ms."
+        "first request) to the last matched delivery; latency cells are p50 / p99 in ms (with the rate reached when the sender fell more than 10 % short)."
         + (" A figure in brackets is the change from the previous result in this directory"
            f" ({previous.get('started', '?')})." if previous else ""),
         "",
