@@ -1,0 +1,167 @@
+"""Class filters through a filter server beside the broker-side SQL92 filter, at the same selectivity.
+
+A real namesrv and a broker (subprocesses) whose config starts one filter server
+(``filter_server_nums = 1``) with a repository holding two classes,
+``bench_filters:Below1`` and ``bench_filters:Below10``: ``int(k) < 1`` and
+``int(k) < 10``, the same predicates as the SQL92 expressions ``k < 1`` and
+``k < 10``. ``n`` messages (256-byte bodies, property ``k`` = i % 100, so 1 % and
+10 % match) are stored on a 4-queue topic first; then, per case, an
+AsyncPullConsumer of a fresh group drains every queue from offset 0 (the queues
+pulled concurrently, 32 messages a pull) and the delivered messages per second are
+measured from the first pull to the last answer. Each case's delivered count is
+checked against the exact expected count.
+
+Two SQL92 paths: ``sql92`` groups subscribe after the messages were stored (the
+broker evaluates every record, as for any backlog), ``sql92-bitmaps`` groups
+subscribed before (one pull once the topic exists, then a wait past the filter
+data's live margin), so dispatch computed their bitmaps and pulls skip what cannot
+match. The class path has no such index: the filter server pulls everything.
+
+Goal (issue 14): the class path delivers at least a third of the SQL92 path's rate.
+
+Run: .venv/bin/python benchmarks/class_filter.py [--quick] [--messages N]
+Prints one JSON object on its last line.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from servers import start_cluster, wait_for  # noqa: E402
+
+from sluice import AsyncProducer, AsyncPullConsumer, Message, MessageSelector, PullStatus  # noqa: E402
+from sluice.errors import SluiceError  # noqa: E402
+from sluice.namesrv.client import SyncNamesrvClient  # noqa: E402
+
+TOPIC = "ClassBench"
+QUEUES = 4
+BODY = b"x" * 256
+FILTERS = '''from sluice.filter import MessageFilter
+
+
+class Below1(MessageFilter):
+    def match(self, message):
+        return int(message.properties["k"]) < 1
+
+
+class Below10(MessageFilter):
+    def match(self, message):
+        return int(message.properties["k"]) < 10
+'''
+SQL = {1: MessageSelector.by_sql("k < 1"), 10: MessageSelector.by_sql("k < 10")}
+CLASS = {1: MessageSelector.by_class("bench_filters:Below1"), 10: MessageSelector.by_class("bench_filters:Below10")}
+CASES = [(path, pct, (CLASS if path == "class" else SQL)[pct])
+         for pct in (1, 10) for path in ("sql92", "sql92-bitmaps", "class")]
+#: Past broker/filter_data.py's LIVE_MARGIN_MS: messages stored later carry the bitmap groups' bits.
+BITMAP_WAIT_S = 1.5
+
+
+def group_of(path: str, pct: int) -> str:
+    return f"class_bench_{path}_{pct}"
+
+
+async def subscribe_early(ns: str) -> None:
+    """The sql92-bitmaps groups register their subscriptions (a pull carries it, its heartbeat follows)."""
+    for pct, sel in SQL.items():
+        async with AsyncPullConsumer(group_of("sql92-bitmaps", pct), namesrv=ns) as c:
+            mq = (await c.fetch_message_queues(TOPIC))[0]
+            await c.pull(mq, sel, 0, 1)
+            await c.instance.send_heartbeat_to_all()
+
+
+async def produce(ns: str, n: int, start: int = 0) -> None:
+    async with AsyncProducer("class_bench_p", namesrv=ns) as p:
+        queues = [q for q in await p.fetch_publish_queues(TOPIC)]
+        pending: list = []
+        for start in range(start, n, 128):
+            batch = [Message(TOPIC, BODY, properties={"k": str(i % 100)}) for i in range(start, min(n, start + 128))]
+            pending.append(p.send_batch(batch, queue=queues[(start // 128) % len(queues)]))
+            if len(pending) >= 8:
+                await asyncio.gather(*pending)
+                pending = []
+        await asyncio.gather(*pending)
+
+
+async def drain(ns: str, group: str, sel: MessageSelector) -> tuple[int, float]:
+    """(messages delivered, seconds) for one group draining every queue from offset 0."""
+    async with AsyncPullConsumer(group, namesrv=ns, pull_timeout=30.0) as c:
+        mqs = await c.fetch_message_queues(TOPIC)
+        ends = {mq: await c.max_offset(mq) for mq in mqs}
+
+        async def one(mq) -> int:
+            got, off = 0, 0
+            while off < ends[mq]:
+                r = await c.pull(mq, sel, off, 32)
+                if r.status is PullStatus.FOUND:
+                    got += len(r.msg_found_list)
+                elif r.status is PullStatus.NO_NEW_MSG:
+                    break
+                off = r.next_begin_offset
+            return got
+        t0 = time.perf_counter()
+        counts = await asyncio.gather(*(one(mq) for mq in mqs))
+        return sum(counts), time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="20,000 messages instead of 200,000")
+    ap.add_argument("--messages", type=int, default=None)
+    args = ap.parse_args()
+    n = args.messages or (20_000 if args.quick else 200_000)
+    n -= n % 100
+    with tempfile.TemporaryDirectory(prefix="class-bench-") as d:
+        tmp = Path(d)
+        repo = tmp / "repo"
+        repo.mkdir()
+        (repo / "bench_filters.py").write_text(FILTERS)
+        config = f'filter_server_nums = 1\nfilter_class_repository = "{repo}"\n'
+        cluster = start_cluster(tmp, ("broker-a",), config=config)
+        try:
+            asyncio.run(produce(cluster.ns, 128))  # the topic exists: the bitmap groups subscribe
+            asyncio.run(subscribe_early(cluster.ns))
+            time.sleep(BITMAP_WAIT_S)
+            t0 = time.perf_counter()
+            asyncio.run(produce(cluster.ns, n, 128))
+            produce_s = time.perf_counter() - t0
+            with SyncNamesrvClient(cluster.ns) as nsc:
+                def served() -> bool:
+                    try:
+                        return any(nsc.get_route(TOPIC).filter_server_table.values())
+                    except SluiceError:
+                        return False
+                wait_for(served, 60.0, "a filter server in the topic's route")
+            results = []
+            for path, pct, sel in CASES:
+                got, secs = asyncio.run(drain(cluster.ns, group_of(path, pct), sel))
+                want = n * pct // 100
+                if got != want:
+                    raise SystemExit(f"{path} {pct} %: delivered {got} messages, expected {want}")
+                results.append({"path": path, "selectivity_pct": pct, "delivered": got, "seconds": round(secs, 3),
+                                "delivered_per_s": round(got / secs, 1),
+                                "scanned_per_s": round(n / secs, 1)})
+                print(f"{path:>13} {pct:>3} %: {got} delivered in {secs:.2f} s = {got / secs:,.0f}/s "
+                      f"({n / secs:,.0f} scanned/s)", flush=True)
+        finally:
+            cluster.stop()
+    rate = {(r["path"], r["selectivity_pct"]): r["delivered_per_s"] for r in results}
+    ratios = {f"{pct}%": round(rate[("class", pct)] / rate[("sql92", pct)], 3) for pct in (1, 10)}
+    bitmap_ratios = {f"{pct}%": round(rate[("class", pct)] / rate[("sql92-bitmaps", pct)], 3) for pct in (1, 10)}
+    print(json.dumps({"benchmark": "class_filter", "messages": n, "queues": QUEUES, "produce_s": round(produce_s, 2),
+                      "cores": os.cpu_count(), "results": results, "class_over_sql92": ratios,
+                      "class_over_sql92_bitmaps": bitmap_ratios, "goal": round(1 / 3, 4),
+                      "goal_met": all(v >= 1 / 3 for v in ratios.values()),
+                      "goal_met_against_bitmaps": all(v >= 1 / 3 for v in bitmap_ratios.values())}))
+
+
+if __name__ == "__main__":
+    main()
