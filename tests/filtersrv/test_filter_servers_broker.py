@@ -131,3 +131,25 @@ def _is_filtersrv(pid: int) -> bool:
         return b"filtersrv" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
+
+
+@pytest.mark.slow
+def test_a_filter_server_registers_again_as_soon_as_its_broker_restarts(tmp_path: Path) -> None:
+    repo = write_repository(tmp_path / "repo")
+    with running_cluster(tmp_path) as c:
+        # a 10-minute interval: only the reconnection can bring it back into the route in time
+        fs = start_filtersrv(tmp_path, c.broker.addr, "--repository", str(repo), "--register-interval", "600")
+        try:
+            wait_listed(c.ns, "TBW102", c.broker.addr, fs.addr)
+            restarted = c.restart_broker()
+            restarted.wait_for_stderr(f"filter server {fs.addr} registered", timeout=30)
+            wait_listed(c.ns, "TBW102", c.broker.addr, fs.addr, timeout=30)
+            rpc = FsRpc(c.broker.addr)
+            try:
+                rpc.send("FsAfterRestart", 2)
+                assert rpc.register(fs.addr, "G-r", "FsAfterRestart", "evens:Even").code == ResponseCode.SUCCESS
+                assert numbers(rpc.drain(fs.addr, "G-r", "FsAfterRestart")) == [2]
+            finally:
+                rpc.close()
+        finally:
+            fs.stop()

@@ -172,17 +172,33 @@ class FilterServer:
         self.registered.set()
 
     async def _register_loop(self) -> None:
+        """Register every interval, and at once when the connection to the broker closes: the broker drops
+        a filter server whose connection closed, so waiting for the next tick would leave it out of routes."""
         failing = False
+        again = asyncio.Event()
+        watched: RemotingConnection | None = None
         while True:
+            again.clear()
             try:
                 await self.register_with_broker()
                 failing = False
+                conn = await self.remoting.connection(self.config.broker)
+                if conn is not watched:
+                    watched = conn
+                    conn.on_close(lambda _c: again.set())
             except Exception as exc:  # the broker may be restarting: keep trying, log once per outage
                 if not failing:
                     log.warning("filter server %s: registering with broker %s failed: %s", self.address,
                                 self.config.broker, exc)
                 failing = True
-            await asyncio.sleep(self.config.register_interval)
+            try:
+                # while failing, try every second: the broker is likely restarting and routes miss us meanwhile
+                async with asyncio.timeout(min(1.0, self.config.register_interval) if failing
+                                           else self.config.register_interval):
+                    await again.wait()
+                await asyncio.sleep(0.2)  # a broker going down: do not spin on refused connections
+            except TimeoutError:
+                pass
 
     # ------------------------------------------------------------------------------------------ 302
 
