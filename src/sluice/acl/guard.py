@@ -60,8 +60,13 @@ class AclGuard:
         log.info("ACL reloaded: %s (%d accounts)", self.path, len(self.policy.accounts))
 
     def check(self, peer: str, ext_fields: Mapping[str, Any], body: bytes | None, need: Need) -> None:
-        """Raise NoPermissionError (logged once per client and reason a minute) unless the request may run."""
-        self.maybe_reload()
+        """Raise NoPermissionError (logged once per client and reason a minute) unless the request may run.
+
+        Every request's signature is verified; what a signed account may do is remembered per need by the
+        policy (``Need.key``), and forgotten with it when the file is reloaded."""
+        now = time.monotonic()
+        if now - self._checked >= self.reload_interval:
+            self.maybe_reload(now)
         host = peer.rpartition(":")[0] or peer
         try:
             self.policy.decide(host, ext_fields, body, need)

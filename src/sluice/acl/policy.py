@@ -20,7 +20,7 @@ Sans-IO: ``load_policy(path)`` parses, ``Policy.decide`` answers one request.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -161,6 +161,16 @@ class Need:
     code: int
     admin: bool = False
     resources: Mapping[str, int] = field(default_factory=dict)
+    #: A hashable name for exactly this need (same key, same admin flag and resources), or None: with it the
+    #: policy remembers its decision for each account (the signature is still verified on every request).
+    key: Hashable | None = field(default=None, compare=False)
+
+
+_ALLOWED = ""  # a remembered decision: allowed; any other remembered string is the refusal's message
+#: Remembered decisions and white-address answers per policy (a reload makes a new policy, so it forgets);
+#: past these many the memory starts over.
+_MAX_DECISIONS = 65_536
+_MAX_HOSTS = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,14 +178,24 @@ class Policy:
     source: str
     global_white: tuple[AddressPattern, ...] = ()
     accounts: Mapping[str, Account] = field(default_factory=dict)
+    _decisions: dict[tuple[str, Hashable], str] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _white_hosts: dict[str, bool] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def whitelisted(self, host: str) -> bool:
-        return any(p.match(host) for p in self.global_white)
+        if not self.global_white:
+            return False
+        known = self._white_hosts.get(host)
+        if known is None:
+            known = any(p.match(host) for p in self.global_white)
+            if len(self._white_hosts) >= _MAX_HOSTS:
+                self._white_hosts.clear()
+            self._white_hosts[host] = known
+        return known
 
     def authenticate(self, host: str, ext_fields: Mapping[str, Any], body: bytes | None) -> Account | None:
         """The signed account (None when the address is whitelisted globally or for the account: RocketMQ
         then checks nothing more); raises NoPermissionError naming the account or "no AccessKey"."""
-        if self.whitelisted(host):
+        if self.global_white and self.whitelisted(host):
             return None
         key = ext_fields.get(ACCESS_KEY)
         if not key:
@@ -195,6 +215,26 @@ class Policy:
         account = self.authenticate(host, ext_fields, body)
         if account is None:
             return
+        key = need.key
+        if key is None:
+            self._authorize(account, need)
+            return
+        remembered = self._decisions.get((account.access_key, key))
+        if remembered is None:
+            try:
+                self._authorize(account, need)
+                remembered = _ALLOWED
+            except NoPermissionError as exc:
+                remembered = str(exc)
+            if len(self._decisions) >= _MAX_DECISIONS:
+                self._decisions.clear()
+            self._decisions[(account.access_key, key)] = remembered
+        if remembered:
+            raise NoPermissionError(remembered)
+
+    @staticmethod
+    def _authorize(account: Account, need: Need) -> None:
+        """Permission.checkPermission over the request's resources, for a signed account."""
         if need.admin and not account.admin:
             raise NoPermissionError(f"Need admin permission for request code={need.code}, but "
                                     f"accessKey={account.access_key} is not")
