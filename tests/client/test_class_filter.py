@@ -17,7 +17,10 @@ from sluice.client.instance import ClientInstance
 from sluice.client.pull_consumer import AsyncPullConsumer
 from sluice.client.push_consumer import AsyncPushConsumer
 from sluice.client.results import MessageQueue
-from sluice.errors import FilterClassError, FilterError, InvalidParameterError
+from sluice.errors import (
+    FilterClassConflictError, FilterClassError, FilterClassFailedError, FilterClassImportError,
+    FilterClassNotFoundError, FilterClassUploadRefusedError, FilterError, InvalidParameterError,
+)
 from sluice.protocol.bodies import BrokerData, QueueData, SubscriptionData, TopicRouteData, decode_body, encode_body
 from sluice.protocol.codes import RequestCode
 
@@ -91,6 +94,15 @@ def test_class_error_names_class_and_cause():
     e = class_error("m:C", "ZeroDivisionError: division by zero", code=1, where="filter server x")
     assert isinstance(e, FilterError) and e.class_name == "m:C" and e.cause.startswith("ZeroDivisionError")
     assert "'m:C'" in str(e) and "division by zero" in str(e) and "filter server x" in str(e) and e.code == 1
+    assert type(e) is FilterClassFailedError
+    # a filter server's remark names the class already: not twice
+    named = class_error("m:C", "filter class 'm:C' failed: raised ValueError", code=1)
+    assert str(named) == "filter class 'm:C' failed: raised ValueError"
+    for code, cls in [(16, FilterClassUploadRefusedError), (27, FilterClassNotFoundError),
+                      (23, FilterClassImportError), (25, FilterClassConflictError), (29, FilterClassError)]:
+        got = class_error("m:C", "x", code=code)
+        assert type(got) is cls and got.code == code
+    assert type(class_error("m:C", "no filter server")) is FilterClassError
 
 
 def _route(broker_addr: str, servers: list[str]) -> TopicRouteData:

@@ -32,7 +32,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from sluice.client.results import MessageQueue
 from sluice.client.selector import MessageSelector
-from sluice.errors import FilterClassError, RemotingError, SluiceError
+from sluice.errors import (
+    FilterClassConflictError, FilterClassError, FilterClassFailedError, FilterClassImportError,
+    FilterClassNotFoundError, FilterClassUploadRefusedError, RemotingError, SluiceError,
+)
 from sluice.protocol.bodies import TopicRouteData
 from sluice.protocol.codes import RequestCode, ResponseCode
 from sluice.protocol.command import RemotingCommand
@@ -75,12 +78,24 @@ def register_filter_class_request(group: str, topic: str, selector: MessageSelec
     return RemotingCommand.request(RequestCode.REGISTER_MESSAGE_FILTER_CLASS, ext, body=selector.class_source)
 
 
+#: A filter server's error answers, as the sluice.errors class a user can catch (sluice/filtersrv/).
+_ERRORS_BY_CODE: dict[int, type[FilterClassError]] = {
+    ResponseCode.NO_PERMISSION: FilterClassUploadRefusedError,
+    ResponseCode.FILTER_DATA_NOT_EXIST: FilterClassNotFoundError,
+    ResponseCode.SUBSCRIPTION_PARSE_FAILED: FilterClassImportError,
+    ResponseCode.SUBSCRIPTION_NOT_LATEST: FilterClassConflictError,
+    ResponseCode.SYSTEM_ERROR: FilterClassFailedError,
+}
+
+
 def class_error(class_name: str, cause: str, *, code: int | None = None, where: str = "") -> FilterClassError:
-    """The error a user sees: the class, what went wrong, and where."""
+    """The error a user sees: the class, what went wrong, and where; a filter server's answer ``code`` picks
+    the FilterClassError subclass (FilterClassFailedError for a class failing on a batch, ...)."""
     at = f" ({where})" if where else ""
     # A filter server's remark names the class already; the SDK's own causes do not.
     text = cause if repr(class_name) in cause or class_name in cause.split() else f"filter class {class_name!r}: {cause}"
-    return FilterClassError(f"{text}{at}", class_name=class_name, cause=cause, code=code)
+    cls = _ERRORS_BY_CODE.get(code, FilterClassError) if code is not None else FilterClassError
+    return cls(f"{text}{at}", class_name=class_name, cause=cause, code=code)
 
 
 class ClassFilterConsumer(Protocol):
