@@ -10,6 +10,7 @@ from typing import Any
 
 from servers import SluiceProcess, wait_for
 
+from sluice.acl.signature import Credentials, sign_fields
 from sluice.client.broker_api import decode_messages
 from sluice.message import MessageExt
 from sluice.namesrv.client import SyncNamesrvClient
@@ -105,16 +106,20 @@ def crc(source: bytes) -> int:
 class FsRpc:
     """Raw requests: sends to the broker, registrations and pulls to filter servers."""
 
-    def __init__(self, broker: str) -> None:
+    def __init__(self, broker: str, credentials: Credentials | None = None) -> None:
         self.broker = broker
         self.client = SyncRemotingClient()
+        self.credentials = credentials  # every request signed with it (ACL)
 
     def close(self) -> None:
         self.client.close()
 
     def call(self, addr: str, code: int, fields: dict[str, Any] | None = None, body: bytes = b"",
              timeout: float = 10.0) -> RemotingCommand:
-        return self.client.invoke(addr, RemotingCommand.request(code, fields or {}, body), timeout)
+        fields = {k: str(v) for k, v in (fields or {}).items()}
+        if self.credentials is not None:
+            sign_fields(self.credentials, fields, body)
+        return self.client.invoke(addr, RemotingCommand.request(code, fields, body), timeout)
 
     def send(self, topic: str, n: int, *, tags: str | None = None, queue_id: int = 0) -> None:
         props = {"n": str(n)}

@@ -153,3 +153,41 @@ def test_a_filter_server_registers_again_as_soon_as_its_broker_restarts(tmp_path
                 rpc.close()
         finally:
             fs.stop()
+
+
+ACL = """\
+accounts:
+  - accessKey: fsuser
+    secretKey: user-secret-1
+    admin: false
+    defaultTopicPerm: PUB|SUB
+    defaultGroupPerm: SUB
+  - accessKey: fsadmin
+    secretKey: admin-secret-1
+    admin: true
+"""
+
+
+@pytest.mark.slow
+def test_under_acl_the_children_sign_as_the_broker_and_check_consumers(tmp_path: Path) -> None:
+    from sluice.acl.signature import Credentials
+    repo = write_repository(tmp_path / "repo")
+    (tmp_path / "plain_acl.yml").write_text(ACL)
+    conf = (f'filter_server_nums = 1\nfilter_class_repository = "{repo}"\nacl = "{tmp_path / "plain_acl.yml"}"\n'
+            'acl_access_key = "fsadmin"\nacl_secret_key = "admin-secret-1"\n')
+    with running_cluster(tmp_path, config=conf) as c:
+        broker = c.broker.addr
+        fs = wait_for(lambda: (lst := route_filter_servers(c.ns, "TBW102", broker)) and lst[0], 30,
+                      "the child registered (301 needs admin: it signed as the broker's account)")
+        user, anonymous = FsRpc(broker, Credentials("fsuser", "user-secret-1")), FsRpc(broker)
+        try:
+            for n in range(4):
+                user.send("FsAcl", n)
+            refused = anonymous.register(fs, "G-acl", "FsAcl", "evens:Even")
+            assert refused.code == ResponseCode.NO_PERMISSION and "no AccessKey" in refused.remark
+            assert user.register(fs, "G-acl", "FsAcl", "evens:Even").code == ResponseCode.SUCCESS
+            assert anonymous.pull(fs, "G-acl", "FsAcl", 0).code == ResponseCode.NO_PERMISSION
+            assert numbers(user.drain(fs, "G-acl", "FsAcl")) == [0, 2]  # forwarded pulls signed by the child
+        finally:
+            user.close()
+            anonymous.close()
