@@ -15,11 +15,13 @@ from sluice.namesrv.server import NamesrvConfig, run_namesrv
 _CONFIG_KEYS = {"listen": str, "scan_interval": float, "broker_expiry": float, "max_frame_size": int, "log_level": str,
                 "frame_budget": int, "max_connections": int, "idle_timeout": float, "kv_max_entries": int,
                 "kv_max_key_bytes": int, "kv_max_value_bytes": int,
-                "acl": str, "tls_mode": str, "tls_cert": str, "tls_key": str}
+                "acl": str, "tls_mode": str, "tls_cert": str, "tls_key": str,
+                "tls_client_ca": str}
 
 
 def load_config_file(path: Path) -> dict[str, Any]:
-    """Read a TOML file (top level or a ``[namesrv]`` table); unknown keys are an error, not ignored."""
+    """Read a TOML file (top level or a ``[namesrv]`` table); unknown keys are an error, not ignored. A relative
+    ``acl`` path is resolved against the file's folder."""
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError) as exc:
@@ -36,6 +38,8 @@ def load_config_file(path: Path) -> dict[str, Any]:
         except (TypeError, ValueError):
             raise click.BadParameter(f"{path}: {key} = {value!r} is not a valid {_CONFIG_KEYS[key].__name__}",
                                      param_hint="--config") from None
+    if out.get("acl") and not Path(out["acl"]).is_absolute():  # a file beside the config, not in the cwd
+        out["acl"] = str(path.absolute().parent / out["acl"])
     return out
 
 
@@ -54,6 +58,7 @@ def load_config_file(path: Path) -> dict[str, Any]:
               help="TLS: plain only, both on one port, or TLS only (docs/security.md) [default: disabled].")
 @click.option("--tls-cert", metavar="PEM", help="The server's certificate chain (for permissive and enforcing).")
 @click.option("--tls-key", metavar="PEM", help="The certificate's private key.")
+@click.option("--tls-client-ca", metavar="PEM", help="Mutual TLS: TLS clients need a certificate this CA signed.")
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def namesrv_command(config_path: Path | None, log_level: str | None, **flags: Any) -> None:
     """Run a name server: brokers register here, clients ask it for topic routes."""
