@@ -130,3 +130,22 @@ def test_uploads_are_refused_by_default(cluster: Cluster, topic: str):
     assert info.value.code == ResponseCode.NO_PERMISSION and "uploads" in str(info.value)
     assert isinstance(info.value, FilterClassUploadRefusedError)
     assert "uploaded:Even" in str(info.value)
+
+
+def test_members_of_one_group_with_different_classes_conflict_loudly(cluster: Cluster, topic: str):
+    from sluice import AsyncPullConsumer
+    from sluice.errors import FilterClassConflictError
+    group = f"conflict_{topic}"
+
+    async def main() -> FilterClassConflictError:
+        async with AsyncPullConsumer(group, namesrv=cluster.ns, instance_name="one") as a, \
+                AsyncPullConsumer(group, namesrv=cluster.ns, instance_name="two") as b:
+            mq = (await a.fetch_message_queues(topic))[0]
+            first = await a.pull(mq, MessageSelector.by_class("evens:Even"), 0)
+            assert all(int(m.properties["n"]) % 2 == 0 for m in first.msg_found_list)
+            with pytest.raises(FilterClassConflictError) as info:
+                await b.pull(mq, MessageSelector.by_class("odds:Odd"), 0)
+            assert b.class_filter_error(topic) is not None
+            return info.value
+    err = asyncio.run(main())
+    assert "evens:Even" in str(err) and "odds:Odd" in str(err) and err.code == ResponseCode.SUBSCRIPTION_NOT_LATEST
