@@ -296,6 +296,8 @@ class MessageStore:
         disk_s = c.disk_check_interval_s
         last_ckpt = time.monotonic()
         while not self._stop.wait(min(ckpt_s, disk_s)):
+            if not self._open:  # closing: close() checkpoints itself
+                break
             now = time.monotonic()
             if now - self.disk_checked_at >= disk_s:
                 self.disk_checked_at = now

@@ -39,11 +39,15 @@ class OpenFilesLru:
         self.evictions = 0
         self._open: OrderedDict[Evictable, None] = OrderedDict()
         self._lock = threading.Lock()
+        self._last: Evictable | None = None  # the object touched last (read without the lock: a hint)
 
     def __len__(self) -> int:
         return len(self._open)
 
     def touch(self, obj: Evictable) -> None:
+        if self._last is obj:  # the same queue again (a pull's windows, a dispatch batch): nothing moves
+            return
+        self._last = obj
         with self._lock:
             od = self._open
             if obj in od:
@@ -64,6 +68,8 @@ class OpenFilesLru:
                     if v not in self._open:
                         continue
                     del self._open[v]
+                    if self._last is v:  # v's lock is held: no one is touching it now
+                        self._last = None
                 try:
                     v.evict_files()
                 except Exception:  # the object stays usable: it reopens its files on its next use
@@ -77,6 +83,8 @@ class OpenFilesLru:
         """``obj`` closed its files by itself (store close, deletion)."""
         with self._lock:
             self._open.pop(obj, None)
+            if self._last is obj:
+                self._last = None
 
 
 class PerQueueFiles(Protocol):
