@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from sluice.errors import FilterClassFailedError, FilterClassImportError
 from sluice.filtersrv import worker as W
 
-__all__ = ["WorkerLimits", "Worker", "split_records"]
+__all__ = ["WorkerLimits", "Worker", "split_records", "worker_env"]
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,20 @@ def split_records(body: bytes) -> list[memoryview]:
     return out
 
 
+#: Environment variables a worker never sees: the filter server's ACL account (a class could read and
+#: use it) and anything else named like a secret.
+_HIDDEN = ("SLUICE_FILTERSRV_", "AWS_", "AZURE_", "GOOGLE_")
+_SECRET_WORDS = ("SECRET", "PASSWORD", "TOKEN", "ACCESS_KEY", "PRIVATE")
+
+
+def worker_env() -> dict[str, str]:
+    """The filter server's environment without credentials (a worker runs code the operator may not trust)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(_HIDDEN) and not any(w in k.upper() for w in _SECRET_WORDS)}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
 class Worker:
     def __init__(self, class_name: str, source: bytes, limits: WorkerLimits) -> None:
         self.class_name = class_name
@@ -86,7 +100,7 @@ class Worker:
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "sluice.filtersrv.worker", stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE, stderr=None, start_new_session=True,
-            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+            env=worker_env())
         conf = {"class_name": self.class_name, "cpu_seconds": lim.cpu_seconds,
                 "cpu_lifetime_seconds": lim.cpu_lifetime_seconds, "memory_bytes": lim.memory_bytes}
         try:
