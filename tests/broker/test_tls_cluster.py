@@ -157,3 +157,24 @@ def test_a_broker_with_unusable_tls_files_does_not_start(tmp_path: Path, certs: 
                            "enforcing", "--tls-cert", certs.cert_file, "--tls-key", certs.ca_file],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "cannot use TLS certificate" in done.stderr
+
+
+def test_mutual_tls_cluster_needs_client_certificates(tmp_path: Path, certs: Certs) -> None:
+    """--tls-client-ca on both servers: the broker registers with its own certificate (namesrv_tls_cert /
+    namesrv_tls_key in its TOML), SDK clients with theirs; a TLS client without one is refused."""
+    broker_cert, broker_key = certs.client_files("broker-a")
+    client_cert, client_key = certs.client_files("app-1")
+    mtls = [*certs.server_args("enforcing"), "--tls-client-ca", certs.ca_file]
+    toml = (f'namesrv_tls = true\nnamesrv_tls_ca = "{certs.ca_file}"\n'
+            f'namesrv_tls_cert = "{broker_cert}"\nnamesrv_tls_key = "{broker_key}"\n')
+    client_tls = certs.client(cert=client_cert, key=client_key)
+    with running_cluster(tmp_path, ("broker-a",), *mtls, config=toml, namesrv_extra=mtls,
+                         client_tls=client_tls) as c:
+        tls = {"tls": True, "tls_ca": certs.ca_file, "tls_cert": client_cert, "tls_key": client_key}
+        got = send_and_pull(c.ns, "TopicMutualTls", [b"m1", b"m2"], tls, tls, tls_route=client_tls)
+        assert sorted(got) == [b"m1", b"m2"]
+        with Producer("PG_no_client_cert", c.ns, tls=True, tls_ca=certs.ca_file, retry_times=0,
+                      send_timeout=5) as p:
+            with pytest.raises(SluiceError):
+                p.send(Message("TopicMutualTls", b"x"))
+        c.namesrv.wait_for_stderr("TLS handshake with")

@@ -64,3 +64,13 @@ def test_relative_tls_files_in_a_toml_file_are_beside_it(tmp_path) -> None:  # t
         str(etc / "tls/server.pem"), str(etc / "tls/server.key"), str(etc / "tls/ca.pem"))
     assert config.namesrv_tls_ca == "/abs/ca.pem"
     assert BrokerConfig.load(etc / "broker.toml", tls_cert="mine.pem").tls_cert == "mine.pem"  # flags stay as given
+
+
+def test_namesrv_relative_tls_files_in_a_toml_file_are_beside_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from sluice.namesrv.cli import load_config_file
+    conf = tmp_path / "namesrv.toml"
+    conf.write_text('tls_mode = "enforcing"\ntls_cert = "server.pem"\ntls_key = "/abs/server.key"\n'
+                    'tls_client_ca = "ca.pem"\n')
+    out = load_config_file(conf)
+    assert (out["tls_cert"], out["tls_key"], out["tls_client_ca"]) == (
+        str(tmp_path / "server.pem"), "/abs/server.key", str(tmp_path / "ca.pem"))

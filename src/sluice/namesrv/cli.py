@@ -21,7 +21,7 @@ _CONFIG_KEYS = {"listen": str, "scan_interval": float, "broker_expiry": float, "
 
 def load_config_file(path: Path) -> dict[str, Any]:
     """Read a TOML file (top level or a ``[namesrv]`` table); unknown keys are an error, not ignored. A relative
-    ``acl`` path is resolved against the file's folder."""
+    ``acl`` (or TLS file) path is resolved against the file's folder."""
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError) as exc:
@@ -38,8 +38,9 @@ def load_config_file(path: Path) -> dict[str, Any]:
         except (TypeError, ValueError):
             raise click.BadParameter(f"{path}: {key} = {value!r} is not a valid {_CONFIG_KEYS[key].__name__}",
                                      param_hint="--config") from None
-    if out.get("acl") and not Path(out["acl"]).is_absolute():  # a file beside the config, not in the cwd
-        out["acl"] = str(path.absolute().parent / out["acl"])
+    for key in ("acl", "tls_cert", "tls_key", "tls_client_ca"):  # a file beside the config, not in the cwd
+        if out.get(key) and not Path(out[key]).is_absolute():
+            out[key] = str(path.absolute().parent / out[key])
     return out
 
 
