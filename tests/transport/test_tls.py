@@ -189,6 +189,7 @@ def test_silent_and_stalled_handshakes_are_closed_and_count_toward_the_connectio
             with pytest.raises(RemotingError):
                 await late.invoke(server.address, RemotingCommand.request(ECHO, {}), timeout=5)
             await late.close()
+            assert server.refused == 1
             for s in (silent, stalled):  # the server closes both: EOF
                 assert await asyncio.wait_for(loop.sock_recv(s, 100), 10) == b""
             assert not server.tls.pending and server.tls.handshake_failed == 2

@@ -158,10 +158,16 @@ class RemotingServer:
         return RemotingConnection(dispatcher=self.dispatcher, max_frame_size=self.max_frame_size,
                                   max_inflight=self.max_inflight, on_open=self._opened, budget=self.budget)
 
-    def _full(self) -> bool:
-        """No room for another connection (TLS: those still in their handshake count too)."""
+    def _full(self, peer: str) -> bool:
+        """TLS acceptor: no room for a connection from ``peer`` (those still in their handshake count too);
+        the refusal is counted and logged as at ``_opened``."""
         pending = len(self.tls.pending) if self.tls is not None else 0
-        return len(self.connections) + pending >= self.max_connections
+        if len(self.connections) + pending < self.max_connections:
+            return False
+        self.refused += 1
+        self._refusals.warning("refusing connection from %s: %d connections open, %d in their TLS handshake "
+                               "(max_connections)", peer, len(self.connections), pending)
+        return True
 
     def _opened(self, conn: RemotingConnection) -> None:
         if len(self.connections) >= self.max_connections:

@@ -144,11 +144,11 @@ class _Early(asyncio.Protocol):
 class TlsAcceptor:
     """The server's protocol factory in permissive and enforcing modes: sniffs, then plain or TLS.
 
-    ``new_connection()`` makes the RemotingConnection a sniffed connection becomes; ``full()`` says
-    the server has no room (the sniffer then closes at once, like the server's own limit does)."""
+    ``new_connection()`` makes the RemotingConnection a sniffed connection becomes; ``full(peer)`` says
+    the server has no room for one more (it counts and logs that refusal; the sniffer then closes at once)."""
 
     def __init__(self, mode: str, context: ssl.SSLContext, new_connection: Callable[[], asyncio.BufferedProtocol],
-                 full: Callable[[], bool], handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT) -> None:
+                 full: Callable[[str], bool], handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT) -> None:
         if mode not in ("permissive", "enforcing"):
             raise InvalidParameterError(f"a TLS acceptor runs in permissive or enforcing mode, not {mode!r}")
         self.mode = mode
@@ -195,8 +195,7 @@ class _Sniffer(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         acc = self._acceptor
-        if acc.full():
-            acc.refusal_log.warning("refusing connection from %s: too many connections (max_connections)", self.peer)
+        if acc.full(self.peer):
             transport.close()
             return
         self._loop = loop = asyncio.get_running_loop()
