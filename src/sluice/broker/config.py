@@ -197,6 +197,8 @@ class BrokerConfig:
     filter_class_uploads: bool = False
     #: The directory of filter-class modules the filter servers load ('mod:Cls' is DIR/mod.py); None: none.
     filter_class_repository: str | None = None
+    #: A base URL of filter-class modules ('mod:Cls' is URL/mod.py), read where the directory has none.
+    filter_class_repository_url: str | None = None
     #: CPU seconds a filter class may spend on one pulled batch (RLIMIT_CPU in its worker): far above what
     #: a predicate over a 32-message batch needs, short enough that a spinning class frees its core soon.
     filter_worker_cpu_seconds: float = 5.0

@@ -431,6 +431,8 @@ class BrokerController:
                 "--batch-deadline-ms", str(c.filter_batch_deadline_ms)]
         if c.filter_class_repository:
             args += ["--repository", str(Path(c.filter_class_repository).absolute())]
+        if c.filter_class_repository_url:
+            args += ["--repository-url", c.filter_class_repository_url]
         if c.acl:  # the broker's ACL guards its filter servers too
             args += ["--acl", str(Path(c.acl).absolute())]
         return args

@@ -56,6 +56,8 @@ _D = WorkerLimits()
 @click.option("--listen", default="127.0.0.1:0", show_default=True, metavar="HOST:PORT",
               help="Address consumers connect to (registered with the broker as is; port 0 picks one).")
 @click.option("--repository", metavar="DIR", help="Directory of filter-class modules ('mod:Cls' is DIR/mod.py).")
+@click.option("--repository-url", metavar="URL",
+              help="Base URL of filter-class modules ('mod:Cls' is URL/mod.py), where the directory has none.")
 @click.option("--uploads/--no-uploads", default=False, show_default=True,
               help="Accept class source sent by consumers (uploaded code; see docs/security.md).")
 @click.option("--worker-cpu-seconds", type=float, default=_D.cpu_seconds, show_default=True,
@@ -70,7 +72,7 @@ _D = WorkerLimits()
               help="Seconds between re-reads of the repository's class files.")
 @click.option("--acl", metavar="FILE", help="plain_acl.yml: check every request; uploading needs an admin account.")
 @click.option("--parent-pid", type=int, hidden=True, help="Stop when this process (the broker) is gone.")
-def filtersrv_command(broker: str, listen: str, repository: str | None, uploads: bool, worker_cpu_seconds: float,
+def filtersrv_command(broker: str, listen: str, repository: str | None, repository_url: str | None, uploads: bool, worker_cpu_seconds: float,
                       worker_memory_mb: int, batch_deadline_ms: int, register_interval: float,
                       repository_check_interval: float, acl: str | None = None, parent_pid: int | None = None) -> None:
     """Run a filter server: runs consumers' filter classes (in sandboxed workers) on their broker's messages.
@@ -89,7 +91,10 @@ def filtersrv_command(broker: str, listen: str, repository: str | None, uploads:
     ak, sk = os.environ.get(ACCESS_KEY_ENV, ""), os.environ.get(SECRET_KEY_ENV, "")
     if bool(ak) != bool(sk):
         raise click.UsageError(f"{ACCESS_KEY_ENV} and {SECRET_KEY_ENV} are set together or not at all")
-    config = FiltersrvConfig(broker=broker, listen=listen, repository=repository, uploads=uploads, limits=limits,
+    if repository_url is not None and not repository_url.startswith(("http://", "https://")):
+        raise click.UsageError(f"--repository-url {repository_url!r} is not http:// or https://")
+    config = FiltersrvConfig(broker=broker, listen=listen, repository=repository, repository_url=repository_url,
+                             uploads=uploads, limits=limits,
                              register_interval=register_interval, check_interval=repository_check_interval,
                              acl=acl, credentials=Credentials(ak, sk) if ak else None)
     try:

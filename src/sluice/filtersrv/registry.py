@@ -143,7 +143,7 @@ class FilterClassRegistry:
                     f"({class_crc(body)})", class_name=class_name, cause="classCRC mismatch")
             source, uploaded = bytes(body), True
         else:
-            source, uploaded = self.repository.load(class_name), False
+            source, uploaded = await self.repository.load(class_name), False
         key = (topic, group)
         new_crc = class_crc(source)
         entry = self.entries.get(key)
@@ -243,7 +243,7 @@ class FilterClassRegistry:
             if entry.uploaded:
                 continue
             try:
-                source = self.repository.load(entry.class_name)
+                source = await self.repository.load(entry.class_name)
             except FilterClassError as exc:
                 log.warning("filter class %s for %s: %s (the loaded class keeps serving)", entry.class_name,
                             entry.key, exc.cause)

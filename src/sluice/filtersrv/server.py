@@ -82,6 +82,8 @@ class FiltersrvConfig:
     listen: str = "127.0.0.1:0"
     #: The directory of filter-class modules (uploads off: the only source of classes).
     repository: str | None = None
+    #: A base URL of filter-class modules, tried where the directory has no such module.
+    repository_url: str | None = None
     #: Accept class source sent by consumers (302 body); off by default: uploaded code is code from anyone
     #: who can reach the port.
     uploads: bool = False
@@ -110,7 +112,7 @@ class FilterServer:
         self.server = RemotingServer(host, int(port))
         self.remoting = remoting or remoting_client(config.credentials)
         self.acl = AclGuard(config.acl) if config.acl else None
-        self.registry = FilterClassRegistry(ClassRepository(config.repository), config.limits,
+        self.registry = FilterClassRegistry(ClassRepository(config.repository, config.repository_url), config.limits,
                                             uploads=config.uploads, check_interval=config.check_interval)
         self.broker_name: str | None = None
         self.broker_id: int | None = None
