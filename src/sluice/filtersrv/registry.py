@@ -111,6 +111,7 @@ class FilterClassRegistry:
         self.idle_drop_s = idle_drop_s
         self.entries: dict[tuple[str, str], ClassEntry] = {}
         self._task: asyncio.Task[None] | None = None
+        self._closing: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------------------------------ registration
 
@@ -166,7 +167,9 @@ class FilterClassRegistry:
             if old is not None:
                 log.info("filter class for %s@%s replaced: %s (CRC %d) -> %s (CRC %d)", topic, group,
                          old.class_name, old.crc, class_name, new_crc)
-                asyncio.get_running_loop().create_task(old.close())
+                closing = asyncio.get_running_loop().create_task(old.close())
+                self._closing.add(closing)  # held until done: the loop keeps only weak references to tasks
+                closing.add_done_callback(self._closing.discard)
         entry.holders[owner] = alive
         assert entry.ready is not None
         await asyncio.shield(entry.ready)  # the one load; its error is every waiter's error
