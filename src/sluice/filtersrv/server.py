@@ -254,7 +254,14 @@ class FilterServer:
                     return request.make_response(resp.code, f"no new message ({skipped} filtered out before it)",
                                                  ext_fields=fields)
                 return request.make_response(resp.code, resp.remark, ext_fields=fields)
-            out = await self.registry.filter(entry, resp.body)
+            try:
+                out = await self.registry.filter(entry, resp.body)
+            except FilterClassError:
+                current = self.registry.entries.get((h.topic, h.consumer_group))
+                if current is None or current is entry:
+                    raise
+                entry = current  # replaced while this batch ran (its worker ended): the new class decides
+                out = await self.registry.filter(entry, resp.body)
             if out.kept:
                 if len(out.kept) > want:  # the rest is read again from the first kept record left out
                     fields["nextBeginOffset"] = str(queue_offset_of(out.kept[want]))
