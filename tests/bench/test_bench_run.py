@@ -31,12 +31,20 @@ def test_bench_quick_against_sluice_writes_positive_figures(tmp_path: Path) -> N
             d = sluice["drains"][name][case]
             assert "error" not in d, d
             assert d["matched"] == d["expected"] > 0 and d["matched_per_s"] > 0
+    # The broker's own counters: a group subscribed before the writes skips records on its bitmap; a group that
+    # subscribes afterwards evaluates every record (the 400 and the topic-creating one).
+    for name in ("region", "sql92"):
+        before = sluice["drains"][name]["before"]["broker_filter"]
+        after = sluice["drains"][name]["catchup"]["broker_filter"]
+        assert before["bitmapSkipped"] > 0 and before["evaluated"] < 401, before
+        assert after["bitmapSkipped"] == 0 and after["evaluated"] >= 401, after
     for rate in ("1000", "10000"):
         lat = sluice["latency"][rate]
         assert lat["received"] == lat["expected"] > 0 and 0 < lat["p50_ms"] <= lat["p99_ms"]
     assert result["machine"]["cores"] >= 1 and result["load"]["messages"] == 400
     text = (out / "bench.md").read_text()
     assert "| produce msgs/s |" in text and "## How each system filters and persists" in text
+    assert "- sql92 (catchup): evaluated " in text
     for png in ("throughput.png", "latency.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
 

@@ -32,12 +32,14 @@ HOW = {
                 "routed while it is bound, so there is no catch-up case. Client: pika, one connection per thread, "
                 "4 threads.",
     "redis": "Redis streams have no server-side filter: every drain reads the whole stream (`XREADGROUP`, "
-             "acknowledged with `XACK`) and filters in the client, so its matched/s counts only the matches among everything read. "
+             "acknowledged with `XACK`) and filters in the client, so its matched/s counts only the matches "
+             "among everything read. "
              "`appendonly yes` with `appendfsync everysec`. Client: redis-py, pipelines of 32 `XADD`s from 4 "
              "threads.",
     "activemq": "ActiveMQ evaluates JMS selectors on the broker; over STOMP every header is a string, so "
                 "`a >= 50` is written `a IN ('50', ..., '99')`. Durable topic subscriptions made before the writes "
-                "hold the matches of each selector (persistent messages in KahaDB; the last of every 32 sends asks for a "
+                "hold the matches of each selector (persistent messages in KahaDB; the last of every 32 sends asks "
+                "for a "
                 "receipt, which KahaDB answers after its write); a topic subscription gets only what is published "
                 "while it exists, so there is no catch-up case. Client: stomp.py, 4 threads.",
 }
@@ -180,6 +182,18 @@ def _notes(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _sluice_filter_counters(result: dict[str, Any]) -> list[str]:
+    lines = []
+    drains = (result.get("systems", {}).get("sluice") or {}).get("drains") or {}
+    for name, cases in drains.items():
+        for case, d in cases.items():
+            bf = d.get("broker_filter") if isinstance(d, dict) else None
+            if isinstance(bf, dict) and "evaluated" in bf:
+                lines.append(f"- {name} ({case}): evaluated {bf['evaluated']:,}, bitmap skipped "
+                             f"{bf.get('bitmapSkipped', 0):,}, bitmap hits {bf.get('bitmapHits', 0):,}")
+    return lines
+
+
 def _errors(r: dict[str, Any], key: str = "error") -> list[tuple[str, dict[str, Any]]]:
     found = []
     if key in r and isinstance(r[key], str):
@@ -218,7 +232,8 @@ def render_markdown(result: dict[str, Any], previous: dict[str, Any] | None = No
         "the consumer's callback (same process).",
         "",
         "Drain figures are matched messages per second from the consumer's start (subscribing, joining, its "
-        "first request) to the last matched delivery; latency cells are p50 / p99 in ms (with the rate reached when the sender fell more than 10 % short)."
+        "first request) to the last matched delivery; latency cells are p50 / p99 in ms (with the rate reached "
+        "when the sender fell more than 10 % short)."
         + (" A figure in brackets is the change from the previous result in this directory"
            f" ({previous.get('started', '?')})." if previous else ""),
         "",
@@ -228,6 +243,10 @@ def render_markdown(result: dict[str, Any], previous: dict[str, Any] | None = No
     notes = _notes(result)
     if notes:
         parts += ["Notes:", "", *notes, ""]
+    counters = _sluice_filter_counters(result)
+    if counters:
+        parts += ["Sluice's broker filter counters per drain (records evaluated by the selector, skipped on the "
+                  "bitmap, bitmap hits):", "", *counters, ""]
     parts += ["## How each system filters and persists", ""]
     for s in SYSTEMS:
         if s in result.get("systems", {}):

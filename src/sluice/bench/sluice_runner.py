@@ -8,6 +8,9 @@
 """
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -16,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from sluice.bench.procs import rss_bytes
+from sluice.broker.filter_data import LIVE_MARGIN_MS
 from sluice.bench.workload import (
     FILTERS, LATENCY_FILTER, Counter, Filter, LatencyProbe, Props, Workload, body_with_stamp, chunks,
     expected_counts, generate, paced, wait_until,
@@ -25,7 +29,8 @@ from sluice.embedded import SluiceProcess
 from sluice.message import Message
 from sluice.namesrv.client import SyncNamesrvClient
 
-__all__ = ["TOPIC", "cluster", "create_topic", "produce", "push", "run_sluice", "wait_owned", "wait_visible"]
+__all__ = ["TOPIC", "cluster", "create_topic", "filter_stats", "produce", "push", "run_sluice", "wait_owned",
+           "wait_visible"]
 
 TOPIC = "BenchCommon"
 Step = Callable[[str], None]
@@ -97,9 +102,10 @@ def produce(ns: str, props: list[Props], wl: Workload) -> float:
 
 
 def push(group: str, ns: str, f: Filter, listener: Callable[[list[Any]], ConsumeResult],
-          first: bool = True) -> PushConsumer:
+          first: bool = True, **options: Any) -> PushConsumer:
     c = PushConsumer(group, namesrv=ns,
-                     consume_from_where="CONSUME_FROM_FIRST_OFFSET" if first else "CONSUME_FROM_LAST_OFFSET")
+                     consume_from_where="CONSUME_FROM_FIRST_OFFSET" if first else "CONSUME_FROM_LAST_OFFSET",
+                     **options)
     c.subscribe(TOPIC, _selector(f))
     c.register_listener(listener)
     c.start()
@@ -128,6 +134,26 @@ def _preregister(ns: str) -> None:
             wait_owned(c)
         finally:
             c.shutdown()
+    # The broker trusts a bitmap only for messages stored LIVE_MARGIN_MS after the group's filter data was born
+    # (broker/pull.py); without this wait a quick run would write everything inside the margin and the "before"
+    # groups would be evaluated record by record, like the catch-up ones.
+    time.sleep(LIVE_MARGIN_MS / 1000 + 0.2)
+
+
+def filter_stats(ns: str, group: str) -> dict[str, Any]:
+    """The broker's filter counters of ``group`` on the bench topic (evaluated, matched, bitmapSkipped, ...),
+    read with ``sluice admin consumerProgress --json``; an ``error`` entry when they cannot be read."""
+    argv = [sys.executable, "-m", "sluice", "admin", "consumerProgress", "-n", ns, "-g", group, "-t", TOPIC,
+            "--json"]
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        stats = json.loads(proc.stdout).get("filterStats") or {}
+        for topics in stats.values():
+            if TOPIC in topics:
+                return {k: v for k, v in topics[TOPIC].items() if k not in ("expression", "subVersion")}
+        return {"error": f"no filter figures for {group} (exit {proc.returncode}): {proc.stderr.strip()[-300:]}"}
+    except (OSError, ValueError, subprocess.SubprocessError) as exc:
+        return {"error": f"sluice admin consumerProgress failed: {exc}"}
 
 
 def wait_visible(ns: str, total: int, timeout: float) -> None:
@@ -167,6 +193,7 @@ def _drain(ns: str, group: str, f: Filter, expected: int, timeout: float) -> dic
         out["error"] = f"{wrong[0]} delivered messages do not match {f.expression!r}"
     elif not done:
         out["error"] = f"drained {counter.count} of {expected} within {timeout:g} s"
+    out["broker_filter"] = filter_stats(ns, group)
     return out
 
 
