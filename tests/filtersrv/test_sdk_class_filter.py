@@ -149,3 +149,18 @@ def test_members_of_one_group_with_different_classes_conflict_loudly(cluster: Cl
             return info.value
     err = asyncio.run(main())
     assert "evens:Even" in str(err) and "odds:Odd" in str(err) and err.code == ResponseCode.SUBSCRIPTION_NOT_LATEST
+
+
+def test_consumer_connection_shows_a_class_subscription(cluster: Cluster, topic: str):
+    group = f"conn_{topic}"
+    c = PushConsumer(group, namesrv=cluster.ns, consume_from_where="CONSUME_FROM_FIRST_OFFSET")
+    c.subscribe(topic, MessageSelector.by_class("evens:Even"))
+    c.register_listener(lambda msgs: ConsumeResult.SUCCESS)
+    c.start()
+    try:
+        status, out, err = admin(cluster.ns, "consumerConnection", "-g", group)
+        assert status == 0, err
+        row = next(line for line in out.splitlines() if line.strip().startswith(topic))
+        assert "CLASS" in row and "evens:Even" in row
+    finally:
+        c.shutdown()

@@ -200,8 +200,8 @@ async def consumer_connection(s: AdminSession, group: str) -> Result:
                     [(c["clientId"], c.get("clientAddr", ""), c.get("language", ""), c.get("version", ""))
                      for c in conn["connectionSet"]])
     subs = table("Subscriptions", ["Topic", "Type", "Expression"],
-                 [(t, sd.get("expressionType", "TAG"), sd.get("subString", "")) for t, sd in
-                  sorted(conn["subscriptionTable"].items())])
+                 [(t, "CLASS" if sd.get("classFilterMode") else sd.get("expressionType", "TAG"),
+                   sd.get("subString", "")) for t, sd in sorted(conn["subscriptionTable"].items())])
     notes = [f"consume type {conn.get('consumeType')}, model {conn.get('messageModel')}, "
              f"from {conn.get('consumeFromWhere')}"]
     return Result({"group": group, **conn}, [clients, subs], notes)
