@@ -86,6 +86,10 @@ def test_selector_naming_tags_fails_loudly_with_caret():
     assert first.startswith("option selector: Invalid SQL92 selector") and excerpt.strip() == "a >> 3"
     assert caret.strip() == "^"
     check_selector("SQL92", "TAGS = 'Paid' AND a > 1")
+    from sluice.spark.selector import selector_column
+
+    with pytest.raises(SelectorSyntaxError, match="TAGS"):  # the Spark-side twin refuses it too
+        selector_column("a > 1 AND Tags = 'Paid'")
     check_selector("TAG", "tags || Paid")  # a TAG expression is just tag names
 
 
