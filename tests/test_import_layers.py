@@ -70,10 +70,10 @@ def _offending(loaded: set[str], forbidden: tuple[str, ...]) -> list[str]:
     return sorted(m for m in loaded if any(m == f or m.startswith(f + ".") for f in forbidden))
 
 
-ABOVE_TRANSPORT = ("sluice.store", "sluice.filter", "sluice.acl", "sluice.broker", "sluice.client",
+ABOVE_TRANSPORT = ("sluice.store", "sluice.filter", "sluice.acl", "sluice.broker", "sluice.filtersrv", "sluice.client",
                    "sluice.namesrv", "sluice.spark", "sluice.admin", "sluice.cli", "sluice.demo", "sluice.embedded")
-SERVERS = ("sluice.store", "sluice.broker", "sluice.namesrv.server", "sluice.namesrv.routeinfo", "sluice.spark",
-           "sluice.admin", "pyspark")
+SERVERS = ("sluice.store", "sluice.broker", "sluice.filtersrv", "sluice.namesrv.server", "sluice.namesrv.routeinfo",
+           "sluice.spark", "sluice.admin", "pyspark")
 
 LAYER_RULES = {
     "sluice.protocol": ("sluice.transport", "sluice.message", "asyncio", *ABOVE_TRANSPORT),

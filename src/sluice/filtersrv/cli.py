@@ -72,8 +72,8 @@ _D = WorkerLimits()
               help="Seconds between re-reads of the repository's class files.")
 @click.option("--acl", metavar="FILE", help="plain_acl.yml: check every request; uploading needs an admin account.")
 @click.option("--parent-pid", type=int, hidden=True, help="Stop when this process (the broker) is gone.")
-def filtersrv_command(broker: str, listen: str, repository: str | None, repository_url: str | None, uploads: bool, worker_cpu_seconds: float,
-                      worker_memory_mb: int, batch_deadline_ms: int, register_interval: float,
+def filtersrv_command(broker: str, listen: str, repository: str | None, repository_url: str | None, uploads: bool,
+                      worker_cpu_seconds: float, worker_memory_mb: int, batch_deadline_ms: int, register_interval: float,
                       repository_check_interval: float, acl: str | None = None, parent_pid: int | None = None) -> None:
     """Run a filter server: runs consumers' filter classes (in sandboxed workers) on their broker's messages.
 
