@@ -528,6 +528,10 @@ class BrokerController:
             "producerGroups": len(self.consumers.producers),
             "topics": len(self.topics.all()),
             "connections": len(self.server.connections),
+            "connectionsRefused": self.server.refused,  # max_connections reached at accept
+            "connectionsIdleClosed": self.server.idle_closed,  # server_channel_max_idle_time_seconds
+            "frameBudgetReserved": self.server.budget.reserved,  # bytes of big frames being received (frame_budget)
+            "frameBudgetWaiting": self.server.budget.waiting,  # connections paused until the budget frees
             **self.filter_data.totals(),
             **self.schedule.stats(),  # delayed messages waiting (due or not) and moved
             **self.dedup.stats(),
