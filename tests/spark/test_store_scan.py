@@ -82,7 +82,7 @@ def test_corrupt_body_is_reported_with_file_and_offset(tmp_path):
 @pytest.mark.slow
 def test_scan_and_stats_with_spark(spark, store, tmp_path):
     from sluice.filter import compile_selector
-    from sluice.spark.jobs import Subscription, scan, stats
+    from sluice.spark.jobs import scan, stats
 
     out = tmp_path / "out"
     n = scan(spark, str(store), str(out), topic="Orders", selector="a > 700 AND region IN ('eu','us')",
