@@ -111,3 +111,13 @@ def test_stop_answers_queued_pulls_at_once() -> None:
 def test_the_budget_must_be_positive() -> None:
     with pytest.raises(ValueError):
         HoldService(lambda t, q: 0, wakes_per_turn=0)
+
+
+def test_the_broker_setting(make_broker) -> None:  # type: ignore[no-untyped-def]
+    from sluice.broker.config import BrokerConfig
+    from sluice.errors import InvalidParameterError
+    assert BrokerConfig().max_held_pull_wakes_per_turn == 256
+    with pytest.raises(InvalidParameterError, match="max_held_pull_wakes_per_turn"):
+        BrokerConfig(max_held_pull_wakes_per_turn=0).validate()
+    b = make_broker(max_held_pull_wakes_per_turn=3)
+    assert b.broker.hold.wakes_per_turn == 3 and b.broker.runtime_info()["pullWakesDeferred"] == 0
