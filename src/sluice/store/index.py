@@ -40,15 +40,14 @@ import numpy as np
 from sluice.errors import InvalidParameterError, StoreError
 from sluice.speedups import C
 from sluice.store.keyhash import key_hash, key_hashes
+from sluice.store.index_repair import ENTRY, HEADER, repair_tail, repair_whole
 from sluice.store.mapped import allocate, data_end
 
 __all__ = ["IndexService", "IndexFile", "key_hash", "index_keys"]
 
 log = logging.getLogger(__name__)
 
-HEADER = struct.Struct(">qqqqii")
 SLOT = struct.Struct(">i")
-ENTRY = struct.Struct(">iqii")
 assert HEADER.size == 40 and SLOT.size == 4 and ENTRY.size == 20
 
 INT_MAX = 0x7FFFFFFF
@@ -56,9 +55,6 @@ ENTRY_DTYPE = np.dtype([("hash", ">i4"), ("phy", ">i8"), ("diff", ">i4"), ("prev
 assert ENTRY_DTYPE.itemsize == ENTRY.size
 #: entries written per header update: a crash leaves at most this many past indexCount (repair zeroes them)
 MAX_CHUNK = 16_384
-#: how far past indexCount repair looks for written entries: a chunk, or one message with the most keys
-#: properties can hold (32767 bytes: at most 16384 one-character keys)
-_REPAIR_LOOKAHEAD = 32_768
 #: bytes of entries allocated at a time ahead of the writer (52,428 entries)
 ENTRY_ALLOC_CHUNK = 1024 * 1024
 
@@ -295,110 +291,35 @@ class IndexFile:
         first = ENTRY.unpack_from(self.mm, self._entries_at + 20)[1]
         return phy == self.end_phy and first == self.begin_phy and self.begin_phy <= self.end_phy
 
-    def repair(self) -> bool:
+    def repair(self, trusted_phy: int = -1) -> bool:
         """Validate the entries against each other and the header; fix what a crash can leave behind.
 
         Returns False when the header itself is unusable (the file must be dropped and rebuilt).
         Logs what it changed. O(entries) numpy work; a sort only when the fast chain check fails.
+
+        ``trusted_phy``: entries up to this commit-log offset were durable at the last checkpoint (the
+        checkpoint's index offset). Then only the entries after them are checked, and the slot table is
+        fixed by following chains (what a kill can leave: entries and slots past indexCount), in memory
+        that does not grow with the file; anything else found there falls back to the whole check.
         """
         if not 1 <= self.count <= self.index_num:
             log.warning("%s: header indexCount %d is outside 1..%d; the file will be rebuilt",
                         self.path, self.count, self.index_num)
             return False
-        changes = self._repair()
+        changes = self._repair_tail(trusted_phy) if trusted_phy >= 0 and self.count > 1 else None
+        if changes is None:
+            changes = self._repair()
         for c in changes:
             log.warning("%s: repaired after an unclean stop: %s", self.path, c)
         if changes:
             self._write_header()
         return True
 
-    def _columns(self, n: int) -> tuple[np.ndarray, ...]:
-        """Entries 1..n-1 as native columns: hash, phyOffset, timeDiff, prevIndex (one byteswap pass)."""
-        raw = np.frombuffer(self.mm, dtype=">i4", count=(n - 1) * 5, offset=self._entries_at + ENTRY.size)
-        cols = raw.reshape(-1, 5).astype(np.int32)
-        del raw
-        phy = (cols[:, 1].astype(np.int64) << 32) | cols[:, 2].view(np.uint32).astype(np.int64)
-        return cols[:, 0], phy, cols[:, 3], cols[:, 4]
-
-    def _first_bad(self, h: np.ndarray, phy: np.ndarray, diff: np.ndarray, prev: np.ndarray,
-                   slot: np.ndarray) -> int:
-        """Position (0-based, entry number - 1) of the first entry that breaks the file's invariants, or -1."""
-        m = len(h)
-        idx = np.arange(1, m + 1, dtype=np.int32)
-        bad = (h < 0) | (phy < 0) | (diff < 0) | (prev < 0) | (prev >= idx)
-        bad[1:] |= phy[1:] < phy[:-1]
-        prev_slot = slot[np.clip(prev - 1, 0, max(m - 1, 0))]
-        bad |= (prev > 0) & (prev_slot != slot)
-        if not bad.any():
-            # Sound chains: in-slot links, no entry anyone's prev twice, one chain start per slot. Then
-            # each slot's links run through all its entries in order, which is what inserts produce.
-            refs = np.bincount(prev, minlength=m + 1)
-            used = np.count_nonzero(np.bincount(slot, minlength=self.slot_num))
-            if refs[1:].max(initial=0) <= 1 and refs[0] == used:
-                return -1
-        # Slow path, exact: each entry's prev must be the previous entry of its slot.
-        order = np.argsort(slot, kind="stable")
-        s_sorted, i_sorted = slot[order], idx[order]
-        exp_sorted = np.zeros_like(i_sorted)
-        if m > 1:
-            exp_sorted[1:] = np.where(s_sorted[1:] == s_sorted[:-1], i_sorted[:-1], 0)
-        expected = np.empty_like(exp_sorted)
-        expected[order] = exp_sorted
-        bad |= prev != expected
-        return int(np.argmax(bad)) if bad.any() else -1
+    def _repair_tail(self, trusted_phy: int) -> list[str] | None:
+        return repair_tail(self, trusted_phy)  # store/index_repair.py
 
     def _repair(self) -> list[str]:
-        changes: list[str] = []
-        n = self.count
-        h, phy, diff, prev = self._columns(n) if n > 1 else (np.zeros(0, np.int32),) * 4
-        slot = np.where(h >= 0, h, 0) % self.slot_num
-        first_bad = self._first_bad(h, phy, diff, prev, slot) if n > 1 else -1
-        if first_bad >= 0:
-            cut = first_bad + 1  # the entry number of the first bad entry
-            if cut > 1:
-                # The message of the last good entry may have lost keys past the cut: drop it whole.
-                last_phy = phy[cut - 2]
-                while cut > 1 and phy[cut - 2] == last_phy:
-                    cut -= 1
-            changes.append(f"indexCount {n} -> {cut} (entry {first_bad + 1} is inconsistent)")
-            n = self.count = cut
-        # Entries written past the header's count belong to a message whose header never got written.
-        at = self._entries_at + n * ENTRY.size
-        # Only allocated bytes are looked at: beyond them nothing was written, and reading could allocate.
-        look = max(0, min(_REPAIR_LOOKAHEAD, self.index_num - n, (self.alloc_end - at) // ENTRY.size))
-        tail = np.frombuffer(self.mm, dtype=np.uint8, count=look * ENTRY.size, offset=at)
-        written = np.flatnonzero(tail.reshape(-1, ENTRY.size).any(axis=1))
-        del tail
-        if len(written):
-            stop = n + int(written[-1]) + 1
-            self.mm[at:self._entries_at + stop * ENTRY.size] = bytes((stop - n) * ENTRY.size)
-            changes.append(f"zeroed {stop - n} entries past indexCount")
-        # The slot table must point at the newest entry of each slot (one no entry names as its prev).
-        expected_slots = np.zeros(self.slot_num, dtype=np.int32)
-        if n > 1:
-            refs = np.bincount(prev[: n - 1], minlength=n)
-            heads = np.flatnonzero(refs[1:n] == 0)  # positions of the newest entry of each slot
-            expected_slots[slot[heads]] = heads + 1
-        slots_view = np.frombuffer(self.mm, dtype=">i4", count=self.slot_num, offset=HEADER.size)
-        if not np.array_equal(slots_view, expected_slots):
-            slots_view[:] = expected_slots
-            changes.append("rebuilt the hash-slot table")
-        del slots_view
-        slot_count = int(np.count_nonzero(expected_slots))
-        if slot_count != self.slot_count:
-            changes.append(f"hashSlotCount {self.slot_count} -> {slot_count}")
-            self.slot_count = slot_count
-        if n > 1:
-            if self.begin_phy != int(phy[0]):
-                changes.append(f"beginPhyOffset {self.begin_phy} -> {int(phy[0])}")
-                self.begin_phy = int(phy[0])
-            if self.end_phy != int(phy[n - 2]):
-                changes.append(f"endPhyOffset {self.end_phy} -> {int(phy[n - 2])}")
-                self._set_end_from_entries()
-        elif self.begin_phy or self.end_phy or self.begin_ts or self.end_ts:
-            changes.append("cleared the begin/end of an empty file")
-            self._set_end_from_entries()
-        return changes
+        return repair_whole(self)
 
     # -- lifecycle -------------------------------------------------------------------------------------
 
@@ -432,8 +353,11 @@ class IndexService:
         self._lock = threading.RLock()
         self._last_name_ms = 0
 
-    def load(self) -> None:
-        """Open the existing files, oldest first; validate them and repair the damage of a crash."""
+    def load(self, trusted_offset: int = -1) -> None:
+        """Open the existing files, oldest first; validate them and repair the damage of a crash.
+
+        ``trusted_offset``: the checkpoint's index offset (entries up to it were durable): the newest
+        file's repair then checks only what came after (IndexFile.repair)."""
         with self._lock:
             self._close_files()
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -457,7 +381,7 @@ class IndexService:
             kept: list[IndexFile] = []
             for i, f in enumerate(files):
                 newest = i == len(files) - 1
-                ok = (f.repair() if newest or not f.header_plausible() else True)
+                ok = (f.repair(trusted_offset) if newest or not f.header_plausible() else True)
                 if not ok or f.empty:
                     if not ok:
                         log.warning("%s: dropped; its messages are re-indexed when dispatch replays them", f.path)

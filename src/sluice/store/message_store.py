@@ -195,7 +195,7 @@ class MessageStore:
         self.queues.load()
         self.ext.load()
         if self.index is not None:
-            self.index.load()
+            self.index.load(trusted_offset=cp.index_offset if cp is not None else -1)
         rep = self.recovery.recover(cp, abnormal)
         end = cl.write_pos
         if abnormal or rep.cut_bytes or rep.queues_truncated:
@@ -284,8 +284,10 @@ class MessageStore:
             self.queues.flush()
             index_offset = -1
             if self.index is not None:
-                self.index.flush()
+                # Read before the flush: everything up to it is then durable (the index's next start
+                # trusts entries up to it, IndexFile.repair), whatever dispatch adds meanwhile.
                 index_offset = self.index.max_indexed_offset()
+                self.index.flush()
             save_checkpoint(self.checkpoint_path, Checkpoint(
                 commitlog_offset=self.flusher.flushed_offset, commitlog_time=self.flusher.flush_time,
                 dispatch_offset=dispatched, index_offset=index_offset, min_offset=self.commitlog.min_offset))
