@@ -16,6 +16,7 @@ from sluice.message import MessageExt
 from sluice.namesrv.client import SyncNamesrvClient
 from sluice.protocol import headers as H
 from sluice.protocol import properties as P
+from sluice.protocol.batch import encode_batch
 from sluice.protocol.codes import RequestCode, ResponseCode
 from sluice.protocol.command import RemotingCommand
 from sluice.transport.blocking import SyncRemotingClient
@@ -129,6 +130,17 @@ class FsRpc:
                                        properties=P.encode_properties(props), born_timestamp=int(time.time() * 1000))
         resp = self.call(self.broker, RequestCode.SEND_MESSAGE_V2, h.to_v2_ext(), f"m{n}".encode())
         assert resp.code == ResponseCode.SUCCESS, resp.remark
+
+    def send_many(self, topic: str, numbers: range, *, tags: str | None = None, queue_id: int = 0) -> None:
+        """SEND_BATCH_MESSAGE in batches of 500."""
+        for start in range(0, len(numbers), 500):
+            entries = []
+            for n in numbers[start:start + 500]:
+                props = {"n": str(n), **({P.TAGS: tags} if tags else {})}
+                entries.append((f"m{n}".encode(), props, 0))
+            h = H.SendMessageRequestHeader(producer_group="PG", topic=topic, queue_id=queue_id, batch=True)
+            resp = self.call(self.broker, RequestCode.SEND_BATCH_MESSAGE, h.to_v2_ext(), encode_batch(entries))
+            assert resp.code == ResponseCode.SUCCESS, resp.remark
 
     def register(self, fs: str, group: str, topic: str, class_name: str, source: bytes = b"",
                  class_crc: int | None = None, timeout: float = 20.0) -> RemotingCommand:

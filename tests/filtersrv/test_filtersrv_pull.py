@@ -55,15 +55,15 @@ def test_a_batch_with_nothing_kept_advances_past_the_filtered_records(fs_setup) 
 
 def test_rounds_are_bounded_then_pull_again_from_the_advanced_offset(fs_setup) -> None:
     s, topic = fs_setup, "FsManyRounds"
-    for n in range(100):
-        s.rpc.send(topic, n, tags="blue")
-    s.rpc.send(topic, 100, tags="red")
+    s.rpc.send_many(topic, range(7300), tags="blue")
+    s.rpc.send(topic, 7300, tags="red")
     assert s.rpc.register(s.fs.addr, "G-red", topic, "tagged:RedOnly").code == ResponseCode.SUCCESS
-    resp = s.rpc.pull(s.fs.addr, "G-red", topic, 0, max_msgs=1)  # 8 broker pulls of 8 records, none kept
+    # 8 broker pulls, none kept: the first of 8 records (8 x the 1 asked for), then 1024 each
+    resp = s.rpc.pull(s.fs.addr, "G-red", topic, 0, max_msgs=1)
     assert resp.code == ResponseCode.PULL_RETRY_IMMEDIATELY
-    assert resp.ext_fields["nextBeginOffset"] == "64"
-    assert "64 messages pulled, none kept by filter class tagged:RedOnly" in resp.remark
-    assert numbers(s.rpc.drain(s.fs.addr, "G-red", topic)) == [100]
+    assert resp.ext_fields["nextBeginOffset"] == str(8 + 7 * 1024)
+    assert f"{8 + 7 * 1024} messages pulled, none kept by filter class tagged:RedOnly" in resp.remark
+    assert numbers(s.rpc.drain(s.fs.addr, "G-red", topic)) == [7300]
 
 
 def test_the_commit_offset_reaches_the_broker(fs_setup) -> None:

@@ -19,7 +19,8 @@ filtersrv/src/main/java/org/apache/rocketmq/filtersrv/).
   queue offset of the first kept record left out (the filtered-out records
   before it are skipped, not read again).
 * A batch the class keeps nothing of is not answered FOUND-with-nothing (RocketMQ
-  clients cannot take that): the server pulls on from the next offset, up to
+  clients cannot take that): the server pulls on from the next offset, in batches of
+  ``MAX_FETCH`` (a class that kept nothing is a sparse one), up to
   ``MAX_EMPTY_ROUNDS`` broker pulls within the pull's time, then answers
   PULL_RETRY_IMMEDIATELY (the broker's own answer when nothing of what it read
   matched) with nextBeginOffset past the skipped records, or the broker's
@@ -267,6 +268,7 @@ class FilterServer:
                     fields["nextBeginOffset"] = str(queue_offset_of(out.kept[want]))
                 return request.make_response(ResponseCode.SUCCESS, ext_fields=fields, body=b"".join(out.kept[:want]))
             skipped += out.total
+            fetch = MAX_FETCH  # nothing kept: a sparse class, so read on in the largest batches
             offset = int(fields.get("nextBeginOffset", offset))
             if suspend and time.monotonic() >= end:
                 break
