@@ -89,6 +89,9 @@ def test_tmpfs_full_broker_refuses_sends_stays_up_and_restarts(tmp_path: Path) -
             assert c.broker.alive(), c.broker.stderr()
             with PullConsumer("FullC", namesrv=c.ns) as consumer:
                 assert _pull_all(consumer, mq) == acked  # every acknowledged message, in order
+            err = c.broker.stderr()
+            assert "Traceback" not in err, err  # refusals and ENOSPC are log lines, not tracebacks
+            assert err.count("No space left on device") <= 4, err  # rate-limited
             # Killed on the full filesystem, the broker comes back and serves reads.
             c.restart_broker(kill=True)
             with PullConsumer("FullC2", namesrv=c.ns) as consumer:
