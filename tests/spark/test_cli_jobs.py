@@ -151,6 +151,14 @@ def test_backfill_quiet_prints_only_its_manifest(store, tmp_path):
     assert manifest["queues"]["0"]["file"].startswith(str(tmp_path / "bf"))  # --out made absolute
 
 
+def test_a_bad_selector_is_one_line_before_a_jvm_starts(store, tmp_path):
+    r = run("scan", str(store), "--out", str(tmp_path / "o"), "--selector", "amount >", timeout=60)
+    assert r.returncode == 1
+    lines = r.stderr.rstrip().splitlines()
+    # one line, then the selector's caret excerpt; no Spark text
+    assert lines[0].startswith("Error: Invalid SQL92 selector") and lines[1:] == ["  amount >", "          ^"], r.stderr
+
+
 def test_a_bad_master_is_refused_before_a_jvm_starts(store, tmp_path):
     r = run("scan", str(store), "--out", str(tmp_path / "o"), "--master", "nonsense://x", timeout=60)
     assert r.returncode == 2

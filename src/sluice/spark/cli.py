@@ -132,8 +132,12 @@ def scan_command(store: str, out: str, overwrite: bool, topic: str | None, selec
     from sluice.spark.jobs import check_topics, scan
     from sluice.spark.storefiles import check_store_path
 
+    from sluice.filter import compile_selector
+
     out = _check_out(out, overwrite)
     try:  # before a JVM starts: a typo costs no Spark start-up
+        if selector:
+            compile_selector(selector_type.upper(), selector)
         check_store_path(store)
         check_topics(store, topic)
     except SluiceError as e:
