@@ -104,7 +104,7 @@ def main() -> None:
             total = n + 1
             with SluiceProcess.start(["broker", "--namesrv", ns.addr, "--store", str(store)], tmp, name="b1"):
                 wait_route(ns.addr, TOPIC)
-                spark = session("local[2]")
+                spark = session("local[2]", ui=False)
                 try:
                     def src():
                         return (spark.read.format("sluice").option("namesrv", ns.addr).option("topic", TOPIC)
@@ -131,7 +131,7 @@ def main() -> None:
                 finally:
                     spark.stop()
             for cores in (1, 2):
-                spark = session(f"local[{cores}]")
+                spark = session(f"local[{cores}]", ui=False)
                 try:
                     def scan_count():
                         return (spark.read.format("sluice_store").option("topic", TOPIC)

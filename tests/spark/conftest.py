@@ -14,7 +14,7 @@ if shutil.which("java") is None:  # the machine image provides Java 17; Spark ca
 def spark():
     from sluice.spark import session
 
-    s = session("local[2]", app_name="sluice-tests", **{"spark.sql.shuffle.partitions": "2",
+    s = session("local[2]", app_name="sluice-tests", ui=False, **{"spark.sql.shuffle.partitions": "2",
                                                           "spark.default.parallelism": "2",
                                                           "spark.driver.memory": "1g"})
     yield s
