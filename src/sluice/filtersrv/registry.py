@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sluice.errors import (
-    FilterClassConflictError, FilterClassError, FilterClassImportError, FilterClassUploadRefusedError,
-    SluiceError,
+    FilterClassConflictError, FilterClassError, FilterClassFailedError, FilterClassImportError,
+    FilterClassUploadRefusedError, SluiceError,
 )
 from sluice.filter.classfilter import parse_class_name
 from sluice.filtersrv.repository import MAX_SOURCE_BYTES, ClassRepository, class_crc
@@ -48,6 +48,10 @@ IDLE_DROP_S = 300.0
 #: for a passing reason, a deadline on a busy host, is not kept forever; a broken class is not reloaded
 #: at every heartbeat of every member).
 RETRY_FAILED_LOAD_S = 10.0
+#: After a class fails on a batch its next batch waits this long (doubling per failure in a row up to the
+#: second figure; pulls meanwhile get the last error at once), so a class that spins or hangs on every
+#: batch costs its limits once per pause, not once per pull of every member.
+FAILURE_BACKOFF_S = (1.0, 60.0)
 
 
 @dataclass(slots=True)
@@ -69,6 +73,9 @@ class ClassEntry:
     batches: int = 0
     failures: int = 0
     failed_at: float = 0.0
+    failures_in_row: int = 0
+    last_failure: FilterClassError | None = None
+    paused_until: float = 0.0
 
     @property
     def key(self) -> str:
@@ -199,6 +206,12 @@ class FilterClassRegistry:
                 await asyncio.shield(entry.ready)
             if entry.worker is None and entry.error is not None:
                 raise entry.error  # the class did not load: until it is registered again or reloaded
+            wait = entry.paused_until - time.monotonic()
+            if wait > 0 and entry.last_failure is not None:  # a failing class does not get a worker per pull
+                last = entry.last_failure
+                raise FilterClassFailedError(
+                    f"{last} (failed {entry.failures_in_row} time(s) in a row; its next batch runs in {wait:.1f} s)",
+                    class_name=entry.class_name, cause=last.cause)
             if entry.worker is None or not entry.worker.alive or entry.worker.worn:
                 if entry.worker is not None:
                     await entry.worker.kill()
@@ -209,10 +222,15 @@ class FilterClassRegistry:
                 mask = await entry.worker.filter(body, len(records))
             except FilterClassError as exc:
                 entry.failures += 1
-                log.warning("filter class %s for %s: %s (worker killed, a new one serves the next batch)",
-                            entry.class_name, entry.key, exc.cause)
+                entry.failures_in_row += 1
+                entry.last_failure = exc
+                pause = min(FAILURE_BACKOFF_S[1], FAILURE_BACKOFF_S[0] * 2 ** (entry.failures_in_row - 1))
+                entry.paused_until = time.monotonic() + pause
+                log.warning("filter class %s for %s: %s (worker killed; a new one runs its next batch in %g s)",
+                            entry.class_name, entry.key, exc.cause, pause)
                 raise
             entry.batches += 1
+            entry.failures_in_row = 0
         return FilterOutcome([rec for rec, keep in zip(records, mask) if keep], len(records))
 
     # ------------------------------------------------------------------------------------------ upkeep
