@@ -29,6 +29,8 @@ def test_301_records_the_filter_server_and_answers_the_broker(make_broker) -> No
         assert resp.code == ResponseCode.SUCCESS
         assert resp.ext_fields["brokerName"] == "broker-x" and resp.ext_fields["brokerId"] == "0"
         assert b.broker.filter_servers.addresses() == ["127.0.0.1:40001"]
+        info = b.broker.runtime_info()  # what `sluice admin brokerStatus` shows
+        assert info["filterServers"] == "127.0.0.1:40001" and info["filterServerRestarts"] == 0
         bad = _register(client, b.addr, "no-port")
         assert bad.code == ResponseCode.INVALID_PARAMETER and "filterServerAddr" in bad.remark
     finally:

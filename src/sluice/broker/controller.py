@@ -525,6 +525,8 @@ class BrokerController:
             "pullNotHeldOverLimit": self.hold.refused_full,  # max_held_pulls[_per_connection] reached
             "pullWakesDeferred": self.hold.wake_turns_deferred,  # max_held_pull_wakes_per_turn reached
             "consumerGroups": len(self.consumers.groups),
+            "filterServers": ";".join(self.filter_servers.addresses()),  # registered with 301 (class filters)
+            "filterServerRestarts": self.filter_server_children.restarts if self.filter_server_children else 0,
             "producerGroups": len(self.consumers.producers),
             "topics": len(self.topics.all()),
             "connections": len(self.server.connections),
