@@ -193,3 +193,15 @@ def test_under_acl_the_children_sign_as_the_broker_and_check_consumers(tmp_path:
         finally:
             user.close()
             anonymous.close()
+
+
+@pytest.mark.parametrize("settings, says", [
+    ({"filter_server_nums": -1}, "must not be negative"),
+    ({"filter_batch_deadline_ms": 0}, "must be positive"),
+    ({"filter_server_nums": 1, "tls_mode": "enforcing", "tls_cert": "c.pem", "tls_key": "k.pem"}, "without TLS"),
+])
+def test_bad_filter_server_settings_are_refused(settings: dict, says: str) -> None:
+    from sluice.broker.config import BrokerConfig
+    from sluice.errors import InvalidParameterError
+    with pytest.raises(InvalidParameterError, match=says):
+        BrokerConfig.load(None, **settings).validate()
