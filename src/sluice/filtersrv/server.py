@@ -23,7 +23,9 @@ filtersrv/src/main/java/org/apache/rocketmq/filtersrv/).
   ``MAX_FETCH`` (a class that kept nothing is a sparse one), up to
   ``MAX_EMPTY_ROUNDS`` broker pulls within the pull's time, then answers
   PULL_RETRY_IMMEDIATELY (the broker's own answer when nothing of what it read
-  matched) with nextBeginOffset past the skipped records, or the broker's
+  matched, and RocketMQ's filter server's after a single pull: pullMessageForward in
+  filtersrv/src/main/java/org/apache/rocketmq/filtersrv/processor/DefaultRequestProcessor.java)
+  with nextBeginOffset past the skipped records, or the broker's
   PULL_NOT_FOUND at the queue's end, its nextBeginOffset likewise past them.
 * With ``acl`` (a plain_acl.yml, the broker's) every request is checked as the
   broker checks a pull: SUB on the topic and on the group's retry topic; a 302
