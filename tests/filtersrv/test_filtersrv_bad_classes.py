@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from filtersrv_support import FLAG_CLASS_FILTER, FLAG_COMMIT_OFFSET, FsRpc, numbers, start_filtersrv
 
+from sluice.errors import SluiceError
 from sluice.protocol.codes import ResponseCode
 
 
@@ -130,3 +131,51 @@ def test_a_spinning_class_hits_its_cpu_limit(fs_setup, tmp_path: Path) -> None:
         assert "spins:Spinner" in resp.remark and "exceeded its CPU limit (1 s per batch)" in resp.remark
     finally:
         fs.stop()
+
+
+@pytest.mark.slow
+def test_a_killed_filter_server_leaves_no_worker_behind(fs_setup, tmp_path: Path) -> None:
+    s = fs_setup
+    fs = start_filtersrv(tmp_path, s.broker, "--repository", str(s.repo), "--batch-deadline-ms", "60000",
+                         name="fs-killed")
+    topic = _topic(s, "FsOrphan")
+    other = FsRpc(s.broker)
+    try:
+        assert other.register(fs.addr, "G-orphan", topic, "hangs:Sleeper").code == ResponseCode.SUCCESS
+        failed: list[Exception] = []
+
+        def pull() -> None:
+            try:
+                other.pull(fs.addr, "G-orphan", topic, 0, timeout=5)
+            except SluiceError as exc:  # the filter server is killed under it
+                failed.append(exc)
+        t = threading.Thread(target=pull, daemon=True)
+        t.start()  # the worker now sleeps inside the class
+        workers = _wait_workers(fs.pid)
+        fs.kill()
+        deadline = time.monotonic() + 15
+        while any(Path(f"/proc/{w}").exists() and _is_worker(w) for w in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(Path(f"/proc/{w}").exists() and _is_worker(w) for w in workers)
+        t.join(10)
+        assert failed and "closed" in str(failed[0])
+    finally:
+        other.close()
+        fs.stop()
+
+
+def _wait_workers(pid: int) -> list[int]:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        found = _workers(pid)
+        if found:
+            return found
+        time.sleep(0.1)
+    raise AssertionError("no worker started")
+
+
+def _is_worker(pid: int) -> bool:
+    try:
+        return b"sluice.filtersrv.worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
