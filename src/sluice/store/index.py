@@ -295,7 +295,8 @@ class IndexFile:
         """Validate the entries against each other and the header; fix what a crash can leave behind.
 
         Returns False when the header itself is unusable (the file must be dropped and rebuilt).
-        Logs what it changed. O(entries) numpy work; a sort only when the fast chain check fails.
+        Logs what it changed. O(entries) numpy work in windows (store/index_repair.py first_bad): memory is
+        the slot table's size plus a window, whatever the number of entries.
 
         ``trusted_phy``: entries up to this commit-log offset were durable at the last checkpoint (the
         checkpoint's index offset). Then only the entries after them are checked, and the slot table is

@@ -2,7 +2,8 @@
 the entries written after the last checkpoint only.
 
 The whole check validates every entry against the others (fields, phyOffset order, in-slot chains) and
-rebuilds the slot table from the chains: O(entries) memory. After a checkpoint the entries up to its
+rebuilds the slot table from the chains, reading the entries in windows whose pages it then releases:
+memory is the slot table's size (an int32 per slot) plus a window, not O(entries). After a checkpoint the entries up to its
 index offset were durable; a kill leaves at most entries and slots past indexCount behind them, which
 :func:`repair_tail` checks and fixes in memory bounded by the entries since the checkpoint.
 """
@@ -14,7 +15,7 @@ from typing import Protocol
 
 import numpy as np
 
-__all__ = ["ENTRY", "HEADER", "RepairedFile", "repair_whole", "repair_tail", "columns", "first_bad", "phy_at"]
+__all__ = ["ENTRY", "HEADER", "RepairedFile", "repair_whole", "repair_tail", "first_bad", "phy_at"]
 
 #: RocketMQ's IndexHeader (beginTimestamp, endTimestamp, beginPhyOffset, endPhyOffset, hashSlotCount,
 #: indexCount) and index entry (keyHash, phyOffset, timeDiff, slotPrevIndex); store/index.py writes them
@@ -25,6 +26,8 @@ ENTRY = struct.Struct(">iqii")
 _REPAIR_LOOKAHEAD = 32_768
 #: entries after the checkpoint that the tail repair checks at most (16 MiB of columns); more: the whole check
 _TAIL_REPAIR_MAX = 400_000
+#: entries the whole check reads at a time (5 MiB of the file; a few times that as int64 columns)
+_WINDOW = 1 << 18
 
 
 class RepairedFile(Protocol):
@@ -46,41 +49,77 @@ class RepairedFile(Protocol):
     def _set_end_from_entries(self) -> None: ...
 
 
-def columns(f: RepairedFile, n: int) -> tuple[np.ndarray, ...]:
-    """Entries 1..n-1 as native columns: hash, phyOffset, timeDiff, prevIndex (one byteswap pass)."""
-    raw = np.frombuffer(f.mm, dtype=">i4", count=(n - 1) * 5, offset=f._entries_at + ENTRY.size)
-    cols = raw.reshape(-1, 5).astype(np.int32)
+def _window(f: RepairedFile, first: int, m: int) -> tuple[np.ndarray, ...]:
+    """Entries first..first+m-1 as native int64 columns: hash, phyOffset, timeDiff, prevIndex."""
+    raw = np.frombuffer(f.mm, dtype=">i4", count=m * 5, offset=f._entries_at + first * ENTRY.size)
+    cols = raw.reshape(-1, 5).astype(np.int64)
     del raw
-    phy = (cols[:, 1].astype(np.int64) << 32) | cols[:, 2].view(np.uint32).astype(np.int64)
+    phy = (cols[:, 1] << 32) | (cols[:, 2] & 0xFFFFFFFF)
     return cols[:, 0], phy, cols[:, 3], cols[:, 4]
 
 
-def first_bad(f: RepairedFile, h: np.ndarray, phy: np.ndarray, diff: np.ndarray, prev: np.ndarray,
-               slot: np.ndarray) -> int:
-    """Position (0-based, entry number - 1) of the first entry that breaks the file's invariants, or -1."""
-    m = len(h)
-    idx = np.arange(1, m + 1, dtype=np.int32)
-    bad = (h < 0) | (phy < 0) | (diff < 0) | (prev < 0) | (prev >= idx)
-    bad[1:] |= phy[1:] < phy[:-1]
-    prev_slot = slot[np.clip(prev - 1, 0, max(m - 1, 0))]
-    bad |= (prev > 0) & (prev_slot != slot)
-    if not bad.any():
-        # Sound chains: in-slot links, no entry anyone's prev twice, one chain start per slot. Then
-        # each slot's links run through all its entries in order, which is what inserts produce.
-        refs = np.bincount(prev, minlength=m + 1)
-        used = np.count_nonzero(np.bincount(slot, minlength=f.slot_num))
-        if refs[1:].max(initial=0) <= 1 and refs[0] == used:
-            return -1
-    # Slow path, exact: each entry's prev must be the previous entry of its slot.
+def _release(f: RepairedFile, first: int, m: int) -> None:
+    """Drop the pages of entries first..first+m-1 from this process once checked (MADV_DONTNEED: the data
+    stays in the file and page cache), so a whole check keeps a window of the file resident, not all of it."""
+    a = f._entries_at + first * ENTRY.size
+    b = min(len(f.mm), -(-(a + m * ENTRY.size) // mmap.PAGESIZE) * mmap.PAGESIZE)
+    a -= a % mmap.PAGESIZE
+    if b > a:
+        f.mm.madvise(mmap.MADV_DONTNEED, a, b - a)
+
+
+def _chain(heads: np.ndarray, slot: np.ndarray, idx: np.ndarray, advance: bool) -> np.ndarray:
+    """The prevIndex each entry of a window must hold (the entry before it in its slot: in the window, or
+    ``heads[slot]`` for a slot's first); with ``advance``, ``heads`` then names each slot's newest entry."""
+    m = len(slot)
+    if m == 0:
+        return np.zeros(0, dtype=np.int64)
     order = np.argsort(slot, kind="stable")
     s_sorted, i_sorted = slot[order], idx[order]
-    exp_sorted = np.zeros_like(i_sorted)
-    if m > 1:
-        exp_sorted[1:] = np.where(s_sorted[1:] == s_sorted[:-1], i_sorted[:-1], 0)
+    first = np.empty(m, dtype=bool)
+    first[0] = True
+    np.not_equal(s_sorted[1:], s_sorted[:-1], out=first[1:])
+    exp_sorted = np.empty(m, dtype=np.int64)
+    exp_sorted[1:] = i_sorted[:-1]
+    exp_sorted[first] = heads[s_sorted[first]]
+    if advance:
+        last = np.empty(m, dtype=bool)
+        last[-1] = True
+        last[:-1] = first[1:]
+        heads[s_sorted[last]] = i_sorted[last]
     expected = np.empty_like(exp_sorted)
     expected[order] = exp_sorted
-    bad |= prev != expected
-    return int(np.argmax(bad)) if bad.any() else -1
+    return expected
+
+
+def first_bad(f: RepairedFile, n: int) -> tuple[int, np.ndarray]:
+    """The entry number of the first of entries 1..n-1 that breaks the file's invariants (0: none), and
+    each slot's newest entry among the entries before it (what the slot table must hold).
+
+    Invariants: fields non-negative, prevIndex below the entry's own number, phyOffset never decreasing,
+    and each entry's prevIndex the previous entry of its slot (what inserts produce). Read in windows of
+    ``_WINDOW`` entries: memory is the slot table's size plus a window, whatever the number of entries."""
+    heads = np.zeros(f.slot_num, dtype=np.int32)
+    prev_phy = -1
+    first = 1
+    while first < n:
+        m = min(_WINDOW, n - first)
+        h, phy, diff, prev = _window(f, first, m)
+        idx = np.arange(first, first + m, dtype=np.int64)
+        slot = np.where(h >= 0, h, 0) % f.slot_num
+        bad = (h < 0) | (phy < 0) | (diff < 0) | (prev < 0) | (prev >= idx)
+        bad[0] |= phy[0] < prev_phy
+        bad[1:] |= phy[1:] < phy[:-1]
+        bad |= prev != _chain(heads, slot, idx, advance=False)
+        _release(f, first, m)
+        if bad.any():
+            j = int(np.argmax(bad))
+            _chain(heads, slot[:j], idx[:j], advance=True)
+            return first + j, heads
+        _chain(heads, slot, idx, advance=True)
+        prev_phy = int(phy[-1])
+        first += m
+    return 0, heads
 
 
 def phy_at(f: RepairedFile, i: int) -> int:
@@ -165,19 +204,24 @@ def repair_tail(f: RepairedFile, trusted_phy: int) -> list[str] | None:
 
 
 def repair_whole(f: RepairedFile) -> list[str]:
+    """The whole check: every entry against the others (first_bad, in windows), the count cut before the
+    first bad entry's message, entries past it zeroed, the slot table and header made to match."""
     changes: list[str] = []
     n = f.count
-    h, phy, diff, prev = columns(f, n) if n > 1 else (np.zeros(0, np.int32),) * 4
-    slot = np.where(h >= 0, h, 0) % f.slot_num
-    bad_at = first_bad(f, h, phy, diff, prev, slot) if n > 1 else -1
-    if bad_at >= 0:
-        cut = bad_at + 1  # the entry number of the first bad entry
+    bad, heads = first_bad(f, n)
+    if bad:
+        cut = bad
         if cut > 1:
-            # The message of the last good entry may have lost keys past the cut: drop it whole.
-            last_phy = phy[cut - 2]
-            while cut > 1 and phy[cut - 2] == last_phy:
+            # The message of the last good entry may have lost keys past the cut: drop it whole, undoing
+            # its entries in the slot heads newest first (each good entry's prev is its slot's head before it).
+            last_phy = phy_at(f, cut - 1)
+            while cut > 1:
+                h, phy, _d, prev = ENTRY.unpack_from(f.mm, f._entries_at + (cut - 1) * ENTRY.size)
+                if phy != last_phy:
+                    break
+                heads[h % f.slot_num] = prev
                 cut -= 1
-        changes.append(f"indexCount {n} -> {cut} (entry {bad_at + 1} is inconsistent)")
+        changes.append(f"indexCount {n} -> {cut} (entry {bad} is inconsistent)")
         n = f.count = cut
     # Entries written past the header's count belong to a message whose header never got written.
     at = f._entries_at + n * ENTRY.size
@@ -190,27 +234,31 @@ def repair_whole(f: RepairedFile) -> list[str]:
         stop = n + int(written[-1]) + 1
         f.mm[at:f._entries_at + stop * ENTRY.size] = bytes((stop - n) * ENTRY.size)
         changes.append(f"zeroed {stop - n} entries past indexCount")
-    # The slot table must point at the newest entry of each slot (one no entry names as its prev).
-    expected_slots = np.zeros(f.slot_num, dtype=np.int32)
-    if n > 1:
-        refs = np.bincount(prev[: n - 1], minlength=n)
-        heads = np.flatnonzero(refs[1:n] == 0)  # positions of the newest entry of each slot
-        expected_slots[slot[heads]] = heads + 1
+    # The slot table must point at the newest entry of each slot; compared and written a window at a time.
     slots_view = np.frombuffer(f.mm, dtype=">i4", count=f.slot_num, offset=HEADER.size)
-    if not np.array_equal(slots_view, expected_slots):
-        slots_view[:] = expected_slots
+    try:
+        rebuilt = False
+        for a in range(0, f.slot_num, _WINDOW):
+            b = min(f.slot_num, a + _WINDOW)
+            if not np.array_equal(slots_view[a:b], heads[a:b]):
+                slots_view[a:b] = heads[a:b]
+                rebuilt = True
+    finally:
+        del slots_view
+    if rebuilt:
         changes.append("rebuilt the hash-slot table")
-    del slots_view
-    slot_count = int(np.count_nonzero(expected_slots))
+    slot_count = int(np.count_nonzero(heads))
+    del heads
     if slot_count != f.slot_count:
         changes.append(f"hashSlotCount {f.slot_count} -> {slot_count}")
         f.slot_count = slot_count
     if n > 1:
-        if f.begin_phy != int(phy[0]):
-            changes.append(f"beginPhyOffset {f.begin_phy} -> {int(phy[0])}")
-            f.begin_phy = int(phy[0])
-        if f.end_phy != int(phy[n - 2]):
-            changes.append(f"endPhyOffset {f.end_phy} -> {int(phy[n - 2])}")
+        begin, end = phy_at(f, 1), phy_at(f, n - 1)
+        if f.begin_phy != begin:
+            changes.append(f"beginPhyOffset {f.begin_phy} -> {begin}")
+            f.begin_phy = begin
+        if f.end_phy != end:
+            changes.append(f"endPhyOffset {f.end_phy} -> {end}")
             f._set_end_from_entries()
     elif f.begin_phy or f.end_phy or f.begin_ts or f.end_ts:
         changes.append("cleared the begin/end of an empty file")
