@@ -31,9 +31,10 @@ _CLASS_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-
 
 
 def class_source_crc(source: bytes) -> int:
-    """The classCRC a registration carries: CRC32 of the source, unsigned, as the filter server checks it
-    (sluice/filtersrv/repository.py); 0 for no source. (RocketMQ's UtilAll.crc32 masks it to 31 bits.)"""
-    return zlib.crc32(source) & 0xFFFFFFFF if source else 0
+    """The classCRC a registration carries: CRC32 of the source masked to 31 bits, what RocketMQ's clients send
+    (UtilAll.crc32, common/src/main/java/org/apache/rocketmq/common/UtilAll.java), so a RocketMQ filter server
+    and Sluice's (which accepts this or the full CRC32) both take it; 0 for no source."""
+    return zlib.crc32(source) & 0x7FFFFFFF if source else 0
 
 
 class MessageSelector:

@@ -34,7 +34,7 @@ from sluice.errors import (
     FilterClassUploadRefusedError, SluiceError,
 )
 from sluice.filter.classfilter import parse_class_name
-from sluice.filtersrv.repository import MAX_SOURCE_BYTES, ClassRepository, class_crc
+from sluice.filtersrv.repository import MAX_SOURCE_BYTES, ClassRepository, class_crc, crc_matches
 from sluice.filtersrv.sandbox import Worker, WorkerLimits, split_records
 from sluice.protocol.codes import ResponseCode
 
@@ -145,10 +145,11 @@ class FilterClassRegistry:
                 raise FilterClassImportError(f"filter class {class_name!r}: the source is {len(body)} bytes, more "
                                              f"than {MAX_SOURCE_BYTES}", class_name=class_name,
                                              cause="source too large")
-            if crc and class_crc(body) != crc & 0xFFFFFFFF:
+            if crc and not crc_matches(crc, body):
                 raise FilterClassImportError(
                     f"filter class {class_name!r}: classCRC {crc} is not the CRC32 of the source sent "
-                    f"({class_crc(body)})", class_name=class_name, cause="classCRC mismatch")
+                    f"({class_crc(body)}, or {class_crc(body) & 0x7FFFFFFF} masked to 31 bits)",
+                    class_name=class_name, cause="classCRC mismatch")
             source, uploaded = bytes(body), True
         else:
             source, uploaded = await self.repository.load(class_name), False

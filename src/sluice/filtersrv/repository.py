@@ -20,7 +20,7 @@ from pathlib import Path
 from sluice.errors import FilterClassNotFoundError, InvalidParameterError
 from sluice.filter.classfilter import parse_class_name
 
-__all__ = ["ClassRepository", "class_crc", "MAX_SOURCE_BYTES", "FETCH_TIMEOUT_S"]
+__all__ = ["ClassRepository", "class_crc", "crc_matches", "MAX_SOURCE_BYTES", "FETCH_TIMEOUT_S"]
 
 #: Largest class source accepted (repository file, download or upload).
 MAX_SOURCE_BYTES = 1024 * 1024
@@ -29,8 +29,16 @@ FETCH_TIMEOUT_S = 5.0
 
 
 def class_crc(source: bytes) -> int:
-    """CRC32 of the source bytes, unsigned (UtilAll.crc32; 0 means "no source")."""
+    """CRC32 of the source bytes, unsigned (0 means "no source")."""
     return zlib.crc32(source) & 0xFFFFFFFF
+
+
+def crc_matches(crc: int, source: bytes) -> bool:
+    """Whether a registration's classCRC (read as unsigned 32 bits) is ``source``'s: either the full CRC32 or,
+    as RocketMQ's clients send it, masked to 31 bits (UtilAll.crc32,
+    common/src/main/java/org/apache/rocketmq/common/UtilAll.java: ``crc32.getValue() & 0x7FFFFFFF``)."""
+    full = class_crc(source)
+    return (crc & 0xFFFFFFFF) in (full, full & 0x7FFFFFFF)
 
 
 class ClassRepository:
