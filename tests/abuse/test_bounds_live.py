@@ -4,11 +4,12 @@ served while the bound is being pushed against on other connections.
 
 Bounds tested here: partial big frames (frame_budget) and their connections closed when idle, the connection
 limit, the idle timeout, held pulls per connection and in all, woken held pulls in slices per loop turn
-(max_held_pull_wakes_per_turn), namesrv KV caps. Bounds whose "normal client meanwhile" test lives beside
-their unit tests: pull answers (tests/broker/test_pull_bounds.py), selector compiles and the evaluation budget
-(tests/broker/test_selector_bounds.py), auto-created topics (tests/broker/test_topic_caps.py), one bad send
-failing alone (tests/broker/test_send_isolation.py), refused sends logged once per client and reason
-(tests/broker/test_refusal_log.py); fuzzed frames and requests: test_frames_fuzz.py."""
+(max_held_pull_wakes_per_turn), pull answers (max_transfer_bytes, whatever the pull asks), new selector
+compilations per client, auto-created topics, one bad send failing alone, namesrv KV caps. Their finer
+behaviour is tested beside each: tests/broker/test_pull_bounds.py, test_selector_bounds.py (also the
+evaluation budget), test_topic_caps.py, test_send_isolation.py (other sends of the same append round),
+test_refusal_log.py, tests/transport/test_limits.py; fuzzed frames and requests: test_frames_fuzz.py, and
+under ACL test_acl_fuzz.py. The store's bounds (disk, descriptors, restart memory) have their own files here."""
 from __future__ import annotations
 
 import socket
@@ -36,6 +37,9 @@ server_channel_max_idle_time_seconds = {IDLE_S}
 max_held_pulls_per_connection = 64
 max_held_pulls = 160
 max_held_pull_wakes_per_turn = 8
+max_transfer_bytes = {64 * 1024}
+max_selector_compiles_per_client_per_minute = 10
+max_auto_created_topics = 6
 """
 NAMESRV = "kv_max_entries = 5\nkv_max_key_bytes = 32\nkv_max_value_bytes = 64\n"
 TOPIC = "AbuseBounds"
@@ -246,3 +250,60 @@ def test_namesrv_kv_is_capped_while_routes_are_served(live: tuple[Cluster, Norma
     assert codes[:5] == [ResponseCode.SUCCESS] * 5 and ResponseCode.SUCCESS not in codes[5:]
     assert resp.code != ResponseCode.SUCCESS and "kv_max_value_bytes" in (resp.remark or "")
     normal.served()  # the namesrv still routes the normal client
+
+
+def _raw(addr: str, cmd: RemotingCommand) -> RemotingCommand:
+    with _connect(addr) as s:
+        s.sendall(encode_frame(cmd))
+        (resp,) = _read(s, 1)
+    return resp
+
+
+def test_a_huge_pull_is_answered_within_the_byte_cap(live: tuple[Cluster, Normal]) -> None:
+    cluster, normal = live
+    queue = _queue(normal, 2)
+    with Producer("PG_bounds_fill", cluster.ns) as p:
+        for i in range(120):  # 120 KiB on queue 2
+            p.send(Message(TOPIC, bytes(1024)), queue=queue)
+    start = normal.consumer.min_offset(queue)
+    resp = _raw(cluster.broker.addr, RemotingCommand(code=RequestCode.PULL_MESSAGE, opaque=5, ext_fields={
+        "consumerGroup": "CG_bounds_huge", "topic": TOPIC, "queueId": "2", "queueOffset": str(start),
+        "maxMsgNums": str(2**31 - 1), "maxMsgBytes": str(2**31 - 1), "sysFlag": "4", "commitOffset": "0",
+        "suspendTimeoutMillis": "0", "subVersion": "0", "subscription": "*", "expressionType": "TAG"}))
+    assert resp.code == ResponseCode.SUCCESS and 0 < len(resp.body) <= 64 * 1024
+    normal.served()
+
+
+def test_new_selector_compilations_are_bounded_per_client(live: tuple[Cluster, Normal]) -> None:
+    cluster, normal = live
+    codes = []
+    with _connect(cluster.broker.addr) as s:
+        for i in range(16):
+            s.sendall(encode_frame(RemotingCommand(code=RequestCode.PULL_MESSAGE, opaque=i + 1, ext_fields={
+                "consumerGroup": "CG_bounds_sql", "topic": TOPIC, "queueId": "0", "queueOffset": "0",
+                "maxMsgNums": "1", "sysFlag": "4", "commitOffset": "0", "suspendTimeoutMillis": "0",
+                "subVersion": "0", "subscription": f"a > {i} AND b < {i + 1000}", "expressionType": "SQL92"})))
+            (resp,) = _read(s, 1)
+            codes.append(resp.code)
+    assert ResponseCode.SYSTEM_BUSY not in codes[:10] and set(codes[10:]) == {ResponseCode.SYSTEM_BUSY}
+    normal.served()
+
+
+def test_auto_created_topics_are_capped(live: tuple[Cluster, Normal]) -> None:
+    cluster, normal = live
+    codes = []
+    for i in range(12):
+        codes.append(_raw(cluster.broker.addr, RemotingCommand(code=RequestCode.SEND_MESSAGE_V2, opaque=1, ext_fields={
+            "a": "PG_bounds_auto", "b": f"AbuseAuto{i}", "c": "TBW102", "d": "4", "e": "0", "f": "0",
+            "g": "0", "h": "0", "i": "", "j": "0", "k": "false"}, body=b"x")).code)
+    assert ResponseCode.TOPIC_NOT_EXIST in codes and codes.count(ResponseCode.SUCCESS) < 6
+    normal.served()  # an existing topic still takes sends
+
+
+def test_one_bad_send_fails_alone(live: tuple[Cluster, Normal]) -> None:
+    cluster, normal = live
+    resp = _raw(cluster.broker.addr, RemotingCommand(code=RequestCode.SEND_MESSAGE_V2, opaque=1, ext_fields={
+        "a": "PG_bounds_bad", "b": TOPIC, "c": "TBW102", "d": "4", "e": "0", "f": "0", "g": "0",
+        "h": str(2**40), "i": "", "j": "0", "k": "false"}, body=b"x"))
+    assert resp.code == ResponseCode.MESSAGE_ILLEGAL and "flag" in (resp.remark or "")
+    normal.served()
