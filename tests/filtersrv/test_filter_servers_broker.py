@@ -198,7 +198,6 @@ def test_under_acl_the_children_sign_as_the_broker_and_check_consumers(tmp_path:
 @pytest.mark.parametrize("settings, says", [
     ({"filter_server_nums": -1}, "must not be negative"),
     ({"filter_batch_deadline_ms": 0}, "must be positive"),
-    ({"filter_server_nums": 1, "tls_mode": "enforcing", "tls_cert": "c.pem", "tls_key": "k.pem"}, "without TLS"),
 ])
 def test_bad_filter_server_settings_are_refused(settings: dict, says: str) -> None:
     from sluice.broker.config import BrokerConfig

@@ -252,9 +252,6 @@ class BrokerConfig:
                 or self.filter_batch_deadline_ms <= 0:
             raise InvalidParameterError("filter_server_nums, filter_worker_memory_mb must not be negative and "
                                         "filter_worker_cpu_seconds, filter_batch_deadline_ms must be positive")
-        if self.filter_server_nums and self.tls_mode == "enforcing":
-            raise InvalidParameterError("filter servers connect to their broker without TLS: filter_server_nums "
-                                        "needs tls_mode disabled or permissive")
         if self.server_channel_max_idle_time_seconds < 0:
             raise InvalidParameterError("server_channel_max_idle_time_seconds must not be negative (0: never)")
         if not 1 <= self.max_transfer_bytes <= PULL_BODY_CEILING:

@@ -42,6 +42,7 @@ from sluice.broker.filter_admin import FilterAdminProcessor, persist_filter_data
 from sluice.broker.filter_data import ConsumerFilterManager
 from sluice.broker.filter_servers import EXPIRY_SCAN_S as FILTER_SERVER_SCAN_S
 from sluice.broker.filter_servers import FilterServerChildren, FilterServerManager, child_env
+from sluice.broker.filter_servers import tls_args as filtersrv_tls_args
 from sluice.broker.locks import RebalanceLockManager
 from sluice.broker.longpoll import HoldService
 from sluice.broker.offset_reset import OffsetResetProcessor
@@ -435,7 +436,7 @@ class BrokerController:
             args += ["--repository-url", c.filter_class_repository_url]
         if c.acl:  # the broker's ACL guards its filter servers too
             args += ["--acl", str(Path(c.acl).absolute())]
-        return args
+        return args + filtersrv_tls_args(c.tls_mode, c.tls_cert, c.tls_key, c.tls_client_ca)
 
     async def _persist_offsets(self) -> None:
         await self.pool.run(self.offsets.persist)

@@ -30,7 +30,7 @@ from sluice.protocol.codes import ResponseCode
 from sluice.protocol.command import RemotingCommand
 from sluice.transport.connection import RemotingConnection
 
-__all__ = ["FilterServerManager", "FilterServerChildren", "FILTER_SERVER_EXPIRY_S"]
+__all__ = ["FilterServerManager", "FilterServerChildren", "FILTER_SERVER_EXPIRY_S", "tls_args"]
 
 log = logging.getLogger(__name__)
 
@@ -196,6 +196,22 @@ class FilterServerChildren:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def tls_args(tls_mode: str, tls_cert: str, tls_key: str, tls_client_ca: str) -> list[str]:
+    """The children's TLS flags from the broker's settings: their port serves TLS as the broker's does (its
+    mode, certificate and client CA), and they reach the broker over TLS, trusting exactly its certificate
+    (pinned: the address they dial need not be a name it carries). With a client CA (mutual TLS) they present
+    the broker's own certificate, which must then be signed by that CA (docs/security.md). Paths absolute:
+    the children may run elsewhere."""
+    if tls_mode == "disabled":
+        return []
+    cert, key = os.path.abspath(tls_cert), os.path.abspath(tls_key)
+    args = ["--tls-mode", tls_mode, "--tls-cert", cert, "--tls-key", key,
+            "--broker-tls", "--broker-tls-ca", cert, "--broker-tls-pin"]
+    if tls_client_ca:
+        args += ["--tls-client-ca", os.path.abspath(tls_client_ca), "--broker-tls-cert", cert, "--broker-tls-key", key]
+    return args
 
 
 def child_env(access_key: str = "", secret_key: str = "") -> dict[str, str]:

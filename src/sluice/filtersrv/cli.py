@@ -17,6 +17,7 @@ from sluice.acl.signature import Credentials
 from sluice.errors import SluiceError
 from sluice.filtersrv.sandbox import WorkerLimits
 from sluice.filtersrv.server import FiltersrvConfig, FilterServer
+from sluice.transport.tls import ClientTls
 
 __all__ = ["filtersrv_command", "run_filtersrv", "ACCESS_KEY_ENV", "SECRET_KEY_ENV"]
 
@@ -71,10 +72,32 @@ _D = WorkerLimits()
 @click.option("--repository-check-interval", type=float, default=60.0, show_default=True,
               help="Seconds between re-reads of the repository's class files.")
 @click.option("--acl", metavar="FILE", help="plain_acl.yml: check every request; uploading needs an admin account.")
+@click.option("--tls-mode", type=click.Choice(["disabled", "permissive", "enforcing"], case_sensitive=False),
+              default="disabled", show_default=True, help="TLS on the listening port, as the broker's --tls-mode.")
+@click.option("--tls-cert", metavar="PEM", help="The certificate chain served (permissive and enforcing).")
+@click.option("--tls-key", metavar="PEM", help="Its private key.")
+@click.option("--tls-client-ca", metavar="PEM", help="Mutual TLS: TLS consumers need a certificate this CA signed.")
+@click.option("--broker-tls/--no-broker-tls", default=False, show_default=True,
+              help="Connect to the broker over TLS (a broker in tls_mode enforcing needs it).")
+@click.option("--broker-tls-ca", metavar="PEM", help="CA file the broker's certificate is checked with "
+              "[default: the system's].")
+@click.option("--broker-tls-pin", is_flag=True, default=False,
+              help="--broker-tls-ca is the broker's own certificate: trust exactly it, whatever names it carries.")
+@click.option("--broker-tls-server-name", metavar="NAME", help="Name the broker's certificate must carry "
+              "[default: the --broker host].")
+@click.option("--broker-tls-verify/--no-broker-tls-verify", default=True, show_default=True,
+              help="Check the broker's certificate (off: no server authentication; for tests).")
+@click.option("--broker-tls-cert", metavar="PEM", help="Client certificate for a broker that requires one.")
+@click.option("--broker-tls-key", metavar="PEM", help="Its private key.")
 @click.option("--parent-pid", type=int, hidden=True, help="Stop when this process (the broker) is gone.")
 def filtersrv_command(broker: str, listen: str, repository: str | None, repository_url: str | None, uploads: bool,
                       worker_cpu_seconds: float, worker_memory_mb: int, batch_deadline_ms: int, register_interval: float,
-                      repository_check_interval: float, acl: str | None = None, parent_pid: int | None = None) -> None:
+                      repository_check_interval: float, acl: str | None = None, tls_mode: str = "disabled",
+                      tls_cert: str | None = None, tls_key: str | None = None, tls_client_ca: str | None = None,
+                      broker_tls: bool = False, broker_tls_ca: str | None = None, broker_tls_pin: bool = False,
+                      broker_tls_server_name: str | None = None, broker_tls_verify: bool = True,
+                      broker_tls_cert: str | None = None, broker_tls_key: str | None = None,
+                      parent_pid: int | None = None) -> None:
     """Run a filter server: runs consumers' filter classes (in sandboxed workers) on their broker's messages.
 
     With a broker that checks an ACL, the account the filter server signs with comes from the environment
@@ -93,11 +116,21 @@ def filtersrv_command(broker: str, listen: str, repository: str | None, reposito
         raise click.UsageError(f"{ACCESS_KEY_ENV} and {SECRET_KEY_ENV} are set together or not at all")
     if repository_url is not None and not repository_url.startswith(("http://", "https://")):
         raise click.UsageError(f"--repository-url {repository_url!r} is not http:// or https://")
+    client_tls = None
+    if broker_tls:
+        client_tls = ClientTls(ca=broker_tls_ca, server_name=broker_tls_server_name, verify=broker_tls_verify,
+                               cert=broker_tls_cert, key=broker_tls_key, pinned=broker_tls_pin)
+    elif broker_tls_ca or broker_tls_pin or broker_tls_server_name or broker_tls_cert or broker_tls_key:
+        raise click.UsageError("--broker-tls-ca/-pin/-server-name/-cert/-key need --broker-tls")
     config = FiltersrvConfig(broker=broker, listen=listen, repository=repository, repository_url=repository_url,
                              uploads=uploads, limits=limits,
                              register_interval=register_interval, check_interval=repository_check_interval,
-                             acl=acl, credentials=Credentials(ak, sk) if ak else None)
+                             acl=acl, credentials=Credentials(ak, sk) if ak else None,
+                             tls_mode=tls_mode, tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=tls_client_ca,
+                             broker_tls=client_tls)
     try:
+        if client_tls is not None:
+            client_tls.context()  # bad files fail the start, not every registration
         asyncio.run(run_filtersrv(config, parent_pid))
     except SluiceError as exc:
         raise click.ClickException(f"filter server failed: {exc}") from None

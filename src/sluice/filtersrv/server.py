@@ -9,37 +9,20 @@ filtersrv/src/main/java/org/apache/rocketmq/filtersrv/).
   302; sluice/filtersrv/registry.py), then pull (PULL_MESSAGE, 11) with the
   class-filter flag 0x8.
 * A pull is forwarded to the broker as a plain ``*`` subscription pull of the
-  group (the consumer's commitOffset forwarded with the commit flag, so the
-  group's offsets are the broker's; long polling as the consumer asked). The
-  class runs on the batch in its worker; the answer is the broker's, with the
-  body cut to the records the class kept.
-* The broker is asked for ``OVERFETCH`` times the messages the consumer asked
-  for (at most 1024, the broker's own cap); when the class keeps more than the
-  consumer asked for, the answer is cut there and its nextBeginOffset is the
-  queue offset of the first kept record left out (the filtered-out records
-  before it are skipped, not read again).
-* A batch the class keeps nothing of is not answered FOUND-with-nothing (RocketMQ
-  clients cannot take that): the server pulls on from the next offset, in batches of
-  ``MAX_FETCH`` (a class that kept nothing is a sparse one), up to
-  ``MAX_EMPTY_ROUNDS`` broker pulls within the pull's time, then answers
-  PULL_RETRY_IMMEDIATELY (the broker's own answer when nothing of what it read
-  matched, and RocketMQ's filter server's after a single pull: pullMessageForward in
-  filtersrv/src/main/java/org/apache/rocketmq/filtersrv/processor/DefaultRequestProcessor.java)
-  with nextBeginOffset past the skipped records, or the broker's
-  PULL_NOT_FOUND at the queue's end, its nextBeginOffset likewise past them.
+  group, the class runs on each batch in its worker, and the answer is the
+  broker's with the body cut to the records the class kept, filled over several
+  broker pulls (sluice/filtersrv/forward.py).
 * With ``acl`` (a plain_acl.yml, the broker's) every request is checked as the
   broker checks a pull: SUB on the topic and on the group's retry topic; a 302
   that uploads source needs an admin account besides. The filter server signs
   its own requests to the broker with ``credentials`` (301 needs admin, pulls SUB).
-* The class failing on a batch answers SYSTEM_ERROR (FilterClassFailedError) with
-  a remark naming the class and the cause, and no nextBeginOffset: the consumer
-  pulls the same offset again, so nothing is skipped unfiltered.
+* TLS both ways (transport/tls.py): its port takes the broker's tls_mode, certificate and client CA (a broker
+  passes its own to its children), and it reaches its broker with ``broker_tls`` when that port is TLS.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,33 +31,21 @@ from sluice.acl.policy import SUB, Need, retry_topic
 from sluice.acl.signature import Credentials
 from sluice.acl.signing import remoting_client
 from sluice.errors import FilterClassError, InvalidParameterError
-from sluice.format import POS_QUEUEOFFSET
+from sluice.filtersrv.forward import FLAG_CLASS_FILTER, MAX_EMPTY_ROUNDS, PullForwarder
 from sluice.filtersrv.registry import FilterClassRegistry
 from sluice.filtersrv.repository import ClassRepository
 from sluice.filtersrv.sandbox import WorkerLimits
 from sluice.protocol.codes import RequestCode, ResponseCode
 from sluice.protocol.command import RemotingCommand
-from sluice.protocol.headers import PullMessageRequestHeader
 from sluice.transport.client import RemotingClient
 from sluice.transport.connection import RemotingConnection
 from sluice.transport.server import RemotingServer
+from sluice.transport.tls import ClientTls, server_tls
 
 __all__ = ["FiltersrvConfig", "FilterServer", "FLAG_CLASS_FILTER", "MAX_EMPTY_ROUNDS"]
 
 log = logging.getLogger(__name__)
 
-# PullSysFlag (common/src/main/java/org/apache/rocketmq/common/sysflag/PullSysFlag.java)
-FLAG_COMMIT_OFFSET, FLAG_SUSPEND, FLAG_SUBSCRIPTION, FLAG_CLASS_FILTER = 0x1, 0x2, 0x4, 0x8
-#: Broker pulls one consumer pull may make while every batch is filtered out.
-MAX_EMPTY_ROUNDS = 8
-#: Messages asked of the broker per message the consumer asked for: at 10 % selectivity a 32-message pull
-#: is answered from one broker pull and one worker call instead of ten.
-OVERFETCH = 8
-#: The most messages asked of the broker at once (a Sluice broker's max_transfer_count default).
-MAX_FETCH = 1024
-#: Time a broker pull may take beyond the suspend time it asks for.
-BROKER_PULL_SLACK_S = 5.0
-_PULL_FIELDS = ("suggestWhichBrokerId", "nextBeginOffset", "minOffset", "maxOffset")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,11 +70,14 @@ class FiltersrvConfig:
     acl: str | None = None
     #: The account the filter server signs its requests to the broker with (a broker with ACL on).
     credentials: Credentials | None = None
-
-
-def queue_offset_of(record: memoryview) -> int:
-    """The queue offset a stored record carries (format.POS_QUEUEOFFSET)."""
-    return int.from_bytes(record[POS_QUEUEOFFSET:POS_QUEUEOFFSET + 8], "big", signed=True)
+    #: The listening port's TLS (transport/tls.py), as the broker's: tls_mode disabled|permissive|enforcing,
+    #: certificate and key, and tls_client_ca for mutual TLS.
+    tls_mode: str = "disabled"
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None
+    #: How it reaches its broker over TLS (None: plain TCP).
+    broker_tls: ClientTls | None = None
 
 
 class FilterServer:
@@ -112,11 +86,13 @@ class FilterServer:
         host, _, port = config.listen.rpartition(":")
         if not host or not port.isdigit():
             raise InvalidParameterError(f"listen address {config.listen!r} is not HOST:PORT")
-        self.server = RemotingServer(host, int(port))
-        self.remoting = remoting or remoting_client(config.credentials)
+        tls_mode, ssl_context = server_tls(config.tls_mode, config.tls_cert, config.tls_key, config.tls_client_ca)
+        self.server = RemotingServer(host, int(port), tls_mode=tls_mode, ssl_context=ssl_context)
+        self.remoting = remoting or remoting_client(config.credentials, tls=config.broker_tls)
         self.acl = AclGuard(config.acl) if config.acl else None
         self.registry = FilterClassRegistry(ClassRepository(config.repository, config.repository_url), config.limits,
                                             uploads=config.uploads, check_interval=config.check_interval)
+        self.forwarder = PullForwarder(self.registry, self.remoting, config.broker)
         self.broker_name: str | None = None
         self.broker_id: int | None = None
         self.server.register(RequestCode.REGISTER_MESSAGE_FILTER_CLASS, self._checked(self.register_class))
@@ -134,8 +110,10 @@ class FilterServer:
         self.registry.start()
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._register_loop(), name="filtersrv-register"))
-        log.info("filter server %s serving broker %s (repository %s, uploads %s)", self.address,
-                 self.config.broker, self.config.repository or "-", "on" if self.config.uploads else "off")
+        log.info("filter server %s serving broker %s (repository %s, uploads %s, TLS %s, to the broker %s)",
+                 self.address, self.config.broker, self.config.repository or "-",
+                 "on" if self.config.uploads else "off", self.server.tls_mode,
+                 "TLS" if self.config.broker_tls else "plain")
 
     async def stop(self) -> None:
         for t in self._tasks:
@@ -227,54 +205,4 @@ class FilterServer:
     # ------------------------------------------------------------------------------------------ pull
 
     async def pull(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
-        h = PullMessageRequestHeader.from_command(request)
-        entry = self.registry.entry(h.topic, h.consumer_group)
-        if entry.error is not None and entry.worker is None and entry.ready is not None and entry.ready.done():
-            raise entry.error  # a class that did not load: answered before anything is pulled or committed
-        suspend = bool(h.sys_flag & FLAG_SUSPEND)
-        end = time.monotonic() + (max(0, h.suspend_timeout_millis) / 1000.0 if suspend else 0.0)
-        offset, skipped = h.queue_offset, 0
-        want = max(1, h.max_msg_nums)
-        fetch = min(MAX_FETCH, want * OVERFETCH)
-        for round_no in range(MAX_EMPTY_ROUNDS):
-            left_ms = max(0, int((end - time.monotonic()) * 1000))
-            flags = FLAG_SUBSCRIPTION
-            if suspend and left_ms > 0:
-                flags |= FLAG_SUSPEND
-            if round_no == 0 and h.sys_flag & FLAG_COMMIT_OFFSET:
-                flags |= FLAG_COMMIT_OFFSET
-            fwd = PullMessageRequestHeader(
-                consumer_group=h.consumer_group, topic=h.topic, queue_id=h.queue_id, queue_offset=offset,
-                max_msg_nums=fetch, sys_flag=flags, commit_offset=h.commit_offset,
-                suspend_timeout_millis=left_ms, subscription="*", sub_version=h.sub_version,
-                expression_type="TAG", max_msg_bytes=h.max_msg_bytes)
-            resp = await self.remoting.invoke(self.config.broker,
-                                              RemotingCommand.request(RequestCode.PULL_MESSAGE, fwd.to_ext()),
-                                              timeout=left_ms / 1000.0 + BROKER_PULL_SLACK_S)
-            fields = {k: resp.ext_fields[k] for k in _PULL_FIELDS if k in resp.ext_fields}
-            if resp.code != ResponseCode.SUCCESS:
-                if skipped and resp.code == ResponseCode.PULL_NOT_FOUND:
-                    return request.make_response(resp.code, f"no new message ({skipped} filtered out before it)",
-                                                 ext_fields=fields)
-                return request.make_response(resp.code, resp.remark, ext_fields=fields)
-            try:
-                out = await self.registry.filter(entry, resp.body)
-            except FilterClassError:
-                current = self.registry.entries.get((h.topic, h.consumer_group))
-                if current is None or current is entry:
-                    raise
-                entry = current  # replaced while this batch ran (its worker ended): the new class decides
-                out = await self.registry.filter(entry, resp.body)
-            if out.kept:
-                if len(out.kept) > want:  # the rest is read again from the first kept record left out
-                    fields["nextBeginOffset"] = str(queue_offset_of(out.kept[want]))
-                return request.make_response(ResponseCode.SUCCESS, ext_fields=fields, body=b"".join(out.kept[:want]))
-            skipped += out.total
-            fetch = MAX_FETCH  # nothing kept: a sparse class, so read on in the largest batches
-            offset = int(fields.get("nextBeginOffset", offset))
-            if suspend and time.monotonic() >= end:
-                break
-        return request.make_response(
-            ResponseCode.PULL_RETRY_IMMEDIATELY,
-            f"{skipped} messages pulled, none kept by filter class {entry.class_name}; pull again from "
-            "nextBeginOffset", ext_fields={**fields, "nextBeginOffset": str(offset)})
+        return await self.forwarder.pull(request)

@@ -101,6 +101,10 @@ class ClientTls:
     #: The client's own certificate chain and key (PEM), for servers that require one (mutual TLS).
     cert: str | None = None
     key: str | None = None
+    #: ``ca`` holds the server's own certificate, trusted as it is (OpenSSL's partial-chain flag) and not
+    #: checked by name: only the holder of that certificate's key is accepted. A broker's filter-server
+    #: children reach it so (broker/filter_servers.py), whatever address the certificate names.
+    pinned: bool = False
 
     def context(self) -> ssl.SSLContext:
         if bool(self.cert) != bool(self.key):
@@ -116,6 +120,11 @@ class ClientTls:
                 raise InvalidParameterError(f"cannot use TLS client certificate {self.cert!r} with key "
                                             f"{self.key!r}: {exc}") from None
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        if self.pinned:
+            if not self.ca:
+                raise InvalidParameterError("a pinned TLS certificate needs its file as the CA file")
+            ctx.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
+            ctx.check_hostname = False
         if not self.verify:
             ctx.check_hostname = False
             ctx.verify_mode = ssl.CERT_NONE
