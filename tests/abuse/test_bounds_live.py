@@ -16,7 +16,6 @@ import socket
 import struct
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import orjson
 import pytest

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from servers import Cluster, running_cluster
 
 from sluice import Message, Producer, PullConsumer
+from sluice.broker.requests import ROUTES  # the broker's own table: every code it serves is fuzzed
 from sluice.errors import ProtocolError, SluiceError
 from sluice.protocol import bodies as B
 from sluice.protocol import fields as F
@@ -135,7 +136,7 @@ def decode_stream(data: bytes, cuts: list[int], eof: bool = True,
             codec.receive_data(b"")  # end of stream
             if codec.next_frame() is not NEED_DATA:
                 raise AssertionError("a frame after end of stream that was not there before")
-    except ProtocolError as exc:
+    except ProtocolError:
         return out, "ProtocolError", False
     return out, None, codec.buffered > 0
 
@@ -197,7 +198,6 @@ def test_bodies_decode_or_raise_a_precise_error(cls: type, raw: bytes) -> None:
 
 
 # ---- a live broker ---------------------------------------------------------------------------------------
-from sluice.broker.requests import ROUTES  # noqa: E402  (the broker's own table: fuzz every code it serves)
 
 TOPIC = "AbuseNormal"
 #: Fuzzed requests may touch any topic but the normal client's: never generated (fuzzed topics are short).
