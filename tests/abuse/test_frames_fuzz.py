@@ -1,8 +1,8 @@
 """Hypothesis over frames and headers, as h11 is fuzzed: against the sans-IO codec (whole, byte by byte and in
 random chunks: every input decodes to the same frames or raises the codec's own ProtocolError, never anything
 else, never loops), against the typed headers and bodies (decoded or InvalidParameterError naming the field),
-and against a live broker subprocess (a connection sending malformed frames or requests gets a precise answer
-or is closed and logged, while a normal SDK client on another connection is served throughout)."""
+and against a live broker subprocess and its namesrv (a connection sending malformed frames or requests gets a
+precise answer or is closed and logged, while a normal SDK client on another connection is served throughout)."""
 from __future__ import annotations
 
 import dataclasses
@@ -338,13 +338,53 @@ def test_a_live_broker_answers_fuzzed_requests_precisely_and_keeps_serving(live:
     _poke(live, data)
 
 
+NAMESRV_CODES = [RequestCode.REGISTER_BROKER, RequestCode.UNREGISTER_BROKER, RequestCode.GET_ROUTEINFO_BY_TOPIC,
+                 RequestCode.GET_BROKER_CLUSTER_INFO, RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER,
+                 RequestCode.DELETE_TOPIC_IN_NAMESRV, RequestCode.PUT_KV_CONFIG, RequestCode.GET_KV_CONFIG,
+                 RequestCode.DELETE_KV_CONFIG, RequestCode.QUERY_DATA_VERSION]
+
+
+@st.composite
+def namesrv_requests(draw: st.DrawFn) -> bytes:
+    """A namesrv request with fuzzed fields and body (never naming the normal client's broker or topic)."""
+    ext = dict(PLAUSIBLE) if draw(st.integers(0, 3)) else {}
+    ext.update(draw(ext_fields))
+    ext["topic"] = draw(FUZZ_TOPICS)
+    for key in ("brokerName", "clusterName", "brokerAddr"):
+        ext[key] = draw(st.sampled_from(["FuzzB", "", "127.0.0.1:1", "nohost"]) | st.text(max_size=6))
+    body = draw(st.binary(max_size=64) | json_values.map(lambda v: json.dumps(v).encode()))
+    cmd = RemotingCommand.request(int(draw(st.sampled_from(NAMESRV_CODES))), ext, body)
+    return encode_frame(dataclasses.replace(cmd, opaque=draw(st.integers(1, 2**31 - 1))))
+
+
+@pytest.mark.slow
+@settings(deadline=None, max_examples=60, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(data=st.lists(namesrv_requests(), min_size=1, max_size=3).map(b"".join) | malformed_streams)
+def test_a_live_namesrv_answers_or_closes_and_keeps_routing(live: tuple[Cluster, Normal], data: bytes) -> None:
+    cluster, normal = live
+    sent, error, _ = decode_stream(data, [], eof=False, max_frame=DEFAULT_MAX_FRAME_SIZE)
+    requests = [c for c in sent if not c.flag & (FLAG_RESPONSE | FLAG_ONEWAY)]
+    got, closed = _exchange(cluster.ns, data, len(requests), until_closed=error is not None)
+    if error is not None:
+        assert closed
+    else:
+        assert sorted(r.opaque for r in got) == sorted(c.opaque for c in requests)
+    for resp in got:
+        head = (resp.remark or "").split(":")[0]
+        assert not (resp.code == ResponseCode.SYSTEM_ERROR and head.endswith(("Error", "Exception"))
+                    and " " not in head), resp.remark
+    normal.send()  # routed by this namesrv
+    assert cluster.namesrv.alive()
+
+
 @pytest.mark.slow
 def test_after_the_fuzzing_the_broker_logged_no_traceback_and_the_normal_client_reads_all(
         live: tuple[Cluster, Normal]) -> None:
     cluster, normal = live
     normal.send()
-    err = cluster.broker.stderr()
-    assert "Traceback" not in err, err[-4000:]
+    for server in (cluster.broker, cluster.namesrv):
+        err = server.stderr()
+        assert "Traceback" not in err, err[-4000:]
     with PullConsumer("CG_abuse_normal", cluster.ns) as consumer:
         got: list[bytes] = []
         for mq in consumer.fetch_message_queues(TOPIC):
