@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Mapping
 from types import TracebackType
 from typing import Any, Self
 
@@ -41,11 +42,12 @@ _SYSTEM = re.compile(r"^(%RETRY%|%DLQ%|RMQ_SYS_|SCHEDULE_TOPIC_|TBW102$|Benchmar
 
 
 class BrokerSession:
-    """``with BrokerSession(namesrv, credentials) as b: b.queues("Orders")``: blocking calls on a private loop."""
+    """``with BrokerSession(namesrv, credentials) as b: b.queues("Orders")``: blocking calls on a private loop.
+    ``tls``: ClientConfig's TLS keywords (options.tls_options; {} or None: plain TCP)."""
 
-    def __init__(self, namesrv: str, credentials: Any = None) -> None:
+    def __init__(self, namesrv: str, credentials: Any = None, tls: Mapping[str, Any] | None = None) -> None:
         self._namesrv = namesrv
-        self._config = ClientConfig(credentials=credentials, instance_name=f"spark-{id(self):x}")
+        self._config = ClientConfig(credentials=credentials, instance_name=f"spark-{id(self):x}", **(tls or {}))
         self._thread: LoopThread | None = None
         self._inst: ClientInstance | None = None
 

@@ -46,8 +46,12 @@ READ_OPTIONS = (
     "namesrv", "topic", "subscribe", "subscribePattern", "selectorType", "selector", "startingOffsets",
     "endingOffsets", "startingTimestamp", "endingTimestamp", "maxOffsetsPerTrigger", "failOnDataLoss",
     "minPartitions", "pullBatchSize", "group", "broker", "accessKey", "secretKey", "path")
+#: TLS to namesrvs and brokers (sluice.ClientConfig's tls, tls_ca, ...), read and written alike.
+TLS_OPTIONS = ("tls", "tlsCa", "tlsServerName", "tlsVerify", "tlsCert", "tlsKey")
+READ_OPTIONS += TLS_OPTIONS
 #: Every option the writer understands.
-WRITE_OPTIONS = ("namesrv", "topic", "writeId", "accessKey", "secretKey", "path", "checkpointLocation")
+WRITE_OPTIONS = ("namesrv", "topic", "writeId", "accessKey", "secretKey", "path", "checkpointLocation",
+                 *TLS_OPTIONS)
 
 
 def warn_unknown(options: Mapping[str, str], known: tuple[str, ...], what: str) -> list[str]:
@@ -71,6 +75,38 @@ def credentials(options: Mapping[str, str]):
     from sluice.acl.signature import Credentials
 
     return Credentials(ak, sk)
+
+
+def bool_opt(options: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = options.get(name)
+    if raw is None or raw == "":
+        return default
+    value = str(raw).strip().lower()
+    if value not in ("true", "false"):
+        raise InvalidParameterError(f"option {name} must be true or false, not {raw!r}")
+    return value == "true"
+
+
+def tls_options(options: Mapping[str, str]) -> dict[str, Any]:
+    """``tls`` (true/false), ``tlsCa``, ``tlsServerName``, ``tlsVerify``, ``tlsCert`` + ``tlsKey`` as the
+    ClientConfig keywords the source's clients take ({} for plain TCP). The files are read here once, so a
+    wrong path is one clear line on the driver; tasks read them again (the paths must exist where they run)."""
+    on = bool_opt(options, "tls", False)
+    ca, name = options.get("tlsCa") or None, options.get("tlsServerName") or None
+    cert, key = options.get("tlsCert") or None, options.get("tlsKey") or None
+    verify = bool_opt(options, "tlsVerify", True)
+    if not on:
+        given = [k for k in TLS_OPTIONS[1:] if options.get(k)]
+        if given:
+            raise InvalidParameterError(f"format('sluice') option(s) {', '.join(given)} need tls=true")
+        return {}
+    if bool(cert) != bool(key):
+        raise InvalidParameterError("format('sluice') needs both tlsCert and tlsKey (a client certificate)")
+    from sluice.transport.tls import ClientTls
+
+    ClientTls(ca=ca, server_name=name, verify=verify, cert=cert, key=key).context()
+    return {"tls": True, "tls_ca": ca, "tls_server_name": name, "tls_verify": verify, "tls_cert": cert,
+            "tls_key": key}
 
 
 def int_opt(options: Mapping[str, str], name: str) -> int | None:
@@ -227,6 +263,8 @@ class Options:
         self.group = options.get("group") or f"spark-sluice-{uuid.uuid4().hex[:12]}"
         self.broker_label = options.get("broker")
         self.credentials = credentials(options)
+        #: ClientConfig keywords for TLS ({}: plain TCP); BrokerSession takes them.
+        self.tls = tls_options(options)
 
     @property
     def topic(self) -> str | None:

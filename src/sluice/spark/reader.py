@@ -147,7 +147,7 @@ def read_range(opts: Options, r: QueueRange, selector_type: str, selector: str |
     sel = MessageSelector(selector_type, selector)
     mq = MessageQueue(topic=r.topic or opts.topic, broker_name=r.broker, queue_id=r.queue_id)
     label = opts.broker_label or r.broker
-    with BrokerSession(opts.namesrv, opts.credentials) as b:
+    with BrokerSession(opts.namesrv, opts.credentials, opts.tls) as b:
         offset, pending = r.start, []
         while offset < r.end:
             res = b.pull(mq, sel, offset, min(opts.pull_batch, r.end - offset), opts.group)
@@ -184,7 +184,7 @@ class SluiceBatchReader(DataSourceReader):
     @short_errors
     def partitions(self) -> Sequence[InputPartition]:
         o, p = self.opts, self.push
-        with BrokerSession(o.namesrv, o.credentials) as b:
+        with BrokerSession(o.namesrv, o.credentials, o.tls) as b:
             bounds = queue_bounds(b, o)
             if p.queue_ids is not None:
                 bounds = [x for x in bounds if x[0].queue_id in p.queue_ids]

@@ -88,7 +88,7 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._last_end: Flat | None = None
 
     def _session(self) -> BrokerSession:
-        return BrokerSession(self.opts.namesrv, self.opts.credentials)
+        return BrokerSession(self.opts.namesrv, self.opts.credentials, self.opts.tls)
 
     def _latest(self) -> Flat:
         with self._session() as b:

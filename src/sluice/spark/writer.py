@@ -33,7 +33,7 @@ import orjson
 from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
 
 from sluice.errors import InvalidParameterError, SluiceError
-from sluice.spark.options import WRITE_OPTIONS, credentials, warn_unknown
+from sluice.spark.options import WRITE_OPTIONS, credentials, tls_options, warn_unknown
 
 __all__ = ["SentCount", "SluiceBatchWriter", "SluiceStreamWriter", "check_write_schema", "content_digest",
            "message_id", "row_message", "send_twins", "unsent_twins"]
@@ -172,7 +172,7 @@ def send_rows(opts_map: dict, rows, write_id: str | None) -> SentCount:
     seen: Counter[bytes] = Counter()
     topic_of: dict[bytes, str] = {}
     producer = Producer(f"spark-sluice-writer-{uuid.uuid4().hex[:8]}", opts_map["namesrv"],
-                        credentials=opts_map.get("credentials"))
+                        credentials=opts_map.get("credentials"), **opts_map.get("tls", {}))
     producer.start()
     n = 0
     pending: list = []
@@ -243,10 +243,10 @@ def send_twins(opts_map: dict, write_id: str, twins: dict[bytes, tuple[str, int,
     keyed = _keyed_message_class()
     sent, missing = 0, []
     producer = Producer(f"spark-sluice-writer-{uuid.uuid4().hex[:8]}", opts_map["namesrv"],
-                        credentials=opts_map.get("credentials"))
+                        credentials=opts_map.get("credentials"), **opts_map.get("tls", {}))
     producer.start()
     try:
-        with BrokerSession(opts_map["namesrv"], opts_map.get("credentials")) as b:
+        with BrokerSession(opts_map["namesrv"], opts_map.get("credentials"), opts_map.get("tls")) as b:
             for d, (topic, most, total) in sorted(twins.items()):
                 first = message_id(write_id, d, 0)
                 stored = None
@@ -272,7 +272,8 @@ def send_twins(opts_map: dict, write_id: str, twins: dict[bytes, tuple[str, int,
 def _writer_opts(options) -> dict:
     if not options.get("namesrv"):
         raise InvalidParameterError("format('sluice') needs option namesrv")
-    return {"namesrv": options.get("namesrv"), "topic": options.get("topic"), "credentials": credentials(options)}
+    return {"namesrv": options.get("namesrv"), "topic": options.get("topic"), "credentials": credentials(options),
+            "tls": tls_options(options)}
 
 
 class SluiceBatchWriter(DataSourceWriter):
