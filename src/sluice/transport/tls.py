@@ -101,17 +101,21 @@ class ClientTls:
     #: The client's own certificate chain and key (PEM), for servers that require one (mutual TLS).
     cert: str | None = None
     key: str | None = None
-    #: ``ca`` holds the server's own certificate, trusted as it is (OpenSSL's partial-chain flag) and not
-    #: checked by name: only the holder of that certificate's key is accepted. A broker's filter-server
-    #: children reach it so (broker/filter_servers.py), whatever address the certificate names.
+    #: ``ca`` holds the server's own certificate (its first, for a chain file), trusted as it is (OpenSSL's
+    #: partial-chain flag) and not checked by name: only the holder of that certificate's key is accepted.
+    #: A broker's filter-server children reach it so (broker/filter_servers.py), whatever address the
+    #: certificate names.
     pinned: bool = False
 
     def context(self) -> ssl.SSLContext:
         if bool(self.cert) != bool(self.key):
             raise InvalidParameterError("a TLS client certificate needs both its cert and its key file")
         try:
-            ctx = ssl.create_default_context(cafile=self.ca or None)
-        except (OSError, ssl.SSLError) as exc:
+            if self.pinned and self.ca:  # the file's first certificate only: not the intermediates after it
+                ctx = ssl.create_default_context(cadata=_first_pem_certificate(self.ca))
+            else:
+                ctx = ssl.create_default_context(cafile=self.ca or None)
+        except (OSError, ssl.SSLError, ValueError) as exc:
             raise InvalidParameterError(f"cannot read TLS CA file {self.ca!r}: {exc}") from None
         if self.cert:
             try:
@@ -129,6 +133,18 @@ class ClientTls:
             ctx.check_hostname = False
             ctx.verify_mode = ssl.CERT_NONE
         return ctx
+
+
+def _first_pem_certificate(path: str) -> str:
+    """The first PEM certificate block of ``path`` (a chain file starts with its leaf)."""
+    with open(path, encoding="ascii", errors="replace") as f:
+        text = f.read()
+    begin, end = "-----BEGIN CERTIFICATE-----", "-----END CERTIFICATE-----"
+    start = text.find(begin)
+    stop = text.find(end, start)
+    if start < 0 or stop < 0:
+        raise ValueError("no PEM certificate in it")
+    return text[start:stop + len(end)] + "\n"
 
 
 class _Early(asyncio.Protocol):
