@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,14 +24,12 @@ from pathlib import Path
 import numpy as np
 
 from sluice.errors import CorruptRecordError
-from sluice.protocol import properties as P
+from sluice.store.check import CheckReport, check_store
 from sluice.store.checkpoint import Checkpoint
-from sluice.store.commitlog import CommitLog, ParsedRecord, parse_record
+from sluice.store.commitlog import CommitLog, parse_record
 from sluice.store.consumequeue import PAD_SIZE, ConsumeQueue, ConsumeQueueTable
-from sluice.store.dispatch import is_queued
-from sluice.store.ext_files import ExtTable, ext_addresses_ok, recover_ext
+from sluice.store.ext_files import ExtTable, recover_ext
 from sluice.store.index import IndexService
-from sluice.store.types import Problem
 
 log = logging.getLogger(__name__)
 
@@ -49,18 +46,6 @@ class RecoveryReport:
     error: str | None = None
     queues_truncated: dict[str, int] = field(default_factory=dict)
     reput_from: int = 0
-
-
-@dataclass(slots=True)
-class CheckReport:
-    problems: list[Problem] = field(default_factory=list)
-    records: int = 0
-    units: int = 0
-    fixed: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
 
 
 class Recovery:
@@ -106,91 +91,8 @@ class Recovery:
 
     def check(self, rebuild_queue: Callable[[str, int], None] | None = None) -> CheckReport:
         """Verify every record, every consume-queue unit and the key index; with ``rebuild_queue``, call it
-        for each queue found bad (``store check --fix``). Everything written must be dispatched first."""
-        cl, queues, ext, index = self.commitlog, self.queues, self.ext, self.index
-        rep = CheckReport()
-        by_phys: dict[int, ParsedRecord] = {}
-        per_queue: dict[tuple[str, int], list[ParsedRecord]] = defaultdict(list)
-
-        def on_record(rec: ParsedRecord) -> None:
-            by_phys[rec.physical_offset] = rec
-            if is_queued(rec.sysflag):
-                per_queue[(rec.topic, rec.queue_id)].append(rec)
-
-        damaged: set[int] = set()
-        pos = cl.min_offset
-        while pos < cl.write_pos:
-            end, err = cl.scan(pos, check_crc=True, on_record=on_record)
-            if err is None:
-                break
-            rep.problems.append(Problem(err.path or "commitlog", err.offset or 0, str(err).split(" (")[0]))
-            damaged.add(end)
-            f = cl.queue.find(end)
-            if f is None:
-                break
-            data = cl.read_record_unchecked(end)
-            if data is not None and str(err).startswith("body CRC mismatch"):
-                pos = end + len(data)  # the record's structure decoded, so its size can be trusted
-            else:
-                pos = f.end  # cannot trust sizes past the damage: resume at the next segment
-        rep.records = len(by_phys)
-        bad_queues: set[tuple[str, int]] = set()
-        for (topic, qid), recs in per_queue.items():
-            cq = queues.get(topic, qid)
-            live = [r for r in recs if r.queue_offset >= (cq.min_offset if cq else 0)]
-            if cq is None:
-                if live:
-                    rep.problems.append(Problem(f"consumequeue/{topic}/{qid}", 0,
-                                                "queue missing for stored records"))
-                    bad_queues.add((topic, qid))
-                continue
-            for r in live:
-                u = cq.unit(r.queue_offset)
-                if u is None or u[0] != r.physical_offset or u[1] != r.total_size:
-                    rep.problems.append(Problem(f"consumequeue/{topic}/{qid}", r.queue_offset * 20,
-                                                f"unit {r.queue_offset} does not point at its record "
-                                                f"{r.physical_offset} ({u})"))
-                    bad_queues.add((topic, qid))
-                    break
-        for cq in queues.all():
-            units = cq.get_units(cq.min_offset, cq.max_offset - cq.min_offset)
-            if units is None:
-                continue
-            rep.units += len(units)
-            for i in np.flatnonzero((units["size"] > 0) & (units["size"] != PAD_SIZE)):
-                phys = int(units["offset"][i])
-                rec = by_phys.get(phys)
-                qoff = cq.min_offset + int(i)
-                if phys < cl.min_offset or phys in damaged:
-                    continue
-                if rec is None or rec.topic != cq.topic or rec.queue_id != cq.queue_id or rec.queue_offset != qoff:
-                    rep.problems.append(Problem(f"consumequeue/{cq.topic}/{cq.queue_id}", qoff * 20,
-                                                f"unit {qoff} points at {phys}, not a record of this queue"))
-                    bad_queues.add((cq.topic, cq.queue_id))
-                    break
-        for cq in queues.all():
-            bad_ext = ext_addresses_ok(cq, ext.get(cq.topic, cq.queue_id))
-            if bad_ext is not None:
-                rep.problems.append(Problem(f"consumequeue/{cq.topic}/{cq.queue_id}", bad_ext[0] * 20,
-                                            f"unit {bad_ext[0]} holds ext address {bad_ext[1]}, which does not "
-                                            "resolve to a ConsumeQueueExt unit"))
-                bad_queues.add((cq.topic, cq.queue_id))
-        if index is not None:
-            top = index.max_indexed_offset()
-            for rec in by_phys.values():
-                if rec.physical_offset > top:
-                    continue
-                props = P.decode_properties(rec.properties)
-                key = props.get(P.UNIQ_KEY) or next(iter(P.split_keys(props.get(P.KEYS))), None)
-                if key and rec.physical_offset not in index.query_offsets(rec.topic, key, 1 << 16, 0, 1 << 62):
-                    rep.problems.append(Problem("index", rec.physical_offset,
-                                                f"key {key!r} of {rec.topic} not indexed"))
-                    break
-        if rebuild_queue is not None and bad_queues:
-            for topic, qid in sorted(bad_queues):
-                rebuild_queue(topic, qid)
-                rep.fixed.append(f"rebuilt consume queue {topic}/{qid}")
-        return rep
+        for each queue found bad (``store check --fix``). Streamed, in bounded memory (store/check.py)."""
+        return check_store(self.commitlog, self.queues, self.ext, self.index, rebuild_queue)
 
 
 def recover_commitlog(cl: CommitLog, root: Path, cp: Checkpoint | None, abnormal: bool) -> RecoveryReport:
