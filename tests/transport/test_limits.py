@@ -257,3 +257,17 @@ def test_codec_reports_the_declared_size_of_the_frame_being_received() -> None:
     codec.receive_data(big[-1:])
     assert len(codec.next_frame().body) == SMALL_FRAME * 2  # type: ignore[union-attr]
     assert codec.partial_frame_size == 0 and codec.buffered == 0
+
+
+def test_protocol_errors_are_logged_once_per_interval(caplog: pytest.LogCaptureFixture) -> None:
+    """A peer reconnecting in a loop with bad frames gets one warning per interval, then a count."""
+    now = [0.0]
+    limited = RateLimitedLog(logging.getLogger("sluice.test.flood"), 10.0, clock=lambda: now[0])
+    with caplog.at_level(logging.WARNING, logger="sluice.test.flood"):
+        for _ in range(50):
+            limited.warning("closing connection %s: %s", "127.0.0.1:1", "bad frame")
+        now[0] = 11.0
+        limited.log(logging.WARNING, "closing connection %s: %s", "127.0.0.1:1", "bad frame")
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2
+    assert "49 more like it" in lines[1]

@@ -15,6 +15,8 @@ from sluice.errors import InvalidParameterError, RemotingError, RemotingTimeoutE
 from sluice.protocol.codes import RequestCode, ResponseCode
 from sluice.protocol.command import RemotingCommand, SerializeType
 from sluice.protocol.frame import NEED_DATA, FrameCodec, encode_frame
+from sluice.ratelog import RateLimitedLog
+from sluice.transport import connection as connection_module
 from sluice.transport.blocking import LoopThread, SyncRemotingClient
 from sluice.transport.client import RemotingClient
 from sluice.transport.connection import Dispatcher, RemotingConnection
@@ -202,7 +204,11 @@ def test_closed_connection_fails_pending_requests_and_client_reconnects() -> Non
     struct.pack(">i", 64 * 1024 * 1024) + b"xxxx",           # oversized frame
     b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",                   # another protocol entirely
 ])
-def test_malformed_input_closes_only_that_connection(garbage: bytes, caplog: pytest.LogCaptureFixture) -> None:
+def test_malformed_input_closes_only_that_connection(garbage: bytes, caplog: pytest.LogCaptureFixture,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # The warning is rate-limited per process: each case gets a fresh limiter so its line shows.
+    monkeypatch.setattr(connection_module, "_protocol_errors", RateLimitedLog(connection_module.log))
+
     async def check(w: Wire) -> None:
         closed: list[RemotingConnection] = []
         w.server.on_connection_close(closed.append)

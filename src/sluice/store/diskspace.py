@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from sluice.errors import DiskFullError
+from sluice.ratelog import RateLimitedLog
 
-__all__ = ["DiskGuard", "DiskUsage", "disk_usage", "RateLimitedLog"]
+__all__ = ["DiskGuard", "DiskUsage", "disk_usage"]
 
 log = logging.getLogger(__name__)
 
@@ -46,28 +46,6 @@ def disk_usage(path: str | os.PathLike[str]) -> DiskUsage:
     return DiskUsage(st.f_blocks * st.f_frsize, st.f_bfree * st.f_frsize, st.f_bavail * st.f_frsize)
 
 
-class RateLimitedLog:
-    """At most one line per ``interval_s`` for one cause; the lines dropped meanwhile are counted."""
-
-    def __init__(self, logger: logging.Logger, interval_s: float = 30.0) -> None:
-        self.logger = logger
-        self.interval_s = interval_s
-        self._last = -1e18
-        self._dropped = 0
-        self._lock = threading.Lock()
-
-    def __call__(self, level: int, msg: str, *args: object) -> None:
-        now = time.monotonic()
-        with self._lock:
-            if now - self._last < self.interval_s:
-                self._dropped += 1
-                return
-            self._last, dropped, self._dropped = now, self._dropped, 0
-        if dropped:
-            msg += f" ({dropped} more since the last such line)"
-        self.logger.log(level, msg, *args)
-
-
 class DiskGuard:
     """Whether the store may write: sampled on a timer, set at once by an allocation that met ENOSPC."""
 
@@ -81,7 +59,7 @@ class DiskGuard:
         self.refused_puts = 0
         self._space_error_at = 0.0
         self._backoff = 0.0
-        self._log = RateLimitedLog(log)
+        self._log = RateLimitedLog(log, 30.0)
 
     def check(self) -> str | None:
         """Sample the disk (the timer calls this); return and remember the refusal, or None."""

@@ -41,7 +41,8 @@ from sluice.store.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from sluice.store.commitlog import WARM_AHEAD, CommitLog, verify_record_bytes
 from sluice.store.config import StoreConfig
 from sluice.store.consumequeue import PAD_SIZE, ConsumeQueueTable
-from sluice.store.diskspace import DiskGuard, RateLimitedLog
+from sluice.ratelog import RateLimitedLog
+from sluice.store.diskspace import DiskGuard
 from sluice.store.dispatch import DispatchService, is_queued
 from sluice.store.dispatch_columns import PutRun
 from sluice.store.encode import EncodedBatch, encode_batch
@@ -97,7 +98,7 @@ class MessageStore:
         self.disk = DiskGuard(self.root, max_used_ratio=c.disk_max_used_space_ratio,
                               min_free_bytes=c.disk_min_free_bytes)
         self.dispatch.on_space_error = self.disk.space_error
-        self._maint_log = RateLimitedLog(log)
+        self._maint_log = RateLimitedLog(log, 30.0)
         self._msgid_prefix = offset_msg_id_prefix(*c.store_host)
         self._msgid_prefix_hex = self._msgid_prefix.hex().upper()
         self._msgid_format = self._msgid_prefix_hex + "%016X"  # + the commit-log offset

@@ -30,6 +30,7 @@ from sluice.errors import ProtocolError, RemotingError, RemotingTimeoutError, Sl
 from sluice.protocol.command import FLAG_ONEWAY, FLAG_RESPONSE, RemotingCommand
 from sluice.protocol.frame import DEFAULT_MAX_FRAME_SIZE, NEED_DATA, FrameCodec, encode_frame_head
 from sluice.transport.dispatcher import Dispatcher, RequestHandler, split_addr
+from sluice.ratelog import RateLimitedLog
 from sluice.transport.limits import SMALL_FRAME, FrameBudget
 
 __all__ = ["DEFAULT_MAX_INFLIGHT", "CloseCallback", "Dispatcher", "RemotingConnection", "RequestHandler", "split_addr"]
@@ -50,6 +51,8 @@ _CLOSE_TIMEOUT = 10.0
 _READ_BUFFER = 256 * 1024  # what one read may take (asyncio's own read size)
 _reads = threading.local()  # close(): abort a transport whose peer will not take our last bytes
 _NEVER = float("inf")
+# A peer that reconnects in a loop with bad frames must not flood the log.
+_protocol_errors = RateLimitedLog(log)
 
 
 class RemotingConnection(asyncio.BufferedProtocol):
@@ -343,7 +346,7 @@ class RemotingConnection(asyncio.BufferedProtocol):
                 if self._closed:
                     return
         except ProtocolError as exc:  # the stream cannot be resynchronised
-            log.warning("closing connection %s: %s", self.peer, exc)
+            _protocol_errors.warning("closing connection %s: %s", self.peer, exc)
             self._shutdown(f"protocol error: {exc}")
             return
         if got:

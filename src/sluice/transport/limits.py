@@ -15,11 +15,10 @@ by the idle timeout (no complete frame for that long), which frees its share.
 """
 from __future__ import annotations
 
-import logging
-import time
 from collections import deque
-from collections.abc import Callable
 from typing import Protocol
+
+from sluice.ratelog import RateLimitedLog
 
 __all__ = ["DEFAULT_FRAME_BUDGET", "DEFAULT_IDLE_TIMEOUT", "DEFAULT_MAX_CONNECTIONS", "SMALL_FRAME",
            "FrameBudget", "RateLimitedLog"]
@@ -89,26 +88,3 @@ class FrameBudget:
             self._held[holder] = size
             self.reserved += size
             holder.budget_granted()
-
-
-class RateLimitedLog:
-    """Logs one line per ``interval`` seconds at most, saying how many were left out meanwhile."""
-
-    def __init__(self, logger: logging.Logger, interval: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self._log = logger
-        self._interval = interval
-        self._clock = clock
-        self._next = 0.0
-        self._skipped = 0
-
-    def warning(self, msg: str, *args: object) -> None:
-        now = self._clock()
-        if now < self._next:
-            self._skipped += 1
-            return
-        if self._skipped:
-            msg += f" ({self._skipped} more like it not logged in the last {self._interval:g} s)"
-            self._skipped = 0
-        self._next = now + self._interval
-        self._log.warning(msg, *args)
