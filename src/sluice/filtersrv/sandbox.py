@@ -50,13 +50,14 @@ class WorkerLimits:
 def split_records(body: bytes) -> list[memoryview]:
     """The stored records a pull body holds back to back (each starts with its 4-byte total size)."""
     view, out, pos, n = memoryview(body), [], 0, len(body)
+    size_at, append = _LEN.unpack_from, out.append  # the walk is per record: no slice objects for sizes
     while pos < n:
         if n - pos < 4:
             raise ValueError(f"a pull body ends with {n - pos} stray bytes at {pos}")
-        size = int.from_bytes(view[pos:pos + 4], "big")
+        size = size_at(body, pos)[0]
         if size < 4 or pos + size > n:
             raise ValueError(f"a record at {pos} claims {size} bytes, the body has {n - pos}")
-        out.append(view[pos:pos + size])
+        append(view[pos:pos + size])
         pos += size
     return out
 
