@@ -3,11 +3,14 @@ kept one parsed record per message found, in the same order, and its memory does
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 import tracemalloc
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pytest
 from store_testlib import msg, small_config
 
@@ -236,3 +239,23 @@ def test_check_memory_does_not_grow_with_the_store(tmp_path: Path) -> None:
     # Keeping a parsed record per message took ~300 bytes each (over 100 MiB at 400,000 messages).
     assert peaks[400_000] <= 48 * 2**20
     assert peaks[400_000] <= peaks[100_000] + 4 * 2**20
+
+
+@pytest.mark.slow
+def test_store_check_command_peak_resident_set_is_bounded(tmp_path: Path) -> None:
+    # 1,000,000 messages: keeping a parsed record per message took ~370 MiB of heap here. The command's
+    # whole process (interpreter, numpy, its mappings of the log, queues and index) stays well under.
+    n = 1_000_000
+    d = tmp_path / "store"
+    _big_store(d, n)
+    probe = ("import resource, subprocess, sys; "
+             "r = subprocess.run([sys.executable, '-m', 'sluice', 'store', 'check', '--json', sys.argv[1]], "
+             "capture_output=True, text=True); "
+             "print(r.returncode); print(r.stdout.strip().splitlines()[-1]); "
+             "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+    out = subprocess.run([sys.executable, "-c", probe, str(d)], capture_output=True, text=True, timeout=600)
+    code, report, maxrss_kib = out.stdout.strip().splitlines()[-3:]
+    rep = orjson.loads(report)
+    assert code == "0" and rep["ok"] and rep["records"] == n and rep["units"] == n, out.stderr[-2000:]
+    print(f"store check of {n} messages: peak RSS {int(maxrss_kib) / 1024:.0f} MiB")
+    assert int(maxrss_kib) * 1024 <= 200 * 2**20

@@ -31,6 +31,8 @@ __all__ = ["CheckReport", "check_store"]
 
 #: records waiting for their units, over all queues; at this many every queue's batch is checked
 _PENDING_MAX = 65_536
+#: records whose keys are looked up in the index between releases of its pages
+_INDEX_RELEASE_EVERY = 65_536
 #: units read at a time (2.5 MiB)
 _UNIT_WINDOW = 131_072
 
@@ -178,6 +180,8 @@ def check_store(cl: CommitLog, queues: ConsumeQueueTable, ext: ExtTable, index: 
             # queue's units are checked by reading their records back.
             readback.add((rec.topic, rec.queue_id))
         if index is not None and not index_problem and rec.physical_offset <= top:
+            if rep.records % _INDEX_RELEASE_EVERY == 0:
+                index.release_pages()  # the chains walked touch the whole index: keep it from staying resident
             props = P.decode_properties(rec.properties)
             key_ = props.get(P.UNIQ_KEY) or next(iter(P.split_keys(props.get(P.KEYS))), None)
             if key_ and rec.physical_offset not in index.query_offsets(rec.topic, key_, 1 << 16, 0, 1 << 62):
