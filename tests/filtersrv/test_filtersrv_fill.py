@@ -149,6 +149,12 @@ def test_read_ahead_is_taken_only_at_its_offset_for_its_class_and_bounded() -> N
     ahead.put(("T", "G", 1), entry, _records(range(1, 2)), 2, {})
     ahead._by_queue[("T", "G", 1)].at = time.monotonic() - AHEAD_TTL_S - 1
     assert ahead.take(("T", "G", 1), entry, 1) is None  # unused too long
+    ahead = ReadAhead(max_bytes=1_000)
+    for q in range(3):
+        ahead.put(("T", "G", q), entry, _records(range(q, q + 1)), q + 1, {})
+    ahead._by_queue[("T", "G", 0)].at = time.monotonic() - AHEAD_TTL_S - 1
+    ahead.put(("T", "G", 7), entry, _records(range(7, 8)), 8, {})  # a put drops what outlived its time
+    assert sorted(ahead._by_queue) == [("T", "G", 1), ("T", "G", 2), ("T", "G", 7)] and ahead.bytes == 3 * size
 
 
 def test_fetch_sizes_follow_the_selectivity() -> None:

@@ -134,9 +134,12 @@ class ReadAhead:
         old = self._by_queue.pop(key, None)
         if old is not None:
             self.bytes -= old.size
+        now = time.monotonic()
+        while self._by_queue and now - next(iter(self._by_queue.values())).at > self.ttl_s:  # oldest first
+            self.bytes -= self._by_queue.pop(next(iter(self._by_queue))).size
         while self._by_queue and self.bytes + len(blob) > self.max_bytes:
             self.bytes -= self._by_queue.pop(next(iter(self._by_queue))).size
-        self._by_queue[key] = _Ahead(entry, split_records(blob), end, fields, len(blob), time.monotonic())
+        self._by_queue[key] = _Ahead(entry, split_records(blob), end, fields, len(blob), now)
         self.bytes += len(blob)
 
 
