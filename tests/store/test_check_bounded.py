@@ -196,6 +196,48 @@ def test_a_unit_pointing_at_another_queues_record_is_found_and_fixed(tmp_path: P
         s.close()
 
 
+def _units(s: MessageStore, topic: str) -> list[tuple[int, int]]:
+    cq = s.queues.get(topic, 0)
+    u = cq.get_units(cq.min_offset, cq.max_offset - cq.min_offset)
+    return [(int(o), int(z)) for o, z in zip(u["offset"], u["size"])]
+
+
+def test_rebuild_in_batches_writes_what_one_batch_wrote(tmp_path: Path, monkeypatch) -> None:
+    d = tmp_path / "store"
+    monkeypatch.setattr(check_mod, "_REBUILD_BATCH", 7)
+    with MessageStore(d, small_config()) as s:
+        for i in range(50):
+            s.put_message(msg("T", b"m%d" % i, TAGS=f"t{i % 3}"))
+            s.put_message(msg("U", b"u%d" % i))
+        s.wait_dispatched()
+        before = s.queues.get("T", 0).get_units(0, 50).copy()
+        s.rebuild_queue("T", 0)
+        after = s.queues.get("T", 0)
+        assert (after.min_offset, after.max_offset) == (0, 50)
+        assert after.get_units(0, 50).tobytes() == before.tobytes()  # offsets, sizes, tag codes
+        assert s.check().ok
+
+
+def test_rebuild_of_records_out_of_queue_order_collects_them_all(tmp_path: Path, monkeypatch) -> None:
+    # Record 2 of the queue says it is at queue offset 9 (its CRC covers the body only): after two
+    # records written in a batch the rebuild starts over, collecting all, and writes them sorted.
+    d = tmp_path / "store"
+    monkeypatch.setattr(check_mod, "_REBUILD_BATCH", 2)
+    with MessageStore(d, small_config()) as s:
+        res = [s.put_message(msg("T", b"m%d" % i)) for i in range(8)]
+    with open(d / "commitlog" / ("0" * 20), "r+b") as f:
+        f.seek(res[2].commitlog_offset + 20)  # QUEUEOFFSET
+        f.write((9).to_bytes(8, "big"))
+    with MessageStore(d, small_config()) as s:
+        s.rebuild_queue("T", 0)
+        cq = s.queues.get("T", 0)
+        assert (cq.min_offset, cq.max_offset) == (0, 10)
+        got = _units(s, "T")
+        want = [(r.commitlog_offset, r.size) for r in res]
+        assert got[:2] == want[:2] and got[3:8] == want[3:8] and got[9] == want[2]
+        assert got[2][1] == PAD_SIZE and got[8][1] == PAD_SIZE  # the holes padded, as before
+
+
 # -- memory -----------------------------------------------------------------------------------------------
 
 def _big_store(d: Path, n: int) -> None:
@@ -210,7 +252,8 @@ def _big_store(d: Path, n: int) -> None:
         s.wait_dispatched(60)
 
 
-def _check_peak(d: Path, n: int) -> tuple[int, CheckReport]:
+def _check_peak(d: Path, n: int) -> tuple[int, CheckReport, int]:
+    """Traced peaks of check() and of rebuilding queue Big/0 (``store check --fix``'s repair)."""
     cfg = StoreConfig(commitlog_file_size=64 << 20, consumequeue_units_per_file=300_000,
                       index_max_hash_slots=100_000, index_max_index_num=2 * n + 10)
     s = MessageStore(d, cfg).start()
@@ -219,26 +262,37 @@ def _check_peak(d: Path, n: int) -> tuple[int, CheckReport]:
         try:
             rep = s.check()
             peak = tracemalloc.get_traced_memory()[1]
+            before = s.queues.get("Big", 0).get_units(0, n).copy()
+            tracemalloc.reset_peak()
+            base = tracemalloc.get_traced_memory()[0]
+            s.rebuild_queue("Big", 0)
+            rebuild_peak = tracemalloc.get_traced_memory()[1] - base
         finally:
             tracemalloc.stop()
+        assert np.array_equal(s.queues.get("Big", 0).get_units(0, n), before)
     finally:
         s.close()
-    return peak, rep
+    return peak, rep, rebuild_peak
 
 
 @pytest.mark.slow
 def test_check_memory_does_not_grow_with_the_store(tmp_path: Path) -> None:
-    peaks = {}
+    peaks, rebuilds = {}, {}
     for n in (100_000, 400_000):
         d = tmp_path / str(n)
         _big_store(d, n)
-        peak, rep = _check_peak(d, n)
+        peak, rep, rebuild = _check_peak(d, n)
         assert rep.ok and rep.records == n and rep.units == n, rep.problems[:3]
-        peaks[n] = peak
-        print(f"{n} messages: check peak {peak / 2**20:.1f} MiB")
-    # Keeping a parsed record per message took ~300 bytes each (over 100 MiB at 400,000 messages).
+        peaks[n], rebuilds[n] = peak, rebuild
+        print(f"{n} messages: check peak {peak / 2**20:.1f} MiB, rebuild of a queue {rebuild / 2**20:.1f} MiB")
+    # Keeping a parsed record per message took ~300 bytes each (149 MiB at 400,000 messages); the units
+    # window and the batches fill up to their sizes, then stay there.
     assert peaks[400_000] <= 48 * 2**20
     assert peaks[400_000] <= peaks[100_000] + 4 * 2**20
+    # The rebuild collected a request and its properties per message of the queue; now the log walk's
+    # window (8 MiB, copied) and one batch of requests.
+    assert rebuilds[400_000] <= 32 * 2**20
+    assert rebuilds[400_000] <= rebuilds[100_000] + 2 * 2**20
 
 
 @pytest.mark.slow

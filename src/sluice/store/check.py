@@ -10,29 +10,37 @@ disagree with their units, each unit's record is read back from the log. Units a
 mapping with their pages released after, so memory stays bounded whatever the size of the store.
 
 Findings and their order are those of the check that kept every record (before this module).
+``store check --fix`` rebuilds a bad queue from the log (:func:`rebuild_queue_from_log`) a batch at a time.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import logging
+
 import numpy as np
 
 from sluice.errors import CorruptRecordError
-from sluice.format import ParsedRecord, is_queued, parse_record
+from sluice.format import ParsedRecord, is_queued, parse_record, tag_code
 from sluice.protocol import properties as P
 from sluice.store.commitlog import CommitLog
 from sluice.store.consumequeue import CQ_DTYPE, CQ_UNIT_SIZE, PAD_SIZE, ConsumeQueue, ConsumeQueueTable
+from sluice.store.dispatch import DispatchService
 from sluice.store.ext_files import ExtTable, ext_addresses_ok
 from sluice.store.index import IndexService
-from sluice.store.types import Problem
+from sluice.store.types import DispatchRequest, Problem
 
-__all__ = ["CheckReport", "check_store"]
+__all__ = ["CheckReport", "check_store", "rebuild_queue_from_log"]
+
+log = logging.getLogger(__name__)
 
 #: records waiting for their units, over all queues; at this many every queue's batch is checked
 _PENDING_MAX = 65_536
 #: records whose keys are looked up in the index between releases of its pages
 _INDEX_RELEASE_EVERY = 65_536
+#: records of a queue being rebuilt that are written at a time
+_REBUILD_BATCH = 4096
 #: units read at a time (2.5 MiB)
 _UNIT_WINDOW = 131_072
 
@@ -275,3 +283,62 @@ def check_store(cl: CommitLog, queues: ConsumeQueueTable, ext: ExtTable, index: 
             rebuild_queue(topic, qid)
             rep.fixed.append(f"rebuilt consume queue {topic}/{qid}")
     return rep
+
+
+class _OutOfOrder(Exception):
+    """A rebuilt queue's records are not in contiguous queue-offset order in the log."""
+
+
+def rebuild_queue_from_log(cl: CommitLog, dispatch: DispatchService, queues: ConsumeQueueTable, ext: ExtTable,
+                           topic: str, queue_id: int) -> None:
+    """Throw away one consume queue (and its ConsumeQueueExt) and rebuild it from the commit log
+    (MessageStore.rebuild_queue, ``store check --fix``); the caller holds dispatch's run lock.
+
+    Records in contiguous queue-offset order (a sound log) are written a batch at a time, so memory does
+    not grow with the queue. Otherwise the rebuild starts over collecting every record of the queue and
+    writes them sorted by queue offset, as it always did."""
+    if not _rebuild(cl, dispatch, queues, ext, topic, queue_id, stream=True):
+        _rebuild(cl, dispatch, queues, ext, topic, queue_id, stream=False)
+
+
+def _rebuild(cl: CommitLog, dispatch: DispatchService, queues: ConsumeQueueTable, ext: ExtTable,
+             topic: str, queue_id: int, *, stream: bool) -> bool:
+    cq = queues.get_or_create(topic, queue_id)
+    cq.destroy()
+    ext.drop(topic, queue_id)
+    found: list[DispatchRequest] = []
+    expect = -1
+
+    def write(reqs: list[DispatchRequest]) -> None:
+        # Dispatchers that rebuild bitmaps (the broker's bitmap calculator) see the records again.
+        for d in dispatch.dispatchers:
+            if d.rebuilds_bitmaps:
+                try:
+                    d.dispatch(reqs)
+                except Exception:
+                    log.exception("dispatcher %r failed while rebuilding %s/%d", d, topic, queue_id)
+        reqs.sort(key=lambda r: r.queue_offset)
+        dispatch.write_queue(topic, queue_id, reqs)
+
+    def on_record(rec: ParsedRecord) -> None:
+        nonlocal found, expect
+        if rec.topic == topic and rec.queue_id == queue_id and is_queued(rec.sysflag):
+            if stream:
+                if expect >= 0 and rec.queue_offset != expect:
+                    raise _OutOfOrder
+                expect = rec.queue_offset + 1
+            props = P.decode_properties(rec.properties)
+            found.append(DispatchRequest(
+                topic, queue_id, rec.queue_offset, rec.physical_offset, rec.total_size,
+                tag_code(props.get(P.TAGS)), props, rec.store_timestamp, [], None, rec.sysflag))
+            if stream and len(found) >= _REBUILD_BATCH:
+                write(found)
+                found = []
+
+    try:
+        cl.scan(cl.min_offset, check_crc=False, on_record=on_record)
+    except _OutOfOrder:
+        return False
+    if found:
+        write(found)
+    return True

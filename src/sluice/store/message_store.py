@@ -30,20 +30,20 @@ from pathlib import Path
 import orjson
 
 from sluice.errors import CorruptRecordError, DiskFullError, FlushDiskTimeoutError, StoreError
-from sluice.format import tag_code
 from sluice.message import MessageExt
 from sluice.persist import fsync_dir, write_atomic
 from sluice.protocol import properties as P
 from sluice.protocol.msgid import decode_offset_msg_id, offset_msg_id_prefix
 from sluice.protocol.record import decode_record
 from sluice.speedups import C
+from sluice.store.check import rebuild_queue_from_log
 from sluice.store.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from sluice.store.commitlog import WARM_AHEAD, CommitLog, verify_record_bytes
 from sluice.store.config import StoreConfig
 from sluice.store.consumequeue import PAD_SIZE, ConsumeQueueTable
 from sluice.ratelog import RateLimitedLog
 from sluice.store.diskspace import DiskGuard
-from sluice.store.dispatch import DispatchService, is_queued
+from sluice.store.dispatch import DispatchService
 from sluice.store.dispatch_columns import PutRun
 from sluice.store.encode import EncodedBatch, encode_batch
 from sluice.store.flush import FlushService
@@ -55,7 +55,6 @@ from sluice.store.recovery import CheckReport, Recovery, RecoveryReport
 from sluice.store.retention import Retention, RetentionResult
 from sluice.store.types import (
     Dispatcher,
-    DispatchRequest,
     GetMessageResult,
     GetMessageStatus,
     MessageFilter,
@@ -347,30 +346,8 @@ class MessageStore:
 
         Its ConsumeQueueExt goes too; dispatchers whose ``rebuilds_bitmaps`` is true (the broker's bitmap
         calculator) see the records again, so SQL92-filtered queues get fresh bitmaps and ext units."""
-        with self.dispatch._run_lock:
-            cq = self.queues.get_or_create(topic, queue_id)
-            cq.destroy()
-            self.ext.drop(topic, queue_id)
-            found: list[DispatchRequest] = []
-
-            def on_record(rec) -> None:
-                if rec.topic == topic and rec.queue_id == queue_id and is_queued(rec.sysflag):
-                    props = P.decode_properties(rec.properties)
-                    found.append(DispatchRequest(
-                        topic, queue_id, rec.queue_offset, rec.physical_offset, rec.total_size,
-                        tag_code(props.get(P.TAGS)), props, rec.store_timestamp, [], None, rec.sysflag))
-
-            self.commitlog.scan(self.commitlog.min_offset, check_crc=False, on_record=on_record)
-            if not found:
-                return
-            for d in self.dispatch.dispatchers:
-                if d.rebuilds_bitmaps:
-                    try:
-                        d.dispatch(found)
-                    except Exception:
-                        log.exception("dispatcher %r failed while rebuilding %s/%d", d, topic, queue_id)
-            found.sort(key=lambda r: r.queue_offset)
-            self.dispatch.write_queue(topic, queue_id, found)
+        with self.dispatch._run_lock:  # streamed in batches (store/check.py)
+            rebuild_queue_from_log(self.commitlog, self.dispatch, self.queues, self.ext, topic, queue_id)
 
     # ---- writes ------------------------------------------------------------------------------------
     def put_message(self, msg: StoreMessage) -> PutResult:
