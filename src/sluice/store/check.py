@@ -271,7 +271,7 @@ def check_store(cl: CommitLog, queues: ConsumeQueueTable, ext: ExtTable, index: 
                     found = True
             lo += len(units)
     for cq in queues.all():
-        bad_ext = ext_addresses_ok(cq, ext.get(cq.topic, cq.queue_id))
+        bad_ext = ext_addresses_ok(cq, ext.get(cq.topic, cq.queue_id), read_units)
         if bad_ext is not None:
             rep.problems.append(Problem(f"consumequeue/{cq.topic}/{cq.queue_id}", bad_ext[0] * 20,
                                         f"unit {bad_ext[0]} holds ext address {bad_ext[1]}, which does not "
