@@ -18,8 +18,8 @@ from typing import Any
 
 from sluice.bench.procs import PeerProcess, PeerMissing, free_port, require
 from sluice.bench.workload import (
-    FILTERS, LATENCY_FILTER, Counter, Filter, LatencyProbe, Props, Workload, body_with_stamp, chunks,
-    expected_counts, generate, paced, wait_until,
+    FILTERS, LATENCY_FILTER, Counter, Filter, LatencyProbe, Props, Workload, body_with_stamp,
+    expected_counts, generate, paced, produce_rate, wait_until,
 )
 
 __all__ = ["SELECTORS", "check", "run"]
@@ -121,33 +121,20 @@ class _Receipts:
 
 def _produce(port: int, props: list[Props], wl: Workload) -> float:
     body = body_with_stamp(wl.body_size).decode()
-    errors: list[BaseException] = []
 
     def work(n: int, part: list[Props]) -> None:
-        try:
-            receipts = _Receipts()
-            c = _connect(port, listener=receipts)
-            for i in range(0, len(part), wl.batch):
-                batch = part[i:i + wl.batch]
-                for p in batch[:-1]:
-                    c.send(TOPIC, body=body, headers=_headers(p))
-                rid = f"p{n}-{i}"
-                c.send(TOPIC, body=body, headers={**_headers(batch[-1]), "receipt": rid})
-                receipts.wait(rid)
-            _close(c)
-        except BaseException as exc:
-            errors.append(exc)
+        receipts = _Receipts()
+        c = _connect(port, listener=receipts)
+        for i in range(0, len(part), wl.batch):
+            batch = part[i:i + wl.batch]
+            for p in batch[:-1]:
+                c.send(TOPIC, body=body, headers=_headers(p))
+            rid = f"p{n}-{i}"
+            c.send(TOPIC, body=body, headers={**_headers(batch[-1]), "receipt": rid})
+            receipts.wait(rid)
+        _close(c)
 
-    threads = [threading.Thread(target=work, args=(n, part)) for n, part in enumerate(chunks(props, wl.threads))]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    seconds = time.perf_counter() - t0
-    if errors:
-        raise RuntimeError(f"activemq produce failed: {errors[0]!r}") from errors[0]
-    return len(props) / seconds
+    return produce_rate(work, props, wl.threads, "activemq produce")
 
 
 def _drain(port: int, name: str, f: Filter, expected: int, timeout: float) -> dict[str, Any]:

@@ -17,8 +17,8 @@ from typing import Any
 
 from sluice.bench.procs import PeerProcess, free_port, require
 from sluice.bench.workload import (
-    FILTERS, LATENCY_FILTER, Counter, Filter, LatencyProbe, Props, Workload, body_with_stamp, chunks,
-    expected_counts, generate, paced, wait_until,
+    FILTERS, LATENCY_FILTER, Counter, Filter, LatencyProbe, Props, Workload, body_with_stamp,
+    expected_counts, generate, paced, produce_rate, wait_until,
 )
 
 __all__ = ["check", "run"]
@@ -69,31 +69,18 @@ def _declare(port: int) -> None:
 
 def _produce(port: int, props: list[Props], wl: Workload) -> float:
     body = body_with_stamp(wl.body_size)
-    errors: list[BaseException] = []
 
-    def work(part: list[Props]) -> None:
-        try:
-            conn = _connect(port)
-            ch = conn.channel()
-            ch.tx_select()
-            for i in range(0, len(part), wl.batch):
-                for p in part[i:i + wl.batch]:
-                    ch.basic_publish(TOPIC_X, _key(p), body, _props_of(p))
-                ch.tx_commit()
-            conn.close()
-        except BaseException as exc:
-            errors.append(exc)
+    def work(n: int, part: list[Props]) -> None:
+        conn = _connect(port)
+        ch = conn.channel()
+        ch.tx_select()
+        for i in range(0, len(part), wl.batch):
+            for p in part[i:i + wl.batch]:
+                ch.basic_publish(TOPIC_X, _key(p), body, _props_of(p))
+            ch.tx_commit()
+        conn.close()
 
-    threads = [threading.Thread(target=work, args=(part,)) for part in chunks(props, wl.threads)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    seconds = time.perf_counter() - t0
-    if errors:
-        raise RuntimeError(f"rabbitmq produce failed: {errors[0]!r}") from errors[0]
-    return len(props) / seconds
+    return produce_rate(work, props, wl.threads, "rabbitmq produce")
 
 
 def _drain(port: int, queue: str, f: Filter, expected: int, timeout: float) -> dict[str, Any]:

@@ -11,8 +11,8 @@ from typing import Any
 
 from sluice.bench.procs import PeerProcess, free_port, require
 from sluice.bench.workload import (
-    FILTERS, LATENCY_FILTER, Counter, Filter, LatencyProbe, Props, Workload, body_with_stamp, chunks,
-    expected_counts, generate, paced, wait_until,
+    FILTERS, LATENCY_FILTER, Counter, Filter, LatencyProbe, Props, Workload, body_with_stamp,
+    expected_counts, generate, paced, produce_rate, wait_until,
 )
 
 __all__ = ["check", "run"]
@@ -36,30 +36,17 @@ def _props(fields: dict[bytes, bytes]) -> Props:
 def _produce(port: int, props: list[Props], wl: Workload) -> float:
     import redis
     body = body_with_stamp(wl.body_size)
-    errors: list[BaseException] = []
 
-    def work(part: list[Props]) -> None:
-        try:
-            r = redis.Redis(host="127.0.0.1", port=port)
-            for i in range(0, len(part), wl.batch):
-                pipe = r.pipeline(transaction=False)
-                for p in part[i:i + wl.batch]:
-                    pipe.xadd(STREAM, _fields(p, body))
-                pipe.execute()
-            r.close()
-        except BaseException as exc:
-            errors.append(exc)
+    def work(n: int, part: list[Props]) -> None:
+        r = redis.Redis(host="127.0.0.1", port=port)
+        for i in range(0, len(part), wl.batch):
+            pipe = r.pipeline(transaction=False)
+            for p in part[i:i + wl.batch]:
+                pipe.xadd(STREAM, _fields(p, body))
+            pipe.execute()
+        r.close()
 
-    threads = [threading.Thread(target=work, args=(part,)) for part in chunks(props, wl.threads)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    seconds = time.perf_counter() - t0
-    if errors:
-        raise RuntimeError(f"redis produce failed: {errors[0]!r}") from errors[0]
-    return len(props) / seconds
+    return produce_rate(work, props, wl.threads, "redis produce")
 
 
 def _drain(port: int, group: str, f: Filter, expected: int, timeout: float) -> dict[str, Any]:

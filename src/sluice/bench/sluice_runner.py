@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -21,8 +20,8 @@ from typing import Any
 from sluice.bench.procs import rss_bytes
 from sluice.broker.filter_data import LIVE_MARGIN_MS
 from sluice.bench.workload import (
-    FILTERS, LATENCY_FILTER, Counter, Filter, LatencyProbe, Props, Workload, body_with_stamp, chunks,
-    expected_counts, generate, paced, wait_until,
+    FILTERS, LATENCY_FILTER, Counter, Filter, LatencyProbe, Props, Workload, body_with_stamp,
+    expected_counts, generate, paced, produce_rate, wait_until,
 )
 from sluice.client import ConsumeResult, MessageSelector, Producer, PullConsumer, PushConsumer
 from sluice.embedded import SluiceProcess
@@ -79,26 +78,12 @@ def cluster(workdir: Path, flush: str) -> tuple[SluiceProcess, SluiceProcess]:
 def produce(ns: str, props: list[Props], wl: Workload) -> float:
     """msgs/s of ``send_batch`` batches from ``wl.threads`` threads sharing one producer."""
     body = body_with_stamp(wl.body_size)
-    errors: list[BaseException] = []
     with Producer("bench-producer", ns) as producer:
-        def work(part: list[Props]) -> None:
-            try:
-                for i in range(0, len(part), wl.batch):
-                    producer.send_batch([_message(p, body) for p in part[i:i + wl.batch]])
-            except BaseException as exc:  # reported after the join
-                errors.append(exc)
+        def work(n: int, part: list[Props]) -> None:
+            for i in range(0, len(part), wl.batch):
+                producer.send_batch([_message(p, body) for p in part[i:i + wl.batch]])
 
-        threads = [threading.Thread(target=work, args=(part,), name=f"bench-send-{i}")
-                   for i, part in enumerate(chunks(props, wl.threads))]
-        t0 = time.perf_counter()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        seconds = time.perf_counter() - t0
-    if errors:
-        raise RuntimeError(f"produce failed: {errors[0]!r}") from errors[0]
-    return len(props) / seconds
+        return produce_rate(work, props, wl.threads, "produce")
 
 
 def push(group: str, ns: str, f: Filter, listener: Callable[[list[Any]], ConsumeResult],

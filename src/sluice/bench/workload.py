@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 
 __all__ = [
     "FILTERS", "REGIONS", "TAGS", "Filter", "LatencyProbe", "Props", "Workload", "body_with_stamp",
-    "expected_counts", "generate", "paced", "percentile", "stamp_of",
+    "expected_counts", "generate", "paced", "percentile", "produce_rate", "stamp_of",
 ]
 
 REGIONS = ("eu", "us", "apac", "latam", "mena", "uk", "ca", "au", "jp", "in")
@@ -88,6 +88,33 @@ def chunks(items: list[Props], threads: int) -> list[list[Props]]:
     """``threads`` contiguous slices covering ``items`` (one per producer thread)."""
     step = -(-len(items) // threads) if items else 0
     return [items[i * step:(i + 1) * step] for i in range(threads)]
+
+
+def produce_rate(work: Callable[[int, list[Props]], None], props: list[Props], threads: int,
+                 what: str) -> float:
+    """msgs/s of ``work(n, part)`` run on ``threads`` threads over ``chunks(props, threads)``.
+
+    The first error a thread meets fails the run, named by ``what``, after every thread has ended.
+    """
+    errors: list[BaseException] = []
+
+    def run(n: int, part: list[Props]) -> None:
+        try:
+            work(n, part)
+        except BaseException as exc:  # reported after the join
+            errors.append(exc)
+
+    workers = [threading.Thread(target=run, args=(n, part), name=f"bench-send-{n}")
+               for n, part in enumerate(chunks(props, threads))]
+    t0 = time.perf_counter()
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    seconds = time.perf_counter() - t0
+    if errors:
+        raise RuntimeError(f"{what} failed: {errors[0]!r}") from errors[0]
+    return len(props) / seconds
 
 
 def body_with_stamp(size: int, stamp_ns: int = 0) -> bytes:
