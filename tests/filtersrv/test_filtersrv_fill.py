@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from filtersrv_support import (
-    CLASSES, FLAG_CLASS_FILTER, FLAG_COMMIT_OFFSET, FsRpc, numbers, start_filtersrv, write_repository,
+    CLASSES, FLAG_CLASS_FILTER, FLAG_COMMIT_OFFSET, FLAG_SUSPEND, FsRpc, numbers, start_filtersrv, write_repository,
 )
 from servers import running_cluster
 
@@ -90,6 +90,21 @@ def test_consecutive_pulls_are_answered_from_the_read_ahead_exactly(fill) -> Non
         got += numbers(decode_messages(resp.body))
         offset = int(resp.ext_fields["nextBeginOffset"])
     assert got == list(range(0, 400, 2))
+
+
+def test_a_held_pull_whose_records_were_all_filtered_out_is_answered_at_once(fill) -> None:
+    """Records read and filtered out move the consumer's offset now: the pull is not held at the broker
+    for its whole suspend time first (which left a push consumer's offset, and its lag, where it was)."""
+    rpc, fs = fill
+    topic = "FillNoneKept"
+    rpc.send_many(topic, range(1, 100, 2))  # odd numbers only: evens:Even keeps none of them
+    assert rpc.register(fs, "G-none", topic, "evens:Even").code == ResponseCode.SUCCESS
+    # suspended for 60 s, asked with a 20 s timeout: holding the pull would time the call out
+    resp = rpc.pull(fs, "G-none", topic, 0, flags=FLAG_CLASS_FILTER | FLAG_SUSPEND, suspend_ms=60_000,
+                    timeout=20.0)
+    assert resp.code in (ResponseCode.PULL_RETRY_IMMEDIATELY, ResponseCode.PULL_NOT_FOUND), resp.remark
+    assert resp.ext_fields["nextBeginOffset"] == "50"
+    assert not resp.body
 
 
 def test_an_answer_keeps_within_the_pulls_max_bytes(fill) -> None:

@@ -177,7 +177,10 @@ class PullForwarder:
         for round_no in range(MAX_EMPTY_ROUNDS):
             left_ms = max(0, int((end - time.monotonic()) * 1000))
             flags = FLAG_SUBSCRIPTION
-            if suspend and left_ms > 0 and not kept:  # something to answer: never held at the broker
+            # Held at the broker only while this pull has read nothing: once records were kept, or filtered
+            # out, the answer goes now, so the consumer's offset moves past them (the broker's own tag
+            # filter answers a range with no match at once, PULL_RETRY_IMMEDIATELY, and does not hold it).
+            if suspend and left_ms > 0 and not kept and not seen:
                 flags |= FLAG_SUSPEND
             if round_no == 0 and h.sys_flag & FLAG_COMMIT_OFFSET:
                 flags |= FLAG_COMMIT_OFFSET
