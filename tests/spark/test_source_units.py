@@ -81,6 +81,20 @@ def test_options_are_checked_on_the_driver():
         Options({"namesrv": "x:1", "topic": "T", "selectorType": "SQL92", "selector": "a >"})
 
 
+def test_a_sql92_selector_under_the_default_tag_type_is_refused_not_read_as_a_tag():
+    """selectorType defaults to TAG; "region = 'eu'" as a tag expression would match nothing, silently."""
+    with pytest.raises(InvalidParameterError, match="reads as SQL92.*selectorType=SQL92"):
+        Options({"namesrv": "x:1", "topic": "T", "selector": "region = 'eu'"})
+    with pytest.raises(InvalidParameterError, match="reads as SQL92"):
+        Options({"namesrv": "x:1", "topic": "T", "selector": "TAGS IN ('A', 'B')"})
+    # tag expressions, and a SQL92-looking one the user says is a tag, stay as they are
+    for tags in ("TagA", "TagA || TagB", "*", "order.paid"):
+        assert Options({"namesrv": "x:1", "topic": "T", "selector": tags}).selector == tags
+    assert Options({"namesrv": "x:1", "topic": "T", "selectorType": "TAG", "selector": "a = b"}).selector == "a = b"
+    assert Options({"namesrv": "x:1", "topic": "T", "selectorType": "SQL92",
+                    "selector": "region = 'eu'"}).selector_type == "SQL92"
+
+
 def test_store_timestamp_bounds_become_whole_milliseconds():
     import datetime
 

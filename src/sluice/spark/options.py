@@ -230,7 +230,7 @@ class Options:
     """The reader's options, checked on the driver side before any task runs."""
 
     def __init__(self, options: Mapping[str, str], *, streaming: bool = False) -> None:
-        from sluice.spark.selector import check_selector
+        from sluice.spark.selector import check_selector, reads_as_sql92
 
         self.namesrv = options.get("namesrv")
         if not self.namesrv:
@@ -241,6 +241,13 @@ class Options:
             raise InvalidParameterError(f"selectorType must be TAG or SQL92, not {self.selector_type!r}")
         self.selector = options.get("selector") or ("*" if self.selector_type == "TAG" else None)
         check_selector(self.selector_type, self.selector)  # one clear line before any task runs
+        if not options.get("selectorType") and self.selector and reads_as_sql92(self.selector):
+            # A tag expression may hold any text, so "region = 'eu'" would be one odd tag matching nothing:
+            # the default type is a trap for a SQL92 selector, so it must be named.
+            raise InvalidParameterError(
+                f"selector {self.selector!r} reads as SQL92, but selectorType defaults to TAG (a tag "
+                "expression such as 'TagA || TagB'), which would match no message: set selectorType=SQL92 "
+                "(or selectorType=TAG if it really is a tag)")
         self.starting = parse_offsets(options.get("startingOffsets") or ("latest" if streaming else "earliest"),
                                       "startingOffsets")
         self.ending = parse_offsets(options.get("endingOffsets") or "latest", "endingOffsets", ending=True)

@@ -23,6 +23,8 @@ How the Java semantics (sluice.filter.sql_runtime) become Spark expressions:
 """
 from __future__ import annotations
 
+import re
+
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -115,6 +117,24 @@ def check_selector(expression_type: str, expression: str | None) -> None:
             from None
     if kind == "SQL92" and expression is not None:
         _refuse_tags_name(expression)
+
+
+_ONE_WORD = re.compile(r"[\w.\-]+")
+
+
+def reads_as_sql92(expression: str) -> bool:
+    """Whether ``expression`` is SQL92 rather than a tag expression: it compiles as SQL92 and is more
+    than one word ("TagA" compiles too, as a property test, but is a tag; "TagA || TagB" and "*" do not
+    compile), so a TAG selector that does was written as SQL92."""
+    from sluice.filter import compile_selector
+
+    if _ONE_WORD.fullmatch(expression.strip()):
+        return False
+    try:
+        compile_selector("SQL92", expression)
+    except SelectorSyntaxError:
+        return False
+    return True
 
 
 def _refuse_tags_name(expression: str) -> None:
