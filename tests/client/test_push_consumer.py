@@ -332,3 +332,45 @@ def test_flow_control_stops_pulling_a_full_queue(cluster: Cluster) -> None:
         finally:
             gate.set()
             cons.shutdown()
+
+
+def test_backlog_drain_in_batches_grows_pulls_retries_failed_batches_and_commits_everything(
+        cluster: Cluster) -> None:
+    """A stored backlog in one queue, drained with batch listener calls: pulls grow past pull_batch_size (a
+    listener batch of 1024 holds one pull), a failed batch comes back through %RETRY% (each of its messages
+    once more), nothing is lost or doubled otherwise, and the committed offset ends at the queue's end."""
+    topic, group = unique("BatchT"), unique("cg")
+    with _producer(cluster) as p:
+        _create_topic(p, topic)
+        mq = sorted(p.fetch_publish_queues(topic), key=lambda q: q.queue_id)[3]
+        for start in range(0, 1500, 50):
+            p.send_batch([Message(topic, f"m{i}".encode()) for i in range(start, start + 50)], queue=mq)
+        sizes: list[int] = []
+        failed: set[str] = set()
+        lock = threading.Lock()
+        sink = Sink()
+
+        def listener(msgs: list[MessageExt]) -> ConsumeResult:
+            sink(msgs)
+            with lock:
+                sizes.append(len(msgs))
+                if any(m.body == b"m700" for m in msgs) and not failed:  # fail the whole batch holding m700
+                    failed.update(m.body.decode() for m in msgs)
+                    return ConsumeResult.RECONSUME_LATER
+            return ConsumeResult.SUCCESS
+
+        cons = start_consumer(cluster, group, topic, listener, consume_from_where="CONSUME_FROM_FIRST_OFFSET",
+                              consume_message_batch_max_size=1024)
+        try:
+            want = Counter({f"m{i}": 1 for i in range(1500)} | {"create": 1})
+            wait_for(lambda: Counter(sink.bodies()) >= want + Counter(failed), 30, "the backlog and the retries")
+            time.sleep(0.3)
+            assert failed and "m700" in failed
+            assert Counter(sink.bodies()) == want + Counter(failed)  # the failed batch exactly twice, others once
+            assert max(sizes) > 32  # one pull's messages exceeded pull_batch_size: the pull size grew
+            retried = [m for m in sink.msgs if m.reconsume_times == 1]
+            assert {m.body.decode() for m in retried} == failed and all(m.topic == topic for m in retried)
+        finally:
+            cons.shutdown()
+        with PullConsumer(group, namesrv=cluster.ns) as pc:  # the group's offset as the broker keeps it
+            assert pc.fetch_consume_offset(mq, from_store=True) == pc.max_offset(mq) >= 1500

@@ -75,6 +75,56 @@ def test_process_queue_orderly_take_commit_and_retry_in_place() -> None:
     assert list(pq.msgs) == [4, 8]
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 60), max_size=12), min_size=1, max_size=12),
+       st.lists(st.integers(0, 60), max_size=20))
+def test_process_queue_batch_put_matches_message_by_message(pulls: list[list[int]], consumed: list[int]) -> None:
+    """put() takes a whole ascending pull in one step; re-pulls, overlaps and out-of-order pulls end exactly
+    as the message-by-message model says (fresh ones returned, offsets kept sorted, gauges right)."""
+    pq = ProcessQueue()
+    model: dict[int, int] = {}
+    for pull in [sorted(set(p)) for p in pulls] + [[3, 1, 2]]:
+        consumed_now = sorted({o for o in consumed if o in model})
+        pq.remove([pq.msgs[o] for o in consumed_now])
+        for o in consumed_now:
+            del model[o]
+        fresh = pq.put([_msg(o, b"x" * (o % 3)) for o in pull])
+        want = []
+        for o in pull:
+            if o not in model:
+                model[o] = o % 3
+                want.append(o)
+        assert [m.queue_offset for m in fresh] == want
+        assert list(pq.msgs) == sorted(model)
+        assert pq.msg_count == len(model) and pq.msg_size == sum(model.values())
+        assert pq.queue_offset_max == max([pq.queue_offset_max, *pull])
+
+
+def test_process_queue_remove_of_a_whole_batch_keeps_the_lowest_uncommitted() -> None:
+    pq = ProcessQueue()
+    msgs = [_msg(o) for o in range(10, 20)]
+    pq.put(msgs)
+    assert pq.remove([m for m in msgs if m.queue_offset != 13]) == 13  # one failed message holds the offset
+    assert pq.msg_count == 1 and pq.remove([msgs[3]]) == 20
+
+
+def test_pull_size_grows_with_the_backlog_within_bounds() -> None:
+    o = PushConsumerOptions()
+    assert o.pull_batch_size_max == 256
+    sizes, size = [], o.pull_batch_size
+    for _ in range(6):
+        size = o.next_pull_size(size, 100_000)
+        sizes.append(size)
+    assert sizes == [64, 128, 256, 256, 256, 256]
+    assert o.next_pull_size(256, 256) == 32  # caught up: back to pull_batch_size
+    assert PushConsumerOptions(pull_threshold_for_queue=100).next_pull_size(64, 10**6) == 100
+    assert PushConsumerOptions(pull_batch_size_max=32).next_pull_size(32, 10**6) == 32  # growth off
+    assert PushConsumerOptions(pull_batch_size=512).next_pull_size(512, 10**6) == 512  # never below the base
+    for bad in (0, 1025):
+        with pytest.raises(InvalidParameterError):
+            PushConsumerOptions(pull_batch_size_max=bad)
+
+
 # ------------------------------------------------------------------------------------------ options, results
 
 def test_options_validate_and_default_like_rocketmq() -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -47,6 +48,10 @@ log = logging.getLogger(__name__)
 
 Listener = Callable[[list[MessageExt]], Any]
 _SUCCESS = (ConsumeResult.SUCCESS, ConsumeOrderlyResult.SUCCESS)
+#: A pull's batches go to more than one pool job only when their listener calls are expected to take
+#: longer than this: below it a thread hand-off (future, wake-up, callback on the loop) costs more than
+#: running the calls one after another.
+SPREAD_COST_S = 0.001
 
 
 def call_listener(listener: Listener, msgs: list[MessageExt]) -> bool:
@@ -74,6 +79,9 @@ class _Service:
         self.failed = 0
         #: Pool jobs submitted and not finished.
         self.jobs = 0
+        #: Seconds per listener call (moving average); unknown (high) until measured, so a slow listener's
+        #: first batches already run in parallel.
+        self.call_cost = SPREAD_COST_S
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -91,7 +99,12 @@ class _Service:
     def _call(self, pq: ProcessQueue, batches: list[list[MessageExt]]) -> list[bool | None]:
         # On a pool thread, one listener call per batch. A batch whose queue was released meanwhile is
         # skipped: the queue's new owner starts from the committed offset, which does not include it.
-        return [None if pq.dropped else call_listener(self.listener, b) for b in batches]
+        started = time.perf_counter()
+        oks = [None if pq.dropped else call_listener(self.listener, b) for b in batches]
+        # What one listener call costs, smoothed: submit() spreads a pull over threads only when the calls
+        # cost more than the hand-offs would (a float store is atomic; a lost update only blurs the average).
+        self.call_cost += ((time.perf_counter() - started) / len(batches) - self.call_cost) * 0.25
+        return oks
 
     async def _listen_many(self, pq: ProcessQueue, batches: list[list[MessageExt]]) -> list[bool | None]:
         """The listener's verdict per batch (True / False), None for a batch skipped (queue released).
@@ -148,8 +161,11 @@ class ConcurrentConsumeService(_Service):
         (slow listeners run in parallel), all in one job when the pool is busy (a backlog costs one
         hand-off per pull, not per message)."""
         n = self.consumer.options.consume_message_batch_max_size
-        batches = [msgs[i:i + n] for i in range(0, len(msgs), n)]
-        jobs = min(len(batches), max(1, self.consumer.options.consume_thread_max - self.jobs))
+        batches = [msgs[i:i + n] for i in range(0, len(msgs), n)] if len(msgs) > n else [msgs]
+        if self.call_cost * len(batches) < SPREAD_COST_S:
+            jobs = 1  # fast listener: one hand-off for the whole pull
+        else:
+            jobs = min(len(batches), max(1, self.consumer.options.consume_thread_max - self.jobs))
         per = -(-len(batches) // jobs)
         for i in range(0, len(batches), per):
             self._spawn(self._consume(mq, pq, batches[i:i + per]))
@@ -158,13 +174,19 @@ class ConcurrentConsumeService(_Service):
         if pq.dropped and not self._owned(mq, pq):
             return
         oks = await self._listen_many(pq, batches)
+        done: list[MessageExt] = []
         for batch, ok in zip(batches, oks):
-            if ok is None:
-                continue
-            done = batch if ok else await self._failed(mq, pq, batch)
-            offset = pq.remove(done)
-            if offset >= 0 and self._owned(mq, pq):
-                self.consumer.offset_store.update(mq, offset, increase_only=True)
+            if ok:
+                done += batch
+            elif ok is not None:
+                done += await self._failed(mq, pq, batch)
+        if len(done) == 0 and all(ok is None for ok in oks):
+            return  # every batch skipped (queue released): nothing consumed, no progress
+        # One removal and one offset update for the whole job: the offset is the lowest still cached, so
+        # it never passes a message of another job (or a failed one kept for a local retry).
+        offset = pq.remove(done)
+        if offset >= 0 and self._owned(mq, pq):
+            self.consumer.offset_store.update(mq, offset, increase_only=True)
 
     async def _failed(self, mq: MessageQueue, pq: ProcessQueue, batch: list[MessageExt]) -> list[MessageExt]:
         c = self.consumer

@@ -56,6 +56,17 @@ class ProcessQueue:
 
     def put(self, msgs: list[MessageExt]) -> list[MessageExt]:
         """Cache pulled messages; returns those not cached already (a re-pull after an offset reset)."""
+        if msgs and not self.consuming:
+            offs = [m.queue_offset for m in msgs]
+            last = next(reversed(self.msgs)) if self.msgs else -1
+            # The usual pull: ascending offsets past everything cached, so all are fresh and append in order.
+            if offs[0] > last and offs[0] > self.queue_offset_max and offs == sorted(set(offs)):
+                self.msgs.update(zip(offs, msgs))
+                self.msg_size += sum(len(m.body) for m in msgs)
+                self.msg_count += len(msgs)
+                self.queue_offset_max = offs[-1]
+                self.arrived.set()
+                return msgs
         fresh = []
         for m in msgs:
             off = m.queue_offset
@@ -80,10 +91,10 @@ class ProcessQueue:
 
     def remove(self, msgs: list[MessageExt]) -> int:
         """Forget consumed messages; returns the offset the queue may commit (-1: nothing cached ever)."""
-        for m in msgs:
-            if self.msgs.pop(m.queue_offset, None) is not None:
-                self.msg_count -= 1
-                self.msg_size -= len(m.body)
+        pop = self.msgs.pop
+        gone = [m for m in msgs if pop(m.queue_offset, None) is not None]
+        self.msg_count -= len(gone)
+        self.msg_size -= sum(len(m.body) for m in gone)
         self.last_consume_time = time.monotonic()
         if self.msgs:
             return next(iter(self.msgs))

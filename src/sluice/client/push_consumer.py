@@ -290,13 +290,14 @@ class AsyncPushConsumer(AsyncClient):
     async def _pull_loop(self, mq: MessageQueue, pq: ProcessQueue, offset: int) -> None:
         o = self.options
         assert self.service is not None
+        size = o.pull_batch_size
         while self._running and not pq.dropped:
             if self._flow_controlled(pq):
                 self.flow_control_times += 1
                 await asyncio.sleep(FLOW_CONTROL_DELAY_S)
                 continue
             try:
-                result = await self._pull_once(mq, offset)
+                result = await self._pull_once(mq, offset, size)
             except FilterClassError as exc:  # logged at WARNING once per new error (class_filter.py)
                 log.debug("pull of %s at offset %d failed: %s", mq, offset, exc)
                 await asyncio.sleep(o.pull_time_delay_when_exception)
@@ -313,6 +314,7 @@ class AsyncPushConsumer(AsyncClient):
                 break
             pq.last_pull_time = time.monotonic()
             status, nxt = result.status, result.next_begin_offset
+            size = o.next_pull_size(size, result.max_offset - nxt)
             if status is PullStatus.FOUND and result.msg_found_list:
                 offset = nxt
                 fresh = pq.put(self._restore_topics(result.msg_found_list))
@@ -331,7 +333,7 @@ class AsyncPushConsumer(AsyncClient):
             if o.pull_interval > 0:
                 await asyncio.sleep(o.pull_interval)
 
-    async def _pull_once(self, mq: MessageQueue, offset: int) -> PullResult:
+    async def _pull_once(self, mq: MessageQueue, offset: int, size: int) -> PullResult:
         o = self.options
         inst = self.instance
         sel, version = self._selector(mq.topic)
@@ -343,7 +345,7 @@ class AsyncPushConsumer(AsyncClient):
                 flags |= FLAG_COMMIT_OFFSET
         header = H.PullMessageRequestHeader(
             consumer_group=self.group, topic=mq.topic, queue_id=mq.queue_id, queue_offset=offset,
-            max_msg_nums=o.pull_batch_size, sys_flag=flags, commit_offset=max(commit, 0),
+            max_msg_nums=size, sys_flag=flags, commit_offset=max(commit, 0),
             suspend_timeout_millis=int(o.broker_suspend_max * 1000), subscription=sel.expression,
             sub_version=version, expression_type=sel.wire_expression_type)
         if sel.is_class:  # a filter server of mq's broker runs the class; the broker never serves it

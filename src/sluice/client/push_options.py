@@ -91,6 +91,11 @@ class PushConsumerOptions:
     consume_message_batch_max_size: int = 1
     #: pullBatchSize: messages asked per pull.
     pull_batch_size: int = 32
+    #: Sluice: while a queue's backlog (the pull answer's maxOffset - nextBeginOffset) exceeds what a pull
+    #: asks, the next pull asks twice as many, up to this bound (and pull_threshold_for_queue); a pull that
+    #: catches up asks pull_batch_size again. Fewer round trips per message when draining; the broker still
+    #: caps each answer (max_transfer_count / max_transfer_bytes). At or below pull_batch_size: no growth.
+    pull_batch_size_max: int = 256
     #: pullThresholdForQueue / pullThresholdSizeForQueue: stop pulling a queue above this many cached
     #: messages or MiB.
     pull_threshold_for_queue: int = 1000
@@ -149,6 +154,8 @@ class PushConsumerOptions:
             raise InvalidParameterError("consume_message_batch_max_size must be 1..1024")
         if self.pull_batch_size > 1024:
             raise InvalidParameterError("pull_batch_size must be <= 1024")
+        if not 1 <= self.pull_batch_size_max <= 1024:
+            raise InvalidParameterError(f"pull_batch_size_max must be 1..1024, got {self.pull_batch_size_max}")
         if self.max_reconsume_times < -1:
             raise InvalidParameterError("max_reconsume_times must be -1 (default) or >= 0")
         if self.broker_suspend_max >= self.consumer_timeout_when_suspend:
@@ -160,6 +167,14 @@ class PushConsumerOptions:
             if self.allocate_strategy not in STRATEGIES:
                 raise InvalidParameterError(f"allocate_strategy must be one of {', '.join(STRATEGIES)} or a "
                                             f"callable, got {self.allocate_strategy!r}")
+
+    def next_pull_size(self, asked: int, backlog: int) -> int:
+        """How many messages the next pull of a queue asks, after one that asked ``asked`` and left
+        ``backlog`` messages behind it on the broker."""
+        if backlog > asked:
+            bound = min(self.pull_batch_size_max, self.pull_threshold_for_queue)
+            return max(self.pull_batch_size, min(asked * 2, bound))
+        return self.pull_batch_size
 
     @property
     def model(self) -> MessageModel:
