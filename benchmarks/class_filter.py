@@ -23,7 +23,9 @@ reports the class path's rate over each SQL92 path's (``class_over_sql92``,
 ``class_over_sql92_bitmaps``) per selectivity, and the same ratios from CPU seconds per
 delivered message (``cpu_class_over_sql92``, ``cpu_class_over_sql92_bitmaps``: SQL92's CPU per
 message over the class path's, so >= 1/3 means the class path costs at most three times as
-much): the CPU of the broker, its filter server and worker, and this client, summed per case.
+much): the CPU of the broker, its filter server and worker, and this client, summed per case
+from after the untimed pull to the last answer; ``cpu_us_per_scanned`` splits it by process, per
+message of the topic (every one of which the class path reads).
 On a machine shared with other work the CPU ratios move far less between runs than the
 wall-clock ones.
 
@@ -73,8 +75,9 @@ CASES = [(path, pct, (CLASS if path == "class" else SQL)[pct])
 BITMAP_WAIT_S = 1.5
 
 
-def tree_cpu(root: int) -> float:
-    """CPU seconds (user + system) of ``root`` and every live descendant (Linux /proc)."""
+def tree_cpu(root: int) -> dict[str, float]:
+    """CPU seconds (user + system) of ``root`` and every live descendant (Linux /proc), by process kind:
+    ``worker`` (a filter class's worker), ``filter_server``, ``broker`` (the root and anything else)."""
     ppid: dict[int, int] = {}
     ticks: dict[int, int] = {}
     for entry in os.listdir("/proc"):
@@ -93,7 +96,17 @@ def tree_cpu(root: int) -> float:
             if pp == parent and pid not in tree:
                 tree.add(pid)
                 frontier.append(pid)
-    return sum(ticks.get(pid, 0) for pid in tree) / os.sysconf("SC_CLK_TCK")
+    out = {"broker": 0.0, "filter_server": 0.0, "worker": 0.0}
+    for pid in tree:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        kind = "worker" if b"sluice.filtersrv.worker" in argv else \
+            "filter_server" if b"filtersrv" in argv and pid != root else "broker"
+        out[kind] += ticks.get(pid, 0) / os.sysconf("SC_CLK_TCK")
+    return out
 
 
 def group_of(path: str, pct: int) -> str:
@@ -122,8 +135,8 @@ async def produce(ns: str, n: int, start: int = 0) -> None:
         await asyncio.gather(*pending)
 
 
-async def drain(ns: str, group: str, sel: MessageSelector) -> tuple[int, float]:
-    """(messages delivered, seconds) for one group draining every queue from offset 0."""
+async def drain(ns: str, group: str, sel: MessageSelector, broker_pid: int) -> tuple[int, float, dict[str, float]]:
+    """(messages delivered, seconds, CPU seconds by process) for one group draining every queue from offset 0."""
     async with AsyncPullConsumer(group, namesrv=ns, pull_timeout=30.0) as c:
         mqs = await c.fetch_message_queues(TOPIC)
         ends = {mq: await c.max_offset(mq) for mq in mqs}
@@ -141,9 +154,14 @@ async def drain(ns: str, group: str, sel: MessageSelector) -> tuple[int, float]:
         # one pull first, untimed: the class's worker starts (a Python process, once per class) and the SQL92
         # expression compiles; the drain still starts at offset 0
         await c.pull(mqs[0], sel, 0, 1)
+        tree0, client0 = tree_cpu(broker_pid), time.process_time()
         t0 = time.perf_counter()
         counts = await asyncio.gather(*(one(mq) for mq in mqs))
-        return sum(counts), time.perf_counter() - t0
+        secs = time.perf_counter() - t0
+        tree1, client = tree_cpu(broker_pid), time.process_time() - client0
+        cpu = {k: tree1[k] - tree0[k] for k in tree1}
+        cpu["client"] = client
+        return sum(counts), secs, cpu
 
 
 def main() -> None:
@@ -177,16 +195,16 @@ def main() -> None:
             results = []
             broker_pid = cluster.brokers[0].pid
             for path, pct, sel in CASES:
-                cpu0 = tree_cpu(broker_pid) + time.process_time()
-                got, secs = asyncio.run(drain(cluster.ns, group_of(path, pct), sel))
-                cpu = tree_cpu(broker_pid) + time.process_time() - cpu0
+                got, secs, by_process = asyncio.run(drain(cluster.ns, group_of(path, pct), sel, broker_pid))
+                cpu = sum(by_process.values())
                 want = n * pct // 100
                 if got != want:
                     raise SystemExit(f"{path} {pct} %: delivered {got} messages, expected {want}")
                 results.append({"path": path, "selectivity_pct": pct, "delivered": got, "seconds": round(secs, 3),
                                 "delivered_per_s": round(got / secs, 1),
                                 "scanned_per_s": round(n / secs, 1), "cpu_s": round(cpu, 3),
-                                "cpu_us_per_delivered": round(cpu / got * 1e6, 2)})
+                                "cpu_us_per_delivered": round(cpu / got * 1e6, 2),
+                                "cpu_us_per_scanned": {k: round(v / n * 1e6, 3) for k, v in by_process.items()}})
                 print(f"{path:>13} {pct:>3} %: {got} delivered in {secs:.2f} s = {got / secs:,.0f}/s "
                       f"({n / secs:,.0f} scanned/s), {cpu:.2f} CPU s", flush=True)
         finally:

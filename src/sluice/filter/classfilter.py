@@ -13,8 +13,11 @@ common/src/main/java/org/apache/rocketmq/common/filter/MessageFilter.java)::
 
 The class never runs in a broker nor in a filter server: a filter server runs
 it in a worker subprocess under resource limits (sluice/filtersrv/worker.py),
-handing it decoded messages only (``sluice.message.MessageExt``: topic, tags,
-keys, properties, body, msg_id, offset_msg_id, queue_id, queue_offset, ...).
+handing it messages only: each is a ``sluice.message.MessageExt`` (topic, tags,
+keys, properties, user_properties, body, msg_id, offset_msg_id, queue_id,
+queue_offset, ...), in fact a lazy view of the pulled record
+(sluice/filtersrv/view.py) that decodes a field when it is read; fields other
+than ``properties`` are read-only.
 The class is built once per worker with no arguments.
 """
 from __future__ import annotations

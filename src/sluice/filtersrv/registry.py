@@ -35,7 +35,8 @@ from sluice.errors import (
 )
 from sluice.filter.classfilter import parse_class_name
 from sluice.filtersrv.repository import MAX_SOURCE_BYTES, ClassRepository, class_crc, crc_matches
-from sluice.filtersrv.sandbox import Worker, WorkerLimits, split_records
+from sluice.filtersrv.sandbox import Worker, WorkerLimits
+from sluice.filtersrv.spans import offsets_of
 from sluice.protocol.codes import ResponseCode
 
 __all__ = ["ClassEntry", "FilterClassRegistry", "FilterOutcome"]
@@ -201,7 +202,8 @@ class FilterClassRegistry:
         """Run the entry's class on one pulled batch. A worker that failed is replaced first; any failure
         raises FilterClassError (the worker killed), and nothing is kept."""
         entry.last_used = time.monotonic()
-        records = split_records(body)
+        offsets = offsets_of(body)  # boundaries only: no per-record object until a record is kept
+        count = len(offsets) - 1
         async with entry.lock:
             if entry.ready is not None and not entry.ready.done():
                 await asyncio.shield(entry.ready)
@@ -220,7 +222,7 @@ class FilterClassRegistry:
                 await entry.load()  # a load error is kept and raised
             assert entry.worker is not None
             try:
-                mask = await entry.worker.filter(body, len(records))
+                mask = await entry.worker.filter(body, count)
             except FilterClassError as exc:
                 entry.failures += 1
                 entry.failures_in_row += 1
@@ -232,7 +234,12 @@ class FilterClassRegistry:
                 raise
             entry.batches += 1
             entry.failures_in_row = 0
-        return FilterOutcome([rec for rec, keep in zip(records, mask) if keep], len(records))
+        view, kept = memoryview(body), []
+        at = mask.find(1)
+        while at >= 0:  # per kept record only (the mask holds 0 and 1 alone: Worker.filter checked it)
+            kept.append(view[offsets[at]:offsets[at + 1]])
+            at = mask.find(1, at + 1)
+        return FilterOutcome(kept, count)
 
     # ------------------------------------------------------------------------------------------ upkeep
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from sluice.errors import FilterClassFailedError, FilterClassImportError
 from sluice.filtersrv import worker as W
+from sluice.filtersrv.spans import offsets_of
 
 __all__ = ["WorkerLimits", "Worker", "split_records", "worker_env"]
 
@@ -48,18 +49,10 @@ class WorkerLimits:
 
 
 def split_records(body: bytes) -> list[memoryview]:
-    """The stored records a pull body holds back to back (each starts with its 4-byte total size)."""
-    view, out, pos, n = memoryview(body), [], 0, len(body)
-    size_at, append = _LEN.unpack_from, out.append  # the walk is per record: no slice objects for sizes
-    while pos < n:
-        if n - pos < 4:
-            raise ValueError(f"a pull body ends with {n - pos} stray bytes at {pos}")
-        size = size_at(body, pos)[0]
-        if size < 4 or pos + size > n:
-            raise ValueError(f"a record at {pos} claims {size} bytes, the body has {n - pos}")
-        append(view[pos:pos + size])
-        pos += size
-    return out
+    """The stored records a pull body holds back to back (each starts with its 4-byte total size);
+    ValueError naming the first size that does not fit."""
+    view, offsets = memoryview(body), offsets_of(body)
+    return [view[offsets[i]:offsets[i + 1]] for i in range(len(offsets) - 1)]
 
 
 #: Environment variables a worker never sees: the filter server's ACL account (a class could read and
@@ -151,8 +144,12 @@ class Worker:
                 await self.kill()
                 raise self._failed(f"its worker answered a malformed reply ({kind!r}, {len(payload)} bytes for "
                                    f"{count} records)")
+            mask = payload[_CPU.size:]
+            if mask.count(0) + mask.count(1) != count:
+                await self.kill()
+                raise self._failed("its worker answered a malformed reply (a mask byte other than 0 or 1)")
             self.cpu_used = _CPU.unpack_from(payload)[0]
-            return payload[_CPU.size:]
+            return mask
 
     def _failed(self, cause: str) -> FilterClassFailedError:
         return FilterClassFailedError(f"filter class {self.class_name!r} failed: {cause}",

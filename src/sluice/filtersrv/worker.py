@@ -14,7 +14,8 @@ socket it was given: only the records of one pulled batch at a time.
 Frames on stdin (server -> worker): a 4-byte big-endian length, then the payload.
 The first is a JSON object (class_name, cpu_seconds, cpu_lifetime_seconds,
 memory_bytes), the second the class's source; then one frame per batch, the
-stored records back to back as a pull answers them.
+stored records back to back as a pull answers them; the class gets each as a lazy
+MessageExt view (sluice/filtersrv/view.py).
 
 Frames on the reply pipe (worker -> server): one kind byte, a 4-byte length, the
 payload. ``R`` ready; ``I`` the class could not be loaded (text); ``M`` a batch's
@@ -104,18 +105,22 @@ def load_class(class_name: str, source: bytes) -> Any:
 
 
 def decode(body: bytes) -> list[Any]:
-    """The batch's records as MessageExt (in C where built), in order; CRCs were checked by the store."""
-    import zlib
+    """The batch's records as the lazy MessageExt views the class is handed (sluice/filtersrv/view.py)."""
+    from sluice.filtersrv.spans import record_spans
+    from sluice.filtersrv.view import views
+    offsets, texts = record_spans(body, True)
+    assert texts is not None
+    return views(body, offsets, texts)
 
-    from sluice.format import crc32
-    from sluice.message import MessageExt
-    from sluice.protocol.record import iter_records
-    from sluice.speedups import C
-    if C is not None:
-        msgs = C.decode_messages(body, False, crc32, MessageExt, zlib.decompress)
-        if msgs is not None:
-            return msgs
-    return [MessageExt.from_record(rec) for rec in iter_records(body, check_crc=False)]
+
+def filter_batch(match: Any, body: bytes) -> bytes:
+    """One byte per record of ``body``, 1 where ``match`` kept it (the views are built in the same loop)."""
+    from sluice.filtersrv.spans import record_spans
+    from sluice.filtersrv.view import MessageView
+    offsets, texts = record_spans(body, True)
+    assert texts is not None
+    view = MessageView
+    return bytes([1 if match(view(body, at, text)) else 0 for at, text in zip(memoryview(offsets).cast("I"), texts)])
 
 
 def _exit_with_parent() -> None:
@@ -152,6 +157,7 @@ def main() -> int:
     _limit_cpu(cpu, hard)
     try:
         decode(b"")  # load the decoder before the class can use up memory
+        filter_batch(None, b"")
         instance = load_class(class_name, source)
         match = instance.match
     except BaseException as exc:  # anything the class's module does on import is its failure
@@ -164,7 +170,7 @@ def main() -> int:
             return 0
         _limit_cpu(cpu, hard)
         try:
-            keep = bytes(1 if match(m) else 0 for m in decode(body))
+            keep = filter_batch(match, body)
         except BaseException as exc:
             _reply(out, RAISED, _error_text(exc).encode("utf-8", "replace"))
             return 1

@@ -1,0 +1,79 @@
+"""sluice._speedups.record_spans against its Python twin (sluice/filtersrv/spans.py): the same offsets and
+properties texts for every body C takes, None exactly where it is unusual or the twin raises."""
+from __future__ import annotations
+
+import os
+import zlib
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import sluice.speedups
+from sluice.filtersrv import spans
+from sluice.format import FLAG_COMPRESSED
+from sluice.protocol import properties as P
+from sluice.protocol.record import encode_record
+
+C = sluice.speedups.C
+REQUIRED = os.environ.get("SLUICE_REQUIRE_EXTENSIONS", "") not in ("", "0")
+pytestmark = pytest.mark.skipif(C is None and not REQUIRED, reason="sluice._speedups is not built")
+
+prop_values = st.text(st.characters(codec="utf-8", blacklist_characters="\x01\x02"), min_size=1, max_size=12)
+record = st.fixed_dictionaries({
+    "props": st.dictionaries(st.sampled_from(["k", "TAGS", "KEYS", "UNIQ_KEY", "é", "😀"]), prop_values, max_size=4),
+    "body": st.binary(max_size=64),
+    "v6": st.booleans(),
+    "compressed": st.booleans(),
+    "topic": st.sampled_from(["T", "%RETRY%g", "topic_1"]),
+})
+
+
+def encode(r: dict, i: int) -> bytes:
+    body = zlib.compress(r["body"]) if r["compressed"] else r["body"]
+    host = ("::1", 10911) if r["v6"] else ("127.0.0.1", 10911)
+    return bytes(encode_record(topic=r["topic"], body=body, properties=P.encode_properties(r["props"]),
+                               sysflag=FLAG_COMPRESSED if r["compressed"] else 0, queue_offset=i,
+                               born_host=host, store_host=host))
+
+
+@settings(max_examples=300)
+@given(st.lists(record, max_size=6), st.booleans())
+def test_record_spans_equals_python(recs, with_properties):
+    body = b"".join(encode(r, i) for i, r in enumerate(recs))
+    py = spans._py_record_spans(body, with_properties)
+    c = C.record_spans(body, with_properties)
+    if c is None:  # only what C leaves to Python: IPv6 hosts when the properties are asked for
+        assert with_properties and any(r["v6"] for r in recs)
+    else:
+        assert c == py
+    assert spans.record_spans(body, with_properties) == py
+    if with_properties:
+        assert py[1] == [P.encode_properties(r["props"]) for r in recs]
+
+
+@settings(max_examples=300)
+@given(st.lists(record, min_size=1, max_size=4), st.data())
+def test_damaged_bodies_none_exactly_where_python_refuses(recs, data):
+    body = bytearray(b"".join(encode(r, i) for i, r in enumerate(recs)))
+    what = data.draw(st.sampled_from(["cut", "size", "byte"]))
+    if what == "cut":
+        body = body[:data.draw(st.integers(0, len(body) - 1))]
+    elif what == "size":
+        at = 0 if len(recs) == 1 else data.draw(st.sampled_from([0, len(encode(recs[0], 0))]))
+        body[at:at + 4] = data.draw(st.integers(-5, len(body) + 5)).to_bytes(4, "big", signed=True)
+    else:
+        at = data.draw(st.integers(0, len(body) - 1))
+        body[at] = data.draw(st.integers(0, 255))
+    body = bytes(body)
+    for with_properties in (False, True):
+        try:
+            py = spans._py_record_spans(body, with_properties)
+        except ValueError:
+            assert C.record_spans(body, with_properties) is None
+            with pytest.raises(ValueError):
+                spans.record_spans(body, with_properties)
+        else:
+            c = C.record_spans(body, with_properties)
+            assert c is None or c == py
+            assert spans.record_spans(body, with_properties) == py
