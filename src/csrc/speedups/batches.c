@@ -316,9 +316,194 @@ done:
     return out;
 }
 
+/* ---------------------------------------------------------------------------------- encode_send_batch */
+
+PyDoc_STRVAR(encode_send_batch_doc,
+"encode_send_batch(msgs, topic, ids, max_size, system_names) -> bytes | None\n\n"
+"A producer's SEND_BATCH_MESSAGE body for a list of sluice.Message (MessageDecoder.encodeMessages), with\n"
+"message i's UNIQ_KEY ``ids[i]``: what sluice.client.encoding._encode_batch_py gives. None for anything\n"
+"but the common shape (then the Python twin runs and raises the precise error): every message of\n"
+"``topic`` (checked by the caller), a bytes body of 1 to ``max_size`` bytes, str user properties (a dict)\n"
+"with no name in ``system_names`` or a transient one and no separator, tags None or a str, keys None or\n"
+"one key, no delay, an int32 flag, properties within 32767 bytes and the whole body within ``max_size``.");
+
+static PyObject *a_tags, *a_keys, *a_delay_level, *a_deliver_at, *a_delay;
+
+#define TRANSIENT_PREFIX "__RMQ.TRANSIENT."
+
+/* 1 when the UTF-8 text holds neither property separator (\x01, \x02). */
+static inline int no_separator(const char *s, Py_ssize_t n)
+{
+    return memchr(s, 1, (size_t)n) == NULL && memchr(s, 2, (size_t)n) == NULL;
+}
+
+/* Append ``name\x01value\x02``: 1, 0 for unusual text (not a str, a separator, not encodable), -1 on error. */
+static int add_prop(Buf *b, PyObject *name, PyObject *value)
+{
+    if (!PyUnicode_CheckExact(name) || !PyUnicode_CheckExact(value))
+        return 0;
+    Py_ssize_t nl, vl;
+    const char *n = PyUnicode_AsUTF8AndSize(name, &nl);
+    const char *v = n == NULL ? NULL : PyUnicode_AsUTF8AndSize(value, &vl);
+    if (v == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError))
+            return -1;
+        PyErr_Clear();
+        return 0;
+    }
+    if (nl == 0 || !no_separator(n, nl) || !no_separator(v, vl))
+        return 0;
+    if (buf_reserve(b, nl + vl + 2) < 0)
+        return -1;
+    memcpy(b->data + b->len, n, (size_t)nl);
+    b->data[b->len + nl] = 1;
+    memcpy(b->data + b->len + nl + 1, v, (size_t)vl);
+    b->data[b->len + nl + 1 + vl] = 2;
+    b->len += nl + vl + 2;
+    return 1;
+}
+
+/* One message appended to ``b``: 1, 0 when unusual, -1 on error. */
+static int send_entry(Buf *b, PyObject *m, PyObject *topic, PyObject *uid, long long max_size, PyObject *system)
+{
+    PyObject *v[8] = {NULL};
+    PyObject *names[8] = {s_topic, s_body, s_properties, s_flag, a_tags, a_keys, a_delay_level, a_deliver_at};
+    int rc = -1;
+    for (int k = 0; k < 8; k++)
+        if ((v[k] = PyObject_GetAttr(m, names[k])) == NULL)
+            goto done;
+    PyObject *delay = PyObject_GetAttr(m, a_delay);
+    if (delay == NULL)
+        goto done;
+    int no_delay = delay == Py_None;
+    Py_DECREF(delay);
+    PyObject *mt = v[0], *body = v[1], *props = v[2], *flag = v[3], *tags = v[4], *keys = v[5];
+    rc = 0;
+    if (!no_delay || v[7] != Py_None || !PyLong_CheckExact(v[6]) || !PyLong_CheckExact(flag)
+        || !PyBytes_CheckExact(body) || !PyDict_CheckExact(props) || !PyUnicode_CheckExact(mt)
+        || !PyUnicode_CheckExact(uid))
+        goto done;
+    int eq = PyUnicode_Compare(mt, topic);
+    if (eq != 0) {
+        if (eq == -1 && PyErr_Occurred())
+            rc = -1;
+        goto done;
+    }
+    int overflow;
+    long long dl = PyLong_AsLongLongAndOverflow(v[6], &overflow);
+    if (overflow || dl != 0)
+        goto done;
+    long long fl = PyLong_AsLongLongAndOverflow(flag, &overflow);
+    if (overflow || fl < INT32_MIN || fl > INT32_MAX)
+        goto done;
+    Py_ssize_t body_len = PyBytes_GET_SIZE(body);
+    if (body_len == 0 || body_len > max_size)
+        goto done;
+    Py_ssize_t start = b->len;
+    unsigned char head[20];
+    if (buf_add(b, head, 20) < 0 || buf_add(b, PyBytes_AS_STRING(body), body_len) < 0 || buf_add(b, head, 2) < 0) {
+        rc = -1;
+        goto done;
+    }
+    Py_ssize_t props_at = b->len, pos = 0;
+    PyObject *name, *value;
+    while (PyDict_Next(props, &pos, &name, &value)) {
+        if (!PyUnicode_CheckExact(name))
+            goto done;
+        int sys = PySet_Contains(system, name);
+        if (sys != 0) {
+            rc = sys < 0 ? -1 : 0;
+            goto done;
+        }
+        Py_ssize_t nl;
+        const char *n = PyUnicode_AsUTF8AndSize(name, &nl);
+        if (n == NULL) {
+            if (PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) {
+                PyErr_Clear();
+                rc = 0;
+            } else
+                rc = -1;
+            goto done;
+        }
+        if (nl >= (Py_ssize_t)strlen(TRANSIENT_PREFIX) && memcmp(n, TRANSIENT_PREFIX, strlen(TRANSIENT_PREFIX)) == 0)
+            goto done;
+        if ((rc = add_prop(b, name, value)) <= 0)
+            goto done;
+        rc = 0;
+    }
+    if (tags != Py_None) {
+        if (!PyUnicode_CheckExact(tags))
+            goto done;
+        if (PyUnicode_GET_LENGTH(tags) > 0 && (rc = add_prop(b, s_TAGS, tags)) <= 0)
+            goto done;
+        rc = 0;
+    }
+    if (keys != Py_None) {
+        /* one key only: several (a list, or a str with spaces) take the Python path */
+        if (!PyUnicode_CheckExact(keys) || PyUnicode_FindChar(keys, ' ', 0, PyUnicode_GET_LENGTH(keys), 1) != -1)
+            goto done;
+        if (PyUnicode_GET_LENGTH(keys) > 0 && (rc = add_prop(b, s_KEYS, keys)) <= 0)
+            goto done;
+        rc = 0;
+    }
+    if ((rc = add_prop(b, s_UNIQ_KEY, uid)) <= 0)
+        goto done;
+    rc = 0;
+    Py_ssize_t props_len = b->len - props_at, total = b->len - start;
+    if (props_len > MAX_PROPS)
+        goto done;
+    unsigned char *w = b->data + start;
+    put_u32(w, (uint32_t)total);
+    put_u32(w + 4, 0); /* magic and bodyCRC: 0, as the Java client writes them */
+    put_u32(w + 8, 0);
+    put_u32(w + 12, (uint32_t)(int32_t)fl);
+    put_u32(w + 16, (uint32_t)body_len);
+    put_u16(b->data + props_at - 2, (uint32_t)props_len);
+    rc = 1;
+done:
+    for (int k = 0; k < 8; k++)
+        Py_XDECREF(v[k]);
+    return rc;
+}
+
+static PyObject *encode_send_batch(PyObject *self, PyObject *args)
+{
+    PyObject *msgs, *topic, *ids, *system;
+    long long max_size;
+    if (!PyArg_ParseTuple(args, "O!UO!LO!:encode_send_batch", &PyList_Type, &msgs, &topic, &PyList_Type, &ids,
+                          &max_size, &PyFrozenSet_Type, &system))
+        return NULL;
+    if (a_tags == NULL) {
+        if ((a_tags = PyUnicode_InternFromString("tags")) == NULL || (a_keys = PyUnicode_InternFromString("keys")) == NULL
+            || (a_delay_level = PyUnicode_InternFromString("delay_level")) == NULL
+            || (a_deliver_at = PyUnicode_InternFromString("deliver_at")) == NULL
+            || (a_delay = PyUnicode_InternFromString("delay")) == NULL)
+            return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(msgs);
+    if (n == 0 || PyList_GET_SIZE(ids) != n)
+        Py_RETURN_NONE;
+    Buf b = {NULL, 0, 0};
+    PyObject *out = NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int rc = send_entry(&b, PyList_GET_ITEM(msgs, i), topic, PyList_GET_ITEM(ids, i), max_size, system);
+        if (rc < 0)
+            goto done;
+        if (rc == 0 || b.len > max_size) {
+            out = Py_NewRef(Py_None);
+            goto done;
+        }
+    }
+    out = PyBytes_FromStringAndSize((const char *)b.data, b.len);
+done:
+    PyMem_Free(b.data);
+    return out;
+}
+
 PyMethodDef sluice_batches_methods[] = {
     {"decode_properties", (PyCFunction)decode_properties, METH_O, decode_properties_doc},
     {"decode_batch", (PyCFunction)decode_batch, METH_VARARGS, decode_batch_doc},
     {"encode_wire_batch", (PyCFunction)encode_wire_batch, METH_VARARGS, encode_wire_batch_doc},
+    {"encode_send_batch", (PyCFunction)encode_send_batch, METH_VARARGS, encode_send_batch_doc},
     {NULL, NULL, 0, NULL},
 };
