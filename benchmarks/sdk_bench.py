@@ -4,7 +4,14 @@ Measures: blocking sends one at a time, asyncio sends with many in flight,
 batch sends, pulls (messages decoded per second), and the client-side cost of
 preparing a send (validation, unique id, properties) without the network.
 
-Run: .venv/bin/python benchmarks/sdk_bench.py [--quick]
+The common workload's produce (``sluice bench``: ``send_batch`` of 32 from 4 threads
+sharing one Producer, 1 KiB bodies with properties region and a and a tag) is
+reported as msgs/s and as the client process's CPU microseconds per message
+(getrusage, user + system, all threads): on a shared machine the CPU figure is
+the steadier one. ``batch_prepare_cpu_us_per_msg`` is the same batches' client
+encoding alone (validation, unique ids, body), without the network.
+
+Run: .venv/bin/python benchmarks/sdk_bench.py [--quick] [--flush async|sync]
 Prints one JSON object on its last line.
 """
 from __future__ import annotations
@@ -12,8 +19,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import resource
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -22,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from servers import SluiceProcess  # noqa: E402
 
 from sluice import AsyncProducer, Message, MessageQueue, Producer, PullConsumer, PullStatus  # noqa: E402
-from sluice.client.encoding import build_send_request, prepare_message  # noqa: E402
+from sluice.client.encoding import build_send_request, prepare_batch, prepare_message  # noqa: E402
 from sluice.namesrv.client import SyncNamesrvClient  # noqa: E402
 
 
@@ -33,6 +42,50 @@ def bench_prepare(n: int) -> float:
     for m in msgs:
         build_send_request(prepare_message(m), mq, group="G")
     return n / (time.perf_counter() - t0)
+
+
+_REGIONS = ("eu", "us", "ap", "sa", "af", "me", "oc", "na", "ca", "in")
+_BODY = b"0" * 20 + b"x" * 1004  # 1 KiB, as sluice bench's body_with_stamp makes it
+
+
+def _common_batch(topic: str, first: int, size: int = 32) -> list[Message]:
+    """The common workload's messages ``first``.. (properties region and a, tags TagA-TagJ)."""
+    return [Message(topic, _BODY, tags=f"Tag{'ABCDEFGHIJ'[i % 10]}",
+                    properties={"region": _REGIONS[i % 10], "a": str(i % 100)}) for i in range(first, first + size)]
+
+
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def bench_batch_prepare(n: int) -> float:
+    """CPU microseconds per message to build the common workload's batches of 32 (messages made beforehand)."""
+    batches = [_common_batch("BenchCommon", i) for i in range(0, n, 32)]
+    c0 = _cpu()
+    for b in batches:
+        prepare_batch(b)
+    return (_cpu() - c0) / (len(batches) * 32) * 1e6
+
+
+def bench_common_produce(ns: str, topic: str, n: int, threads: int = 4) -> tuple[float, float]:
+    """(msgs/s, client CPU us per message) for send_batch of 32 from ``threads`` threads sharing one Producer."""
+    with Producer("BenchCommonProduce", ns) as p:
+        p.send(Message(topic, b"warm-up"))
+        per = n // threads // 32 * 32
+
+        def work(k: int) -> None:
+            for i in range(k * per, (k + 1) * per, 32):
+                p.send_batch(_common_batch(topic, i))
+
+        workers = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
+        c0, t0 = _cpu(), time.perf_counter()
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join()
+        seconds, cpu = time.perf_counter() - t0, _cpu() - c0
+        return per * threads / seconds, cpu / (per * threads) * 1e6
 
 
 def bench_sync_send(ns: str, topic: str, n: int) -> float:
@@ -90,13 +143,16 @@ def bench_pull(ns: str, topic: str, expect: int) -> tuple[float, int]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--flush", choices=("async", "sync"), default="async", help="the broker's --flush")
     args = ap.parse_args()
     n_sync, n_async, batches = (500, 2000, 20) if args.quick else (3000, 20000, 200)
     tmp = Path(tempfile.mkdtemp(prefix="sluice-sdk-bench-"))
-    out: dict[str, object] = {"benchmark": "sdk", "quick": args.quick}
+    out: dict[str, object] = {"benchmark": "sdk", "quick": args.quick, "flush": args.flush}
     out["prepare_per_s"] = round(bench_prepare(20000 if args.quick else 100000))
+    out["batch_prepare_cpu_us_per_msg"] = round(bench_batch_prepare(32000 if args.quick else 160000), 2)
     with SluiceProcess.start(["namesrv"], tmp, name="namesrv") as ns:
-        with SluiceProcess.start(["broker", "--namesrv", ns.addr, "--store", str(tmp / "store")], tmp, name="broker"):
+        broker_argv = ["broker", "--namesrv", ns.addr, "--store", str(tmp / "store"), "--flush", args.flush]
+        with SluiceProcess.start(broker_argv, tmp, name="broker"):
             with SyncNamesrvClient(ns.addr) as nc:
                 deadline = time.monotonic() + 20
                 while time.monotonic() < deadline:
@@ -105,6 +161,9 @@ def main() -> None:
                         break
                     except Exception:
                         time.sleep(0.1)
+            rate, cpu = bench_common_produce(ns.addr, "BenchCommon", 32000 if args.quick else 128000)
+            out["common_produce_msgs_per_s"] = round(rate)
+            out["common_produce_client_cpu_us_per_msg"] = round(cpu, 2)
             out["sync_send_per_s"] = round(bench_sync_send(ns.addr, "BenchSync", n_sync))
             out["async_send_per_s"] = round(bench_async_send(ns.addr, "BenchAsync", n_async, 64))
             out["batch_send_msgs_per_s"] = round(bench_batch_send(ns.addr, "BenchBatch", batches, 64))
