@@ -77,3 +77,36 @@ def test_damaged_bodies_none_exactly_where_python_refuses(recs, data):
             c = C.record_spans(body, with_properties)
             assert c is None or c == py
             assert spans.record_spans(body, with_properties) == py
+
+
+@settings(max_examples=200)
+@given(st.lists(record, max_size=6))
+def test_record_views_equal_python(recs):
+    from sluice.filtersrv.view import MessageView
+    body = b"".join(encode(r, i) for i, r in enumerate(recs))
+    c = C.record_views(body, MessageView)
+    if c is None:
+        assert any(r["v6"] for r in recs)
+        return
+    offsets, texts = spans._py_record_spans(body, True)
+    py = [MessageView(body, at, text) for at, text in zip(memoryview(offsets).cast("I"), texts)]
+    assert [type(v) for v in c] == [MessageView] * len(py)
+    assert [(v._buf is body, v._at, v._ext, list(v.properties.items())) for v in c] == \
+        [(True, v._at, None, list(v.properties.items())) for v in py]
+    assert c == py
+
+
+def test_record_views_refuse_other_shapes():
+    from sluice.filtersrv.view import MessageView
+    from sluice.message import MessageExt
+    body = encode({"props": {"k": "1"}, "body": b"x", "v6": False, "compressed": False, "topic": "T"}, 0)
+
+    class Other(MessageView):
+        __slots__ = ()
+        _at = 0  # a class attribute shadows the slot: not the layout C fills
+
+    assert C.record_views(body, Other) is None
+    assert C.record_views(body, MessageExt) is None  # no _buf slot
+    assert C.record_views(bytearray(body), MessageView) is None  # the views hold the body: bytes only
+    assert C.record_views(body[:-1], MessageView) is None
+    assert len(C.record_views(body, MessageView)) == 1

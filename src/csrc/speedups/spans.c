@@ -1,6 +1,8 @@
 /* Record boundaries of a pull body for the filter server and its worker (sluice/filtersrv/spans.py is the
- * Python twin and the reference): one walk, no per-record objects but the properties text when asked. */
+ * Python twin and the reference): one walk, no per-record objects but the properties text when asked; and
+ * the worker's views built in that walk (sluice/filtersrv/view.py views is record_views's twin). */
 #include "speedups.h"
+#include <structmember.h>
 
 PyDoc_STRVAR(record_spans_doc,
 "record_spans(body, with_properties: bool) -> (bytes, list[str] | None) | None\n\n"
@@ -75,7 +77,92 @@ done:
     return out;
 }
 
+/* ---------------------------------------------------------------------------------------- record_views */
+
+/* The view class's slots record_views sets, in this order (sluice.filtersrv.view.MessageView). */
+static const char *view_fields[] = {"_buf", "_at", "_ext", "properties"};
+#define N_VIEW_FIELDS 4
+static PyTypeObject *view_type; /* identity only, compared by pointer */
+static Py_ssize_t view_offsets[N_VIEW_FIELDS];
+
+static int view_layout(PyTypeObject *cls)
+{
+    if (cls == view_type)
+        return 1;
+    if (cls->tp_dictoffset != 0 || !PyType_HasFeature(cls, Py_TPFLAGS_HAVE_GC))
+        return 0;
+    Py_ssize_t offs[N_VIEW_FIELDS];
+    for (int i = 0; i < N_VIEW_FIELDS; i++) {
+        PyObject *name = PyUnicode_InternFromString(view_fields[i]);
+        if (name == NULL) {
+            PyErr_Clear();
+            return 0;
+        }
+        PyObject *d = _PyType_Lookup(cls, name); /* borrowed; the MRO's first, as attribute lookup finds it */
+        Py_DECREF(name);
+        if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type))
+            return 0;
+        PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+        if (m->type != T_OBJECT_EX || (m->flags & READONLY))
+            return 0;
+        offs[i] = m->offset;
+    }
+    memcpy(view_offsets, offs, sizeof offs);
+    view_type = cls;
+    return 1;
+}
+
+PyDoc_STRVAR(record_views_doc,
+"record_views(body: bytes, cls) -> list | None\n\n"
+"sluice.filtersrv.view.views in C: a ``cls`` (MessageView) per record of ``body``, its _buf the body, _at\n"
+"its start, _ext None and properties the decoded properties, as MessageView(body, at, text) makes them.\n"
+"None where record_spans(body, True) would be None, or for another class layout.");
+
+static PyObject *record_views(PyObject *self, PyObject *args)
+{
+    PyObject *body, *cls;
+    if (!PyArg_ParseTuple(args, "OO:record_views", &body, &cls))
+        return NULL;
+    if (!PyBytes_CheckExact(body) || !PyType_Check(cls) || !view_layout((PyTypeObject *)cls))
+        Py_RETURN_NONE;
+    PyObject *args2 = Py_BuildValue("(Oi)", body, 1);
+    if (args2 == NULL)
+        return NULL;
+    PyObject *spans = record_spans(self, args2);
+    Py_DECREF(args2);
+    if (spans == NULL || spans == Py_None)
+        return spans;
+    const uint32_t *off = (const uint32_t *)PyBytes_AS_STRING(PyTuple_GET_ITEM(spans, 0));
+    PyObject *texts = PyTuple_GET_ITEM(spans, 1);
+    Py_ssize_t n = PyList_GET_SIZE(texts);
+    PyObject *list = PyList_New(n);
+    if (list == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *f[N_VIEW_FIELDS] = {Py_NewRef(body), PyLong_FromUnsignedLong(off[i]), Py_NewRef(Py_None),
+                                      PyDict_New()};
+        PyObject *o = NULL;
+        if (f[1] != NULL && f[3] != NULL && props_into(f[3], PyList_GET_ITEM(texts, i)) == 0)
+            o = ((PyTypeObject *)cls)->tp_alloc((PyTypeObject *)cls, 0);
+        if (o == NULL) {
+            for (int k = 0; k < N_VIEW_FIELDS; k++)
+                Py_XDECREF(f[k]);
+            goto fail;
+        }
+        for (int k = 0; k < N_VIEW_FIELDS; k++)
+            *(PyObject **)((char *)o + view_offsets[k]) = f[k]; /* the new references move in */
+        PyList_SET_ITEM(list, i, o);
+    }
+    Py_DECREF(spans);
+    return list;
+fail:
+    Py_XDECREF(list);
+    Py_DECREF(spans);
+    return NULL;
+}
+
 PyMethodDef sluice_spans_methods[] = {
     {"record_spans", (PyCFunction)record_spans, METH_VARARGS, record_spans_doc},
+    {"record_views", (PyCFunction)record_views, METH_VARARGS, record_views_doc},
     {NULL, NULL, 0, NULL},
 };

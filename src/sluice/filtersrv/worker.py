@@ -106,21 +106,13 @@ def load_class(class_name: str, source: bytes) -> Any:
 
 def decode(body: bytes) -> list[Any]:
     """The batch's records as the lazy MessageExt views the class is handed (sluice/filtersrv/view.py)."""
-    from sluice.filtersrv.spans import record_spans
     from sluice.filtersrv.view import views
-    offsets, texts = record_spans(body, True)
-    assert texts is not None
-    return views(body, offsets, texts)
+    return views(body)
 
 
 def filter_batch(match: Any, body: bytes) -> bytes:
-    """One byte per record of ``body``, 1 where ``match`` kept it (the views are built in the same loop)."""
-    from sluice.filtersrv.spans import record_spans
-    from sluice.filtersrv.view import MessageView
-    offsets, texts = record_spans(body, True)
-    assert texts is not None
-    view = MessageView
-    return bytes([1 if match(view(body, at, text)) else 0 for at, text in zip(memoryview(offsets).cast("I"), texts)])
+    """One byte per record of ``body``, 1 where ``match`` kept it."""
+    return bytes([1 if match(m) else 0 for m in decode(body)])
 
 
 def _exit_with_parent() -> None:
