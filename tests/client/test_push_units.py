@@ -111,15 +111,11 @@ def test_process_queue_remove_of_a_whole_batch_keeps_the_lowest_uncommitted() ->
 def test_pull_size_grows_with_the_backlog_within_bounds() -> None:
     o = PushConsumerOptions()
     assert o.pull_batch_size_max == 256
-    sizes, size = [], o.pull_batch_size
-    for _ in range(6):
-        size = o.next_pull_size(size, 100_000)
-        sizes.append(size)
-    assert sizes == [64, 128, 256, 256, 256, 256]
-    assert o.next_pull_size(256, 256) == 32  # caught up: back to pull_batch_size
-    assert PushConsumerOptions(pull_threshold_for_queue=100).next_pull_size(64, 10**6) == 100
-    assert PushConsumerOptions(pull_batch_size_max=32).next_pull_size(32, 10**6) == 32  # growth off
-    assert PushConsumerOptions(pull_batch_size=512).next_pull_size(512, 10**6) == 512  # never below the base
+    assert [o.next_pull_size(b) for b in (0, 10, 32, 33, 100, 256, 257, 100_000)] == \
+        [32, 32, 32, 33, 100, 256, 256, 256]  # caught up: back to pull_batch_size
+    assert PushConsumerOptions(pull_threshold_for_queue=100).next_pull_size(10**6) == 100
+    assert PushConsumerOptions(pull_batch_size_max=32).next_pull_size(10**6) == 32  # growth off
+    assert PushConsumerOptions(pull_batch_size=512).next_pull_size(10**6) == 512  # never below the base
     for bad in (0, 1025):
         with pytest.raises(InvalidParameterError):
             PushConsumerOptions(pull_batch_size_max=bad)

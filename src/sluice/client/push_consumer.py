@@ -314,7 +314,7 @@ class AsyncPushConsumer(AsyncClient):
                 break
             pq.last_pull_time = time.monotonic()
             status, nxt = result.status, result.next_begin_offset
-            size = o.next_pull_size(size, result.max_offset - nxt)
+            size = o.next_pull_size(result.max_offset - nxt)
             if status is PullStatus.FOUND and result.msg_found_list:
                 offset = nxt
                 fresh = pq.put(self._restore_topics(result.msg_found_list))

@@ -91,9 +91,9 @@ class PushConsumerOptions:
     consume_message_batch_max_size: int = 1
     #: pullBatchSize: messages asked per pull.
     pull_batch_size: int = 32
-    #: Sluice: while a queue's backlog (the pull answer's maxOffset - nextBeginOffset) exceeds what a pull
-    #: asks, the next pull asks twice as many, up to this bound (and pull_threshold_for_queue); a pull that
-    #: catches up asks pull_batch_size again. Fewer round trips per message when draining; the broker still
+    #: Sluice: while a queue's backlog (the pull answer's maxOffset - nextBeginOffset) exceeds
+    #: pull_batch_size, the next pull asks for the backlog, up to this bound (and pull_threshold_for_queue);
+    #: a pull that catches up asks pull_batch_size again. Fewer round trips per message when draining; the broker still
     #: caps each answer (max_transfer_count / max_transfer_bytes). At or below pull_batch_size: no growth.
     pull_batch_size_max: int = 256
     #: pullThresholdForQueue / pullThresholdSizeForQueue: stop pulling a queue above this many cached
@@ -168,13 +168,13 @@ class PushConsumerOptions:
                 raise InvalidParameterError(f"allocate_strategy must be one of {', '.join(STRATEGIES)} or a "
                                             f"callable, got {self.allocate_strategy!r}")
 
-    def next_pull_size(self, asked: int, backlog: int) -> int:
-        """How many messages the next pull of a queue asks, after one that asked ``asked`` and left
-        ``backlog`` messages behind it on the broker."""
-        if backlog > asked:
-            bound = min(self.pull_batch_size_max, self.pull_threshold_for_queue)
-            return max(self.pull_batch_size, min(asked * 2, bound))
-        return self.pull_batch_size
+    def next_pull_size(self, backlog: int) -> int:
+        """How many messages the next pull of a queue asks when ``backlog`` messages wait behind the last
+        answer on the broker: the backlog, within pull_batch_size and the bound (a filtered backlog may
+        match fewer; the broker then answers what its per-pull evaluation limit found)."""
+        if backlog <= self.pull_batch_size:
+            return self.pull_batch_size
+        return max(self.pull_batch_size, min(backlog, self.pull_batch_size_max, self.pull_threshold_for_queue))
 
     @property
     def model(self) -> MessageModel:
