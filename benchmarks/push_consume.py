@@ -239,8 +239,9 @@ def main() -> None:
                     results[mode] = rows
     results["bound_by"] = (
         "CPU: two cores shared by the producer, the broker and the consumer processes; per message the "
-        "consumer spends consumer_cpu_us_per_msg (pull decode, thread-pool hand-off per listener call with "
-        "consume_message_batch_max_size=1, offset bookkeeping) and the broker broker_cpu_us_per_msg, so more "
+        "consumer spends consumer_cpu_us_per_msg (pull decode in C, the listener call, one thread-pool "
+        "hand-off and one offset update per pull when the listener is fast, consume_message_batch_max_size=1) "
+        "and the broker broker_cpu_us_per_msg, so more "
         "consumer processes than cores add no throughput; live latency includes the producer's queueing")
     print(json.dumps(results))
 
