@@ -55,7 +55,7 @@ def test_c_encoder_equals_the_python_twin_or_declines(msgs: list[Message], max_s
     except Exception as exc:  # struct.error for an out-of-range flag
         expected = None
         assert type(exc).__name__ == "error"
-    got = C.encode_send_batch(msgs, msgs[0].topic, ids, max_size, P.SYSTEM_NAMES)
+    got = C.encode_send_batch(msgs, Message, msgs[0].topic, ids, max_size, P.SYSTEM_NAMES)
     if got is not None:
         assert got == expected
 
@@ -64,7 +64,7 @@ def test_c_encoder_equals_the_python_twin_or_declines(msgs: list[Message], max_s
 def test_c_encoder_takes_the_common_shape():
     msgs = _common(40)
     ids = _ids(40)
-    got = C.encode_send_batch(msgs, "BenchCommon", ids, 1 << 20, P.SYSTEM_NAMES)
+    got = C.encode_send_batch(msgs, Message, "BenchCommon", ids, 1 << 20, P.SYSTEM_NAMES)
     assert got is not None and got == _encode_batch_py(msgs, "BenchCommon", ids, 1 << 20)
 
 
@@ -79,8 +79,25 @@ def test_c_encoder_declines_anything_else(change: dict):
     msgs = _common(3)
     for k, v in change.items():
         setattr(msgs[1], k, v)
-    assert C.encode_send_batch(msgs, "BenchCommon", _ids(3), 1 << 20, P.SYSTEM_NAMES) is None
-    assert C.encode_send_batch(_common(3), "BenchCommon", _ids(3), 300, P.SYSTEM_NAMES) is None  # over max_size
+    assert C.encode_send_batch(msgs, Message, "BenchCommon", _ids(3), 1 << 20, P.SYSTEM_NAMES) is None
+    over_max_size = C.encode_send_batch(_common(3), Message, "BenchCommon", _ids(3), 300, P.SYSTEM_NAMES)
+    assert over_max_size is None
+
+
+class _Tagged(Message):
+    """A subclass that changes what travels: the C encoder must leave it to the Python path."""
+
+    __slots__ = ()
+
+    def all_properties(self) -> dict[str, str]:
+        return {**Message.all_properties(self), "via": "subclass"}
+
+
+def test_a_message_subclass_keeps_its_own_properties():
+    msgs = [*_common(2), _Tagged("BenchCommon", b"x", tags="TagZ")]
+    if C is not None:
+        assert C.encode_send_batch(msgs, Message, "BenchCommon", _ids(3), 1 << 20, P.SYSTEM_NAMES) is None
+    assert decode_batch(prepare_batch(msgs).body)[2].properties["via"] == "subclass"
 
 
 def test_prepare_batch_round_trips_with_fresh_consecutive_ids():

@@ -319,11 +319,12 @@ done:
 /* ---------------------------------------------------------------------------------- encode_send_batch */
 
 PyDoc_STRVAR(encode_send_batch_doc,
-"encode_send_batch(msgs, topic, ids, max_size, system_names) -> bytes | None\n\n"
+"encode_send_batch(msgs, cls, topic, ids, max_size, system_names) -> bytes | None\n\n"
 "A producer's SEND_BATCH_MESSAGE body for a list of sluice.Message (MessageDecoder.encodeMessages), with\n"
 "message i's UNIQ_KEY ``ids[i]``: what sluice.client.encoding._encode_batch_py gives. None for anything\n"
-"but the common shape (then the Python twin runs and raises the precise error): every message of\n"
-"``topic`` (checked by the caller), a bytes body of 1 to ``max_size`` bytes, str user properties (a dict)\n"
+"but the common shape (then the Python twin runs and raises the precise error): every message a ``cls``\n"
+"(exactly: a subclass may override validate or all_properties) of ``topic`` (checked by the caller),\n"
+"a bytes body of 1 to ``max_size`` bytes, str user properties (a dict)\n"
 "with no name in ``system_names`` or a transient one and no separator, tags None or a str, keys None or\n"
 "one key, no delay, an int32 flag, properties within 32767 bytes and the whole body within ``max_size``.");
 
@@ -468,13 +469,14 @@ done:
 
 static PyObject *encode_send_batch(PyObject *self, PyObject *args)
 {
-    PyObject *msgs, *topic, *ids, *system;
+    PyObject *msgs, *cls, *topic, *ids, *system;
     long long max_size;
-    if (!PyArg_ParseTuple(args, "O!UO!LO!:encode_send_batch", &PyList_Type, &msgs, &topic, &PyList_Type, &ids,
-                          &max_size, &PyFrozenSet_Type, &system))
+    if (!PyArg_ParseTuple(args, "O!O!UO!LO!:encode_send_batch", &PyList_Type, &msgs, &PyType_Type, &cls, &topic,
+                          &PyList_Type, &ids, &max_size, &PyFrozenSet_Type, &system))
         return NULL;
     if (a_tags == NULL) {
-        if ((a_tags = PyUnicode_InternFromString("tags")) == NULL || (a_keys = PyUnicode_InternFromString("keys")) == NULL
+        if ((a_tags = PyUnicode_InternFromString("tags")) == NULL
+            || (a_keys = PyUnicode_InternFromString("keys")) == NULL
             || (a_delay_level = PyUnicode_InternFromString("delay_level")) == NULL
             || (a_deliver_at = PyUnicode_InternFromString("deliver_at")) == NULL
             || (a_delay = PyUnicode_InternFromString("delay")) == NULL)
@@ -486,6 +488,10 @@ static PyObject *encode_send_batch(PyObject *self, PyObject *args)
     Buf b = {NULL, 0, 0};
     PyObject *out = NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
+        if ((PyObject *)Py_TYPE(PyList_GET_ITEM(msgs, i)) != cls) {
+            out = Py_NewRef(Py_None);
+            goto done;
+        }
         int rc = send_entry(&b, PyList_GET_ITEM(msgs, i), topic, PyList_GET_ITEM(ids, i), max_size, system);
         if (rc < 0)
             goto done;

@@ -94,7 +94,7 @@ def prepare_batch(msgs: Sequence[Message], *, max_size: int = DEFAULT_MAX_MESSAG
     ids = new_unique_ids(len(msgs))
     body = None
     if C is not None and type(topic) is str and _topic_ok(topic):
-        body = C.encode_send_batch(msgs, topic, ids, max_size, P.SYSTEM_NAMES)
+        body = C.encode_send_batch(msgs, Message, topic, ids, max_size, P.SYSTEM_NAMES)
     if body is None:
         body = _encode_batch_py(msgs, topic, ids, max_size)
     return PreparedSend(topic, body, "", 0, 0, ",".join(ids), batch=True)
