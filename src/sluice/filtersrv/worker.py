@@ -13,8 +13,12 @@ socket it was given: only the records of one pulled batch at a time.
 
 Frames on stdin (server -> worker): a 4-byte big-endian length, then the payload.
 The first is a JSON object (class_name, cpu_seconds, cpu_lifetime_seconds,
-memory_bytes), the second the class's source; then one frame per batch, the
-stored records back to back as a pull answers them; the class gets each as a lazy
+memory_bytes, and ``batch_fd``/``batch_bytes`` when the server shares a memory file
+for batches), the second the class's source; then one frame per batch: ``S`` and a
+4-byte length, the batch being that many bytes at the start of the shared file
+(written before the frame, read into the worker's own copy: the server keeps its
+own and never reads the file back), or ``P`` and the batch itself (too big for the
+file, or no file); a batch is the stored records back to back as a pull answers them; the class gets each as a lazy
 MessageExt view (sluice/filtersrv/view.py).
 
 Frames on the reply pipe (worker -> server): one kind byte, a 4-byte length, the
@@ -39,6 +43,8 @@ from typing import Any, BinaryIO
 __all__ = ["main", "READY", "IMPORT_FAILED", "MASK", "RAISED"]
 
 READY, IMPORT_FAILED, MASK, RAISED = b"R", b"I", b"M", b"E"
+#: A batch frame's first byte: the batch is in the shared file (then its length), or follows in the pipe.
+IN_SHARED, IN_PIPE = b"S", b"P"
 _LEN = struct.Struct(">I")
 _CPU = struct.Struct(">d")
 #: Longest error text sent back (a traceback's last lines name the cause).
@@ -139,6 +145,11 @@ def main() -> int:
     if init is None or source is None:
         return 2
     conf = json.loads(init)
+    shared = None
+    if conf.get("batch_fd") is not None:  # mapped before the address-space limit is set
+        import mmap
+        shared = mmap.mmap(int(conf["batch_fd"]), int(conf["batch_bytes"]), prot=mmap.PROT_READ)
+        os.close(int(conf["batch_fd"]))
     class_name = conf["class_name"]
     memory = int(conf.get("memory_bytes") or 0)
     cpu = float(conf["cpu_seconds"])
@@ -157,11 +168,17 @@ def main() -> int:
         return 1
     _reply(out, READY)
     while True:
-        body = read_frame(stdin)
-        if body is None:
+        frame = read_frame(stdin)
+        if frame is None:
             return 0
         _limit_cpu(cpu, hard)
         try:
+            if frame[:1] == IN_SHARED and shared is not None:
+                body = shared[:_LEN.unpack_from(frame, 1)[0]]  # a copy: the views outlive the next batch
+            elif frame[:1] == IN_PIPE:
+                body = frame[1:]
+            else:
+                raise ValueError(f"a batch frame of kind {frame[:1]!r}")
             keep = filter_batch(match, body)
         except BaseException as exc:
             _reply(out, RAISED, _error_text(exc).encode("utf-8", "replace"))
