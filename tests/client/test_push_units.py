@@ -16,7 +16,7 @@ from sluice.broker.schedule import (
     MAX_HOP_MS, MAX_TIMER_DELAY_MS, TIMER_BUCKETS, TIMER_TOPIC, parse_delay_levels, timer_bucket, timer_hop_ms,
 )
 from sluice.broker.topics import SCHEDULE_TOPIC
-from sluice.client.consume_service import call_listener
+from sluice.client.consume_service import SPREAD_COST_S, call_listener, job_count
 from sluice.client.push_options import (
     ConsumeOrderlyResult, ConsumeResult, PushConsumerOptions, parse_consume_timestamp,
 )
@@ -119,6 +119,14 @@ def test_pull_size_grows_with_the_backlog_within_bounds() -> None:
     for bad in (0, 1025):
         with pytest.raises(InvalidParameterError):
             PushConsumerOptions(pull_batch_size_max=bad)
+
+
+def test_a_pulls_batches_spread_over_threads_only_as_far_as_the_listener_is_slow() -> None:
+    assert job_count(32, 20, SPREAD_COST_S) == 20  # unmeasured (the initial estimate): every free thread
+    assert job_count(32, 20, 1.0) == 20 and job_count(5, 20, 1.0) == 5  # slow: one batch per thread
+    assert job_count(256, 20, 1e-6) == 1  # fast: a hand-off would cost more than the calls
+    assert job_count(8, 20, 3 * SPREAD_COST_S / 8) == 3  # each job holds at least SPREAD_COST_S of work
+    assert job_count(32, 0, 1.0) == 1 and job_count(32, -3, 1.0) == 1  # a busy pool: one job
 
 
 # ------------------------------------------------------------------------------------------ options, results

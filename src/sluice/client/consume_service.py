@@ -42,16 +42,22 @@ from sluice.protocol import properties as P
 if TYPE_CHECKING:
     from sluice.client.push_view import PushConsumerView
 
-__all__ = ["ConcurrentConsumeService", "OrderlyConsumeService", "Listener", "call_listener"]
+__all__ = ["ConcurrentConsumeService", "OrderlyConsumeService", "Listener", "call_listener", "job_count"]
 
 log = logging.getLogger(__name__)
 
 Listener = Callable[[list[MessageExt]], Any]
 _SUCCESS = (ConsumeResult.SUCCESS, ConsumeOrderlyResult.SUCCESS)
-#: A pull's batches go to more than one pool job only when their listener calls are expected to take
-#: longer than this: below it a thread hand-off (future, wake-up, callback on the loop) costs more than
+#: Expected listener time per pool job: a pull's batches are spread over threads only in jobs of at least
+#: this much work; below it a thread hand-off (future, wake-up, callback on the loop) costs more than
 #: running the calls one after another.
 SPREAD_COST_S = 0.001
+
+
+def job_count(batches: int, free_threads: int, call_cost: float) -> int:
+    """Pool jobs for a pull's ``batches`` listener calls, each expected to take ``call_cost`` seconds: every
+    job carries at least SPREAD_COST_S of work, and there are no more jobs than free threads (at least 1)."""
+    return max(1, min(batches, free_threads, int(call_cost * batches / SPREAD_COST_S)))
 
 
 def call_listener(listener: Listener, msgs: list[MessageExt]) -> bool:
@@ -157,15 +163,12 @@ class ConcurrentConsumeService(_Service):
     orderly = False
 
     def submit(self, mq: MessageQueue, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
-        """Split into listener batches and spread them over the free threads: one job per free thread
-        (slow listeners run in parallel), all in one job when the pool is busy (a backlog costs one
-        hand-off per pull, not per message)."""
+        """Split into listener batches and spread them over pool jobs (``job_count``): slow listeners run
+        in parallel, a fast one gets the whole pull in one job, and a busy pool gets one job (a backlog
+        costs one hand-off per pull, not per message)."""
         n = self.consumer.options.consume_message_batch_max_size
         batches = [msgs[i:i + n] for i in range(0, len(msgs), n)] if len(msgs) > n else [msgs]
-        if self.call_cost * len(batches) < SPREAD_COST_S:
-            jobs = 1  # fast listener: one hand-off for the whole pull
-        else:
-            jobs = min(len(batches), max(1, self.consumer.options.consume_thread_max - self.jobs))
+        jobs = job_count(len(batches), self.consumer.options.consume_thread_max - self.jobs, self.call_cost)
         per = -(-len(batches) // jobs)
         for i in range(0, len(batches), per):
             self._spawn(self._consume(mq, pq, batches[i:i + per]))
