@@ -34,6 +34,9 @@ class Message:
             raise MessageIllegalError("message body is empty")
         if len(self.body) > max_body:
             raise MessageIllegalError(f"message body is {len(self.body)} bytes; the limit is {max_body}")
+        if not isinstance(self.flag, int) or not -2**31 <= self.flag < 2**31:
+            # the wire and the record keep FLAG as a Java int
+            raise MessageIllegalError(f"flag must be an int that fits 32 bits (Java int), got {self.flag!r}")
         for name, value in self.properties.items():
             if name in P.SYSTEM_NAMES:
                 raise MessageIllegalError(f"property name {name!r} is reserved by the system")

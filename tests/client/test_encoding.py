@@ -156,3 +156,14 @@ def test_ext_fields_equal_the_typed_header_rendering(v2: bool, batch: bool):
         sys_flag=p.sys_flag, born_timestamp=int(req.ext_fields["g" if v2 else "bornTimestamp"]), flag=p.flag,
         properties=p.properties, reconsume_times=0, unit_mode=False, batch=batch, broker_name="broker-a")
     assert req.ext_fields == (h.to_v2_ext() if v2 else h.to_ext())
+
+
+@pytest.mark.parametrize("flag", [2**31, -2**31 - 1, "1"])
+def test_a_flag_that_is_not_a_java_int_is_a_precise_error(flag):
+    """FLAG is a Java int on the wire and in the record: out of range is MessageIllegalError, not struct.error."""
+    with pytest.raises(MessageIllegalError, match="flag"):
+        prepare_message(Message("T", b"x", flag=flag))
+    with pytest.raises(MessageIllegalError, match="flag"):
+        prepare_batch([Message("T", b"x"), Message("T", b"y", flag=flag)])
+    prepare_message(Message("T", b"x", flag=2**31 - 1))  # the edges fit
+    prepare_message(Message("T", b"x", flag=-2**31))
