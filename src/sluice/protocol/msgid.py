@@ -56,14 +56,17 @@ class UniqueIdGenerator:
         self._month_start = start.timestamp()
         self._next_month = nxt.timestamp()
 
+    def _delta(self, now: float) -> int:
+        """Milliseconds since the month's start (under the lock), moving to a new month when one began."""
+        if now >= self._next_month or now < self._month_start - 1000:
+            self._month_window(now)
+        delta = int((now - self._month_start) * 1000)
+        return 0 if -1_000_000 < delta < 0 else delta
+
     def next_id(self) -> str:
         now = time.time()
         with self._lock:
-            if now >= self._next_month or now < self._month_start - 1000:
-                self._month_window(now)
-            delta = int((now - self._month_start) * 1000)
-            if -1_000_000 < delta < 0:
-                delta = 0
+            delta = self._delta(now)
             count = next(self._counter) & 0xFFFF
         return (self._prefix + struct.pack(">iH", _to_int(delta), count)).hex().upper()
 
@@ -73,11 +76,7 @@ class UniqueIdGenerator:
             return [self.next_id()] if n == 1 else []
         now = time.time()
         with self._lock:
-            if now >= self._next_month or now < self._month_start - 1000:
-                self._month_window(now)
-            delta = int((now - self._month_start) * 1000)
-            if -1_000_000 < delta < 0:
-                delta = 0
+            delta = self._delta(now)
             first = next(self._counter)
             # itertools.count cannot skip: restart it past the ids taken here
             self._counter = itertools.count(first + n)
