@@ -167,3 +167,25 @@ def test_a_flag_that_is_not_a_java_int_is_a_precise_error(flag):
         prepare_batch([Message("T", b"x"), Message("T", b"y", flag=flag)])
     prepare_message(Message("T", b"x", flag=2**31 - 1))  # the edges fit
     prepare_message(Message("T", b"x", flag=-2**31))
+
+
+def test_a_batch_keeps_the_id_a_message_carries():
+    """MessageClientIDSetter.setUniqID only sets an id a message lacks: a subclass that supplies its own
+    UNIQ_KEY (the Spark writer's content-derived ids) keeps it, in the body and in the reported ids."""
+    import dataclasses
+
+    @dataclasses.dataclass(slots=True)
+    class Keyed(Message):
+        uniq_key: str = ""
+
+        def all_properties(self) -> dict[str, str]:
+            props = Message.all_properties(self)
+            props[P.UNIQ_KEY] = self.uniq_key
+            return props
+
+    own = "0123456789ABCDEF0123456789ABCDEF"
+    p = prepare_batch([Message("T", b"a"), Keyed("T", b"b", uniq_key=own)])
+    ids = p.msg_id.split(",")
+    assert ids[1] == own and ids[0] != own
+    stored = decode_batch(p.body)
+    assert [m.properties[P.UNIQ_KEY] for m in stored] == ids

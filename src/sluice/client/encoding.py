@@ -100,8 +100,9 @@ def prepare_batch(msgs: Sequence[Message], *, max_size: int = DEFAULT_MAX_MESSAG
     return PreparedSend(topic, body, "", 0, 0, ",".join(ids), batch=True)
 
 
-def _encode_batch_py(msgs: Sequence[Message], topic: str, ids: Sequence[str], max_size: int) -> bytes:
-    """The batch body with message i's UNIQ_KEY ``ids[i]`` (the reference for C's encode_send_batch), or the
+def _encode_batch_py(msgs: Sequence[Message], topic: str, ids: list[str], max_size: int) -> bytes:
+    """The batch body with message i's UNIQ_KEY ``ids[i]`` unless it carries its own, which then replaces
+    ``ids[i]`` (the reference for C's encode_send_batch, which takes plain Messages only), or the
     MessageIllegalError of the first bad message."""
     entries = []
     for i, m in enumerate(msgs):
@@ -111,9 +112,15 @@ def _encode_batch_py(msgs: Sequence[Message], topic: str, ids: Sequence[str], ma
         if m.delay_level > 0:
             raise MessageIllegalError(f"message {i}: delayed messages cannot be sent in a batch")
         m.validate(max_size)
-        # MessageClientIDSetter.setUniqID; validate refuses a user-set UNIQ_KEY, so every message gets its id
         props = m.all_properties()
-        props[P.UNIQ_KEY] = ids[i]
+        # MessageClientIDSetter.setUniqID: only when the message does not carry one already (validate refuses
+        # a UNIQ_KEY among user properties, but a Message subclass may add one, as the Spark writer's
+        # content-derived ids do): that id is kept, and reported in ``ids``.
+        uid = props.get(P.UNIQ_KEY)
+        if uid:
+            ids[i] = uid
+        else:
+            props[P.UNIQ_KEY] = ids[i]
         entries.append((bytes(m.body), props, m.flag))
     body = encode_batch(entries)
     if len(body) > max_size:
