@@ -221,15 +221,10 @@ static PyObject *decode_messages(PyObject *self, PyObject *args)
         uint32_t magic = get_u32(r + 4), sysflag = get_u32(r + POS_SYSFLAG);
         if (magic != MAGIC_V1 || total < MIN_RECORD_SIZE || total > end - pos || (sysflag & HOST_V6_BITS))
             goto unusual;
-        int32_t body_len = (int32_t)get_u32(r + POS_BODYLENGTH_V4);
-        if (body_len < 0 || HEAD_V4 + (Py_ssize_t)body_len + 3 > total)
+        V4Tail tail;
+        if (!v4_tail(r, total, &tail))
             goto unusual;
-        Py_ssize_t tpos = HEAD_V4 + body_len, tlen = r[tpos];
-        if (tpos + 1 + tlen + 2 > total)
-            goto unusual;
-        Py_ssize_t ppos = tpos + 1 + tlen, plen = get_u16(r + ppos);
-        if (ppos + 2 + plen != total)
-            goto unusual;
+        Py_ssize_t body_len = tail.body_len, tpos = tail.tpos, tlen = tail.tlen, ppos = tail.ppos, plen = tail.plen;
         uint32_t crc = get_u32(r + POS_BODYCRC);
         if (check_crc) {
             uint32_t actual;

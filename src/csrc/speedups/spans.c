@@ -47,16 +47,10 @@ static PyObject *record_spans(PyObject *self, PyObject *args)
         if (with_props) {
             if (total < MIN_RECORD_SIZE || get_u32(r + 4) != MAGIC_V1 || (get_u32(r + POS_SYSFLAG) & HOST_V6_BITS))
                 goto unusual;
-            int32_t body_len = (int32_t)get_u32(r + POS_BODYLENGTH_V4);
-            if (body_len < 0 || HEAD_V4 + (Py_ssize_t)body_len + 3 > total)
+            V4Tail tail;
+            if (!v4_tail(r, total, &tail))
                 goto unusual;
-            Py_ssize_t tpos = HEAD_V4 + body_len, tlen = r[tpos];
-            if (tpos + 1 + tlen + 2 > total)
-                goto unusual;
-            Py_ssize_t ppos = tpos + 1 + tlen, plen = get_u16(r + ppos);
-            if (ppos + 2 + plen != total)
-                goto unusual;
-            PyObject *text = PyUnicode_DecodeUTF8((const char *)r + ppos + 2, plen, "strict");
+            PyObject *text = PyUnicode_DecodeUTF8((const char *)r + tail.ppos + 2, tail.plen, "strict");
             if (text == NULL) {
                 PyErr_Clear();
                 goto unusual;

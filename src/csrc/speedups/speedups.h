@@ -77,6 +77,31 @@ static inline uint64_t get_u64(const unsigned char *p) { return ((uint64_t)get_u
 
 static inline uint16_t get_u16(const unsigned char *p) { return (uint16_t)(((uint16_t)p[0] << 8) | p[1]); }
 
+/* The variable tail of an IPv4 MAGIC_V1 record ``r`` of ``total`` bytes (total >= MIN_RECORD_SIZE): body,
+ * topic and properties, which must fill the record exactly. 1 with ``t`` set, or 0 when they do not. */
+typedef struct {
+    Py_ssize_t body_len, tpos, tlen, ppos, plen; /* topic length byte at tpos, properties length at ppos */
+} V4Tail;
+
+static inline int v4_tail(const unsigned char *r, Py_ssize_t total, V4Tail *t)
+{
+    int32_t body_len = (int32_t)get_u32(r + POS_BODYLENGTH_V4);
+    if (body_len < 0 || HEAD_V4 + (Py_ssize_t)body_len + 3 > total)
+        return 0;
+    Py_ssize_t tpos = HEAD_V4 + body_len, tlen = r[tpos];
+    if (tpos + 1 + tlen + 2 > total)
+        return 0;
+    Py_ssize_t ppos = tpos + 1 + tlen, plen = get_u16(r + ppos);
+    if (ppos + 2 + plen != total)
+        return 0;
+    t->body_len = body_len;
+    t->tpos = tpos;
+    t->tlen = tlen;
+    t->ppos = ppos;
+    t->plen = plen;
+    return 1;
+}
+
 /* A growable byte buffer (PyMem-allocated; free ``data`` when done). */
 typedef struct {
     unsigned char *data;
