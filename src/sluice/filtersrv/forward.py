@@ -39,13 +39,15 @@ import math
 import time
 from dataclasses import dataclass
 
+from sluice.client.broker_api import BrokerAPI
 from sluice.errors import FilterClassError, SluiceError
 from sluice.format import POS_QUEUEOFFSET
 from sluice.filtersrv.registry import ClassEntry, FilterClassRegistry, FilterOutcome
 from sluice.filtersrv.sandbox import split_records
+from sluice.protocol.bodies import MessageQueue
 from sluice.protocol.codes import RequestCode, ResponseCode
 from sluice.protocol.command import RemotingCommand
-from sluice.protocol.headers import PullMessageRequestHeader, UpdateConsumerOffsetRequestHeader
+from sluice.protocol.headers import PullMessageRequestHeader
 from sluice.transport.client import RemotingClient
 
 __all__ = ["PullForwarder", "FLAG_CLASS_FILTER", "MAX_EMPTY_ROUNDS", "MAX_FETCH", "OVERFETCH", "queue_offset_of",
@@ -149,6 +151,7 @@ class PullForwarder:
     def __init__(self, registry: FilterClassRegistry, remoting: RemotingClient, broker: str) -> None:
         self.registry = registry
         self.remoting = remoting
+        self.api = BrokerAPI(remoting)
         self.broker = broker
         self._selectivity: dict[tuple[str, str], float] = {}
         self.ahead = ReadAhead()
@@ -247,11 +250,10 @@ class PullForwarder:
 
     async def _commit(self, h: PullMessageRequestHeader) -> None:
         """The consumer's commitOffset, as its pull would have carried it to the broker."""
-        req = RemotingCommand.request(RequestCode.UPDATE_CONSUMER_OFFSET, UpdateConsumerOffsetRequestHeader(
-            consumer_group=h.consumer_group, topic=h.topic, queue_id=h.queue_id,
-            commit_offset=h.commit_offset).to_ext())
+        mq = MessageQueue(topic=h.topic, broker_name="", queue_id=h.queue_id)  # the header names no broker
         try:
-            (await self.remoting.invoke(self.broker, req, timeout=BROKER_PULL_SLACK_S)).raise_for_code()
+            await self.api.update_consumer_offset(self.broker, h.consumer_group, mq, h.commit_offset,
+                                                  BROKER_PULL_SLACK_S)
         except (SluiceError, OSError) as exc:  # as a pull's commit: never the pull's failure; the next one retries
             log.warning("commit of %s@%s queue %d at %d to broker %s failed: %s", h.topic, h.consumer_group,
                         h.queue_id, h.commit_offset, self.broker, exc)
