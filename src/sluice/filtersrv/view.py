@@ -30,16 +30,11 @@ _I64 = struct.Struct(">q")
 _FIELDS = tuple(f.name for f in dataclasses.fields(MessageExt))
 
 
-def decode_messages(body: bytes | memoryview) -> list[MessageExt]:
-    """Records laid back to back as MessageExt (in C where built), in order; CRCs were checked by the store."""
-    from sluice.format import crc32
-    from sluice.protocol.record import iter_records
-    from sluice.speedups import C
-    if C is not None:
-        msgs = C.decode_messages(body, False, crc32, MessageExt, zlib.decompress)
-        if msgs is not None:
-            return msgs
-    return [MessageExt.from_record(rec) for rec in iter_records(body, check_crc=False)]
+def decode_messages(body: bytes) -> list[MessageExt]:
+    """Records laid back to back as MessageExt (in C where built), in order; CRCs were checked by the store.
+    The client's decoder (sluice.client.broker_api), imported when a class first needs a whole message."""
+    from sluice.client.broker_api import decode_messages as decode
+    return decode(body, check_crc=False)
 
 
 class MessageView(MessageExt):
