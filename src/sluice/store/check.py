@@ -25,7 +25,7 @@ from sluice.errors import CorruptRecordError
 from sluice.format import ParsedRecord, is_queued, parse_record, tag_code
 from sluice.protocol import properties as P
 from sluice.store.commitlog import CommitLog
-from sluice.store.consumequeue import CQ_DTYPE, CQ_UNIT_SIZE, PAD_SIZE, ConsumeQueue, ConsumeQueueTable
+from sluice.store.consumequeue import PAD_SIZE, ConsumeQueue, ConsumeQueueTable
 from sluice.store.dispatch import DispatchService
 from sluice.store.ext_files import ExtTable, ext_addresses_ok
 from sluice.store.index import IndexService
@@ -55,30 +55,6 @@ class CheckReport:
     @property
     def ok(self) -> bool:
         return not self.problems
-
-
-def read_units(cq: ConsumeQueue, offset: int, n: int) -> np.ndarray | None:
-    """Units ``offset``.. (at most ``n``, never past max_offset) as a copy, their pages then released."""
-    stop = min(cq.max_offset, offset + n)
-    pos, end = offset * CQ_UNIT_SIZE, stop * CQ_UNIT_SIZE
-    if pos >= end:
-        return None
-    parts = []
-    with cq.lock:
-        q = cq.queue
-        while pos < end:
-            f = q.find(pos)
-            if f is None:
-                break
-            k = min(end, f.end) - pos
-            try:
-                parts.append(np.frombuffer(f.read_released(pos - f.start, k), dtype=CQ_DTYPE))
-            except ValueError:  # closed under us by retention
-                break
-            pos += k
-    if not parts:
-        return None
-    return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 class _Queue:
@@ -124,7 +100,7 @@ class _Queue:
         q, p, s = q[live], p[live], s[live]
         lo, hi = int(q.min()), int(q.max()) + 1
         if hi - lo <= 4 * len(q) + 1024:
-            units = read_units(cq, lo, hi - lo)
+            units = cq.get_units(lo, hi - lo, release=True)
             n = 0 if units is None else len(units)
             k = q - lo
             ok = k < n
@@ -240,7 +216,7 @@ def check_store(cl: CommitLog, queues: ConsumeQueueTable, ext: ExtTable, index: 
         qs = seen.get((cq.topic, cq.queue_id))
         lo, found = cq.min_offset, False
         while lo < cq.max_offset:
-            units = read_units(cq, lo, _UNIT_WINDOW)
+            units = cq.get_units(lo, _UNIT_WINDOW, release=True)
             if units is None or len(units) == 0:
                 break
             rep.units += len(units)
@@ -271,7 +247,7 @@ def check_store(cl: CommitLog, queues: ConsumeQueueTable, ext: ExtTable, index: 
                     found = True
             lo += len(units)
     for cq in queues.all():
-        bad_ext = ext_addresses_ok(cq, ext.get(cq.topic, cq.queue_id), read_units)
+        bad_ext = ext_addresses_ok(cq, ext.get(cq.topic, cq.queue_id), release=True)
         if bad_ext is not None:
             rep.problems.append(Problem(f"consumequeue/{cq.topic}/{cq.queue_id}", bad_ext[0] * 20,
                                         f"unit {bad_ext[0]} holds ext address {bad_ext[1]}, which does not "

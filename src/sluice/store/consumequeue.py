@@ -155,8 +155,11 @@ class ConsumeQueue:
             pos += n
 
     # ---- read ------------------------------------------------------------------------------------
-    def get_units(self, offset: int, max_units: int) -> np.ndarray | None:
-        """Units from ``offset`` (at most ``max_units``, never past max_offset); None if not stored."""
+    def get_units(self, offset: int, max_units: int, release: bool = False) -> np.ndarray | None:
+        """Units from ``offset`` (at most ``max_units``, never past max_offset); None if not stored.
+
+        ``release``: read a copy and drop its pages from this process afterwards (``store check`` walks
+        every queue and must not keep them all resident)."""
         stop = min(self.max_offset, offset + max_units)
         parts = []
         pos = offset * CQ_UNIT_SIZE
@@ -171,7 +174,8 @@ class ConsumeQueue:
                     break
                 n = min(end, f.end) - pos
                 try:
-                    parts.append(np.frombuffer(f.read(pos - f.start, n), dtype=CQ_DTYPE))
+                    data = f.read_released(pos - f.start, n) if release else f.read(pos - f.start, n)
+                    parts.append(np.frombuffer(data, dtype=CQ_DTYPE))
                 except ValueError:  # closed under us by retention
                     break
                 pos += n

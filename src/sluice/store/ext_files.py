@@ -12,7 +12,6 @@ keep the ext files in step with their consume queue.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -118,14 +117,13 @@ def retain_ext(cq: ConsumeQueue | None, ext: ConsumeQueueExt) -> None:
 
 
 def ext_addresses_ok(cq: ConsumeQueue, ext: ConsumeQueueExt | None,
-                     read: Callable[[ConsumeQueue, int, int], np.ndarray | None] | None = None,
-                     ) -> tuple[int, int] | None:
+                     release: bool = False) -> tuple[int, int] | None:
     """``store check``: (queue offset, address) of the first ext address that does not resolve, or None.
 
-    ``read(cq, offset, n)``: how units are read (store/check.py passes one that releases their pages)."""
+    ``release``: read the units as ``ConsumeQueue.get_units`` does with it (store/check.py drops their pages)."""
     lo = cq.min_offset
     while lo < cq.max_offset:
-        units = read(cq, lo, _CHUNK) if read is not None else cq.get_units(lo, _CHUNK)
+        units = cq.get_units(lo, _CHUNK, release)
         if units is None or len(units) == 0:
             return None
         idx = _ext_slots(units)
