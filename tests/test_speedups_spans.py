@@ -110,3 +110,16 @@ def test_record_views_refuse_other_shapes():
     assert C.record_views(bytearray(body), MessageView) is None  # the views hold the body: bytes only
     assert C.record_views(body[:-1], MessageView) is None
     assert len(C.record_views(body, MessageView)) == 1
+
+
+def test_a_topic_that_is_not_utf8_is_left_to_python():
+    """Found by test_damaged_bodies_none_exactly_where_python_refuses: C took the properties of a record whose
+    topic does not decode, which the Python twin (read_tail) refuses."""
+    r = {"props": {"k": "v"}, "body": b"abc", "v6": False, "compressed": False, "topic": "T"}
+    body = bytearray(encode(r, 0))
+    body[88 + 3 + 1] = 0x80  # the topic's only byte (after the IPv4 head and the 3-byte body)
+    body = bytes(body)
+    assert C.record_spans(body, False) is not None  # boundaries alone never read the topic
+    assert C.record_spans(body, True) is None
+    with pytest.raises(ValueError):
+        spans.record_spans(body, True)

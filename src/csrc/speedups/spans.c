@@ -50,6 +50,13 @@ static PyObject *record_spans(PyObject *self, PyObject *args)
             V4Tail tail;
             if (!v4_tail(r, total, &tail))
                 goto unusual;
+            /* the topic too must be UTF-8, as the Python twin's read_tail decodes it */
+            PyObject *topic = PyUnicode_DecodeUTF8((const char *)r + tail.tpos + 1, tail.tlen, "strict");
+            if (topic == NULL) {
+                PyErr_Clear();
+                goto unusual;
+            }
+            Py_DECREF(topic);
             PyObject *text = PyUnicode_DecodeUTF8((const char *)r + tail.ppos + 2, tail.plen, "strict");
             if (text == NULL) {
                 PyErr_Clear();
