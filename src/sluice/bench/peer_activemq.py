@@ -161,12 +161,7 @@ def _drain(port: int, name: str, f: Filter, expected: int, timeout: float) -> di
     _subscribe(c, name, f)
     counter.wait(timeout)
     _close(c)
-    out = counter.rate(started)
-    if wrong[0]:
-        out["error"] = f"{wrong[0]} delivered messages do not match {SELECTORS[f.name]!r}"
-    elif counter.count < expected:
-        out["error"] = f"drained {counter.count} of {expected} within {timeout:g} s"
-    return out
+    return counter.drained(started, timeout, wrong[0], SELECTORS[f.name])
 
 
 def _latency(port: int, wl: Workload, step: Callable[[str], None]) -> dict[str, Any]:

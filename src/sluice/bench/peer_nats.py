@@ -77,10 +77,7 @@ async def _drain(js: Any, name: str, f: Filter, expected: int, timeout: float, c
         if matched:
             counter.add(matched)
     await sub.unsubscribe()
-    out = counter.rate(started)
-    if counter.count < expected:
-        out["error"] = f"drained {counter.count} of {expected} within {timeout:g} s"
-    return out
+    return counter.drained(started, timeout)
 
 
 async def _latency(js: Any, wl: Workload, step: Callable[[str], None]) -> dict[str, Any]:

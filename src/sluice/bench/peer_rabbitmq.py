@@ -107,12 +107,7 @@ def _drain(port: int, queue: str, f: Filter, expected: int, timeout: float) -> d
             break
     ch.cancel()
     conn.close()
-    out = counter.rate(started)
-    if wrong:
-        out["error"] = f"{wrong} delivered messages do not match {f.expression!r}"
-    elif counter.count < expected:
-        out["error"] = f"drained {counter.count} of {expected} within {timeout:g} s"
-    return out
+    return counter.drained(started, timeout, wrong, f.expression)
 
 
 def _latency(port: int, wl: Workload, step: Callable[[str], None]) -> dict[str, Any]:

@@ -65,10 +65,7 @@ def _drain(port: int, group: str, f: Filter, expected: int, timeout: float) -> d
         if matched:
             counter.add(matched)
     r.close()
-    out = counter.rate(started)
-    if counter.count < expected:
-        out["error"] = f"drained {counter.count} of {expected} within {timeout:g} s"
-    return out
+    return counter.drained(started, timeout)
 
 
 def _latency(port: int, wl: Workload, step: Callable[[str], None]) -> dict[str, Any]:

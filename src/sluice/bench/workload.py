@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 __all__ = [
     "FILTERS", "REGIONS", "TAGS", "Filter", "LatencyProbe", "Props", "Workload", "body_with_stamp",
@@ -226,3 +227,13 @@ class Counter:
                     "matched_per_s": round(self.count / total) if total > 0 else 0,
                     "first_to_last_per_s": round(self.count / span) if span > 0 else 0,
                     "seconds": round(total, 3)}
+
+    def drained(self, started: float, timeout: float, wrong: int = 0, expression: str = "") -> dict[str, Any]:
+        """:meth:`rate` plus the drain's ``error``, if any: ``wrong`` deliveries that do not match
+        ``expression`` first, else fewer than the target within ``timeout``."""
+        out: dict[str, Any] = dict(self.rate(started))
+        if wrong:
+            out["error"] = f"{wrong} delivered messages do not match {expression!r}"
+        elif self.count < self.target:
+            out["error"] = f"drained {self.count} of {self.target} within {timeout:g} s"
+        return out
