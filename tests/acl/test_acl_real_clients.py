@@ -8,18 +8,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from real_clients import CPP_PYTHON, REAL, needs_real_clients
 from servers import running_cluster, wait_for_route
 
-ROOT = Path(__file__).resolve().parents[2]
-REAL = ROOT / "tests" / "realclients"
-CPP_PYTHON = ROOT / ".venv-cpp" / "bin" / "python"
-
-pytestmark = [
-    pytest.mark.slow, pytest.mark.integration,
-    pytest.mark.skipif(not CPP_PYTHON.exists() or shutil.which("node") is None
-                       or not (REAL / "node_modules" / "ali-ons").exists(),
-                       reason="the real clients are not installed (scripts/bootstrap_clients.sh)"),
-]
+pytestmark = [pytest.mark.slow, pytest.mark.integration, needs_real_clients]
 
 ACL = """\
 accounts:
