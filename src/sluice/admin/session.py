@@ -18,7 +18,8 @@ from sluice.client.broker_api import decode_messages
 from sluice.acl.signature import Credentials
 from sluice.client.instance import ClientConfig, ClientInstance
 from sluice.client.producer import AsyncProducer
-from sluice.client.pull_consumer import FLAG_SUBSCRIPTION, process_pull_response
+from sluice.client.pull_consumer import process_pull_response
+from sluice.protocol.headers import FLAG_SUBSCRIPTION
 from sluice.client.results import MessageQueue, PullResult
 from sluice.client.routing import subscribe_queues
 from sluice.client.selector import MessageSelector

@@ -48,10 +48,9 @@ from sluice.transport.connection import RemotingConnection
 __all__ = ["PullProcessor", "pull_response_code", "FLAG_CLASS_FILTER", "FLAG_COMMIT_OFFSET", "FLAG_SUSPEND",
            "FLAG_SUBSCRIPTION"]
 
-FLAG_COMMIT_OFFSET = 0x1
-FLAG_SUSPEND = 0x2
-FLAG_SUBSCRIPTION = 0x4
-FLAG_CLASS_FILTER = 0x8
+from sluice.protocol.headers import (  # noqa: E402  (PullSysFlag, re-exported: tests name them here)
+    FLAG_CLASS_FILTER, FLAG_COMMIT_OFFSET, FLAG_SUBSCRIPTION, FLAG_SUSPEND,
+)
 
 _S = GetMessageStatus
 _R = ResponseCode

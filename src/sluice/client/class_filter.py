@@ -49,7 +49,7 @@ __all__ = ["FLAG_CLASS_FILTER", "ClassFilterState", "ClassFilters", "class_error
 log = logging.getLogger(__name__)
 
 #: PullSysFlag.FLAG_CLASS_FILTER (common/src/main/java/org/apache/rocketmq/common/sysflag/PullSysFlag.java).
-FLAG_CLASS_FILTER = 0x8
+from sluice.protocol.headers import FLAG_CLASS_FILTER  # noqa: E402
 
 #: Answers that are an ordinary pull status (the filter server answers exactly as a broker does).
 PULL_CODES = frozenset({ResponseCode.SUCCESS, ResponseCode.PULL_NOT_FOUND, ResponseCode.PULL_RETRY_IMMEDIATELY,

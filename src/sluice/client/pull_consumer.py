@@ -40,9 +40,7 @@ __all__ = ["AsyncPullConsumer", "process_pull_response"]
 log = logging.getLogger(__name__)
 
 # PullSysFlag bits (common/src/main/java/org/apache/rocketmq/common/sysflag/PullSysFlag.java).
-FLAG_COMMIT_OFFSET = 0x1
-FLAG_SUSPEND = 0x2
-FLAG_SUBSCRIPTION = 0x4
+from sluice.protocol.headers import FLAG_SUBSCRIPTION, FLAG_SUSPEND  # noqa: E402
 
 _STATUS_BY_CODE = {
     ResponseCode.SUCCESS: PullStatus.FOUND,

@@ -41,13 +41,14 @@ from sluice.client.facade import _SLACK, _Facade, _release_loop
 from sluice.client.offset_store import LocalFileOffsetStore, OffsetStore, RemoteBrokerOffsetStore
 from sluice.client.lifecycle import AsyncClient
 from sluice.client.process_queue import ProcessQueue
-from sluice.client.pull_consumer import FLAG_COMMIT_OFFSET, FLAG_SUBSCRIPTION, FLAG_SUSPEND, process_pull_response
+from sluice.client.pull_consumer import process_pull_response
 from sluice.client.rebalance import RETRY_PREFIX, RebalanceService, Rebalancer
 from sluice.client.results import MessageQueue, PullResult, PullStatus
 from sluice.client.selector import MessageSelector, as_selector
 from sluice.errors import ClientError, FilterClassError, InvalidParameterError, SluiceError
 from sluice.message import MessageExt
 from sluice.protocol import headers as H
+from sluice.protocol.headers import FLAG_COMMIT_OFFSET, FLAG_SUBSCRIPTION, FLAG_SUSPEND
 from sluice.protocol import properties as P
 from sluice.protocol.bodies import ConsumerData, SubscriptionData
 from sluice.protocol.codes import RequestCode

@@ -54,7 +54,9 @@ __all__ = ["PullForwarder", "FLAG_CLASS_FILTER", "MAX_EMPTY_ROUNDS", "MAX_FETCH"
            "fetch_size"]
 
 # PullSysFlag (common/src/main/java/org/apache/rocketmq/common/sysflag/PullSysFlag.java)
-FLAG_COMMIT_OFFSET, FLAG_SUSPEND, FLAG_SUBSCRIPTION, FLAG_CLASS_FILTER = 0x1, 0x2, 0x4, 0x8
+from sluice.protocol.headers import (  # noqa: E402
+    FLAG_CLASS_FILTER, FLAG_COMMIT_OFFSET, FLAG_SUBSCRIPTION, FLAG_SUSPEND,
+)
 #: Broker pulls one consumer pull may make.
 MAX_EMPTY_ROUNDS = 8
 #: Messages asked of the broker per message wanted while the class's selectivity is not known yet.

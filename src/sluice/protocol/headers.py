@@ -128,6 +128,14 @@ class EndTransactionRequestHeader(Header):
 
 # ------------------------------------------------------------------------------------------------ pull
 
+# PullMessageRequestHeader.sysFlag bits (common/.../sysflag/PullSysFlag.java), for the clients, the broker
+# and the filter servers alike.
+FLAG_COMMIT_OFFSET = 0x1
+FLAG_SUSPEND = 0x2
+FLAG_SUBSCRIPTION = 0x4
+FLAG_CLASS_FILTER = 0x8
+
+
 @_HEADER
 class PullMessageRequestHeader(Header):
     consumer_group: str
