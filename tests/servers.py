@@ -100,6 +100,8 @@ class Cluster:
             old.stop()
         self.brokers[i] = SluiceProcess.start(self.argv[i], self.tmp, name=f"{self.names[i]}-restarted",
                                               port=old.port)
+        # Listening is not registered: a route asked for too early names no topic of this broker.
+        wait_for_route(self.ns, "TBW102", brokers=len(self.brokers), timeout=20.0, tls=self.tls)
         return self.brokers[i]
 
     def stop(self) -> None:

@@ -3,9 +3,11 @@ traceback per retry, and serves a normal client again once descriptors are free.
 from __future__ import annotations
 
 import os
+import re
 import resource
 import socket
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -32,12 +34,16 @@ def test_emfile_on_accept_is_survived(tmp_path: Path) -> None:
             for _ in range(20):  # queued by the kernel; the broker's accepts run out of descriptors
                 s = socket.create_connection((c.broker.host, c.broker.port), timeout=5)
                 flood.append(s)
-            line = c.broker.wait_for_stderr("Too many open files", timeout=15)
-            assert "not accepting for 1 s, then retrying" in line
+            line = c.broker.wait_for_stderr("not accepting for 1 s", timeout=15)
+            assert "Too many open files" in line
             time.sleep(2.5)  # a few retries, all still failing
             assert c.broker.alive()
             err = c.broker.stderr()
-            assert err.count("Too many open files") <= 2, err  # rate-limited, not one per retry
+            # Rate-limited, not one line per retry. Other parts that open files meanwhile (the commit-log
+            # warmer, store maintenance) may log the same errno once each, so count per logger.
+            per_logger = Counter(m.group(1) for m in re.finditer(r"^\S+ \S+ \w+ ([\w.]+): .*Too many open files",
+                                                                  err, re.M))
+            assert per_logger and max(per_logger.values()) <= 2, err
             assert "Traceback" not in err and "socket.accept() out of system resource" not in err
         finally:
             for s in flood:
