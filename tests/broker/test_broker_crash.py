@@ -1,4 +1,5 @@
-"""Durability end to end: a `--flush sync` broker killed with SIGKILL mid-traffic loses no acknowledged send."""
+"""Durability end to end: a `--flush sync` broker killed with SIGKILL mid-traffic loses no acknowledged send,
+single or batch."""
 from __future__ import annotations
 
 import threading
@@ -16,6 +17,7 @@ pytestmark = [pytest.mark.crash, pytest.mark.slow, pytest.mark.integration]
 R = ResponseCode
 QUEUES = 4
 PRODUCERS = 4
+BATCH = 8
 
 
 def _produce(addr: str, n: int, stop: threading.Event, acked: list, errors: list) -> None:
@@ -24,13 +26,19 @@ def _produce(addr: str, n: int, stop: threading.Event, acked: list, errors: list
         seq = 0
         while not stop.is_set():
             body = f"p{n}-{seq}".encode() + b"." * 200
+            # Every third send is a batch of BATCH (encoded straight to records, its reply after the fsync).
+            batch = [body + b"#%d" % i for i in range(BATCH)] if seq % 3 == 2 else None
             try:
-                resp = rpc.send("Durable", body, queue_id=seq % QUEUES)
+                if batch is None:
+                    resp = rpc.send("Durable", body, queue_id=seq % QUEUES)
+                else:
+                    resp = rpc.send_batch("Durable", [(b, {}, 0) for b in batch], queue_id=seq % QUEUES)
             except SluiceError as exc:  # the broker died under us: that send is not acknowledged
                 errors.append(str(exc))
                 return
             if resp.code == R.SUCCESS:
-                acked.append((int(resp.ext_fields["queueId"]), int(resp.ext_fields["queueOffset"]), body))
+                qid, first = int(resp.ext_fields["queueId"]), int(resp.ext_fields["queueOffset"])
+                acked.extend((qid, first + i, b) for i, b in enumerate(batch or [body]))
             seq += 1
     finally:
         rpc.close()

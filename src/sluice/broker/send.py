@@ -122,7 +122,9 @@ class SendProcessor:
     def handle(self, conn: RemotingConnection, request: RemotingCommand) -> Any:
         """A plain handler: answered at once when the append need not wait (asynchronous flush, a batch:
         no task, no loop iteration); otherwise (single sends merged with the others of this loop
-        iteration, synchronous flush, the duplicate window) returns the coroutine that finishes it."""
+        iteration, synchronous flush, the duplicate window) returns the coroutine that finishes it. A batch
+        is encoded straight to records under either flush mode: under synchronous flush it is appended at
+        once too and only its reply waits for the iteration's group commit (Appender)."""
         appender = self.appender
         sync = appender.sync_flush
         try:
@@ -131,7 +133,7 @@ class SendProcessor:
             batch = request.code == RequestCode.SEND_BATCH_MESSAGE or header.batch or _batch_flag(request)
             window = self.dedup if self.dedup.applies(header.producer_group) else None  # opted in: replays answered
             topic, queue_id, payload = self._build(conn, request, header, batch,
-                                                   encode=batch and window is None and not sync)
+                                                   encode=batch and window is None)
         except SluiceError as exc:  # refused before anything is stored: the caller's error, logged rate-limited
             self.refusals.refused(conn.peer, exc)
             raise
