@@ -13,7 +13,6 @@ import pytest
 from servers import running_cluster
 
 from sluice.broker.appender import Appender, stored
-from sluice.broker.pool import BlockingPool
 from sluice.errors import MessageIllegalError
 from sluice.protocol import headers as H
 from sluice.protocol.codes import RequestCode, ResponseCode
@@ -107,8 +106,7 @@ def test_a_message_the_encoder_refuses_fails_only_its_request(tmp_path: Path, fl
     store = MessageStore(tmp_path, StoreConfig(flush_mode=flush, commitlog_file_size=1 << 20,  # type: ignore[arg-type]
                                                max_message_size=1024))
     store.start()
-    pool = BlockingPool(2)
-    appender = Appender(store, pool.executor)
+    appender = Appender(store)
     store.dispatch.drive_externally()
 
     async def main() -> None:
@@ -137,5 +135,5 @@ def test_a_message_the_encoder_refuses_fails_only_its_request(tmp_path: Path, fl
     try:
         asyncio.run(main())
     finally:
-        pool.shutdown()
+        appender.close()
         store.close()

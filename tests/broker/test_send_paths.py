@@ -10,7 +10,6 @@ import pytest
 
 from sluice.broker.appender import Appender, stored
 from sluice.broker.dedup import DedupWindow
-from sluice.broker.pool import BlockingPool
 from sluice.broker.topics import SCHEDULE_TOPIC
 from sluice.errors import MessageIllegalError
 from sluice.protocol import properties as P
@@ -54,8 +53,7 @@ def test_appender_merges_single_sends_and_isolates_a_bad_one(tmp_path: Path, flu
     store = MessageStore(tmp_path, StoreConfig(flush_mode=flush, commitlog_file_size=1 << 20,  # type: ignore[arg-type]
                                                max_message_size=16))
     store.start()
-    pool = BlockingPool(2)
-    appender = Appender(store, pool.executor)
+    appender = Appender(store)
     store.dispatch.drive_externally()
 
     async def main() -> None:
@@ -85,5 +83,5 @@ def test_appender_merges_single_sends_and_isolates_a_bad_one(tmp_path: Path, flu
     try:
         asyncio.run(main())
     finally:
-        pool.shutdown()
+        appender.close()
         store.close()

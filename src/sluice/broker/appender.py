@@ -19,9 +19,9 @@ iteration.
   results (no future, no loop iteration; the store's errors propagate to the
   caller).
 * **Durable.** With ``sync`` the results are handed back once the store's
-  group commit covers them: one pool job per loop iteration waits for the
-  highest end appended in it, so all of them share its fsyncs and none blocks
-  the loop.
+  group commit covers them: each loop iteration hands its replies and the
+  highest end appended in it to one fsync thread (durable.py), which answers
+  all that one fsync covered with one wake-up of the loop; none blocks it.
 * **Checked.** With a ``dedup`` window, replayed UNIQ_KEYs are answered with
   their originals and only the rest is written, by the rules above (dedup.py).
 
@@ -35,9 +35,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from concurrent.futures import Executor
 from typing import TYPE_CHECKING
 
+from sluice.broker.durable import DurableWaiter
 from sluice.errors import DiskFullError
 from sluice.store import MessageStore, PutResult, StoreMessage
 from sluice.store.encode import EncodedBatch
@@ -68,14 +68,14 @@ async def stored(result: Stored | Awaitable[Stored]) -> Stored:
 
 
 class Appender:
-    def __init__(self, store: MessageStore, executor: Executor, *, max_messages_per_job: int = 1024) -> None:
+    def __init__(self, store: MessageStore, *, max_messages_per_job: int = 1024) -> None:
         self.store = store
-        self.executor = executor
         self.max_messages_per_job = max_messages_per_job
         #: The store's flush mode: the default of ``put(sync=...)``.
         self.sync_flush: bool = store.sync_flush
         self._merging: dict[Key, list[_Waiting]] = {}
         self._durable: list[tuple[_Reply, _Outcome]] = []  # appended this iteration, to be confirmed durable
+        self._waiter: DurableWaiter[tuple[list[_Reply], list[_Outcome]]] | None = None  # made on first use
         self._submit_scheduled = False
         self._dispatch_scheduled = False
         self.jobs = 0  # store calls
@@ -194,8 +194,16 @@ class Appender:
             if not ends:
                 _deliver(replies, outcomes)
                 return
-            job = asyncio.get_running_loop().run_in_executor(self.executor, self.store.wait_durable, max(ends))
-            job.add_done_callback(lambda j: _confirm(j, replies, outcomes))
+            waiter = self._waiter
+            if waiter is None:
+                waiter = self._waiter = DurableWaiter(self.store, asyncio.get_running_loop(), _confirm)
+            waiter.wait(max(ends), (replies, outcomes))
+
+    def close(self) -> None:
+        """Stop the fsync thread once what it was asked for is durable (the broker's stop, before the store's)."""
+        if self._waiter is not None:
+            self._waiter.close()
+            self._waiter = None
 
     def _chunks(self, group: list[_Waiting]) -> list[list[_Waiting]]:
         out: list[list[_Waiting]] = []
@@ -251,12 +259,8 @@ def _deliver(replies: list[_Reply], outcomes: list[_Outcome]) -> None:
             fut.set_result((qid, outcome))
 
 
-def _confirm(job: asyncio.Future[None], replies: list[_Reply], outcomes: list[_Outcome]) -> None:
-    """The group commit covered the appends (or timed out: each request then gets the error)."""
-    if job.cancelled():
-        for fut, _ in replies:
-            if not fut.done():
-                fut.cancel()
-        return
-    exc = job.exception()
-    _deliver(replies, outcomes if exc is None else [o if isinstance(o, BaseException) else exc for o in outcomes])
+def _confirm(groups: list[tuple[list[_Reply], list[_Outcome]]], error: BaseException | None) -> None:
+    """The group commit covered these iterations' appends (or failed: each of their requests gets the error)."""
+    for replies, outcomes in groups:
+        _deliver(replies, outcomes if error is None else [o if isinstance(o, BaseException) else error
+                                                          for o in outcomes])

@@ -173,7 +173,7 @@ class BrokerController:
                                        max_total=config.max_held_pulls,
                                        wakes_per_turn=config.max_held_pull_wakes_per_turn)
         store.add_dispatcher(hold)
-        self.appender = appender = Appender(store, pool.executor)
+        self.appender = appender = Appender(store)
         store.dispatch.drive_externally()  # every append happens on the loop, which dispatches after it
         self.dedup = DedupWindow(max_keys=config.dedup_window_keys, window_ms=int(config.dedup_window_seconds * 1000),
                                  prefixes=config.dedup_producer_group_prefixes)
@@ -373,6 +373,7 @@ class BrokerController:
         await self.server.close()
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.pool.shutdown)
+        await loop.run_in_executor(None, self.appender.close)  # its fsync thread, after the last append
         self.pull_processor.compiler.shutdown()
         try:
             self.offsets.persist(force=True)

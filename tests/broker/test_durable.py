@@ -1,0 +1,129 @@
+"""The group-commit thread (broker/durable.py) behind synchronous-flush replies, over a real store."""
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import pytest
+
+from sluice.broker.appender import Appender, stored
+from sluice.broker.durable import DurableWaiter
+from sluice.errors import FlushDiskTimeoutError
+from sluice.store import MessageStore, StoreConfig, StoreMessage
+from sluice.store.encode import encode_batch
+
+
+def _store(tmp_path: Path) -> MessageStore:
+    store = MessageStore(tmp_path, StoreConfig(flush_mode="sync", commitlog_file_size=1 << 20, max_message_size=1024))
+    store.start()
+    store.dispatch.drive_externally()
+    return store
+
+
+def test_no_reply_before_its_bytes_are_flushed(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    appender = Appender(store)
+    flushed_at_reply: list[tuple[int, int]] = []
+
+    async def one(i: int) -> None:
+        if i % 3:
+            p = appender.put("T", i % 2, [StoreMessage("T", b"m%d" % i, i % 2, {})])
+        else:
+            enc = encode_batch([StoreMessage("T", b"b%d-%d" % (i, k), 0, {}) for k in range(4)],
+                               store_host=store.config.store_host, max_body=1024)
+            p = appender.put("T", 0, enc)
+        assert type(p) is not tuple  # synchronous flush: every reply waits
+        _, results = await stored(p)
+        last = results[-1]
+        flushed_at_reply.append((last.commitlog_offset + last.size, store.flusher.flushed_offset))
+
+    async def main() -> None:
+        for _ in range(20):  # rounds of concurrent requests, each round over several loop iterations
+            await asyncio.gather(*(one(i) for i in range(12)))
+
+    try:
+        asyncio.run(main())
+    finally:
+        appender.close()
+        store.close()
+    assert len(flushed_at_reply) == 240
+    assert all(end <= flushed for end, flushed in flushed_at_reply)
+    assert store.flusher.fsyncs < 240  # requests shared fsyncs
+
+
+def test_a_failed_flush_answers_its_replies_with_the_error_and_later_ones_go_on(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    real = store.wait_durable
+    calls = []
+
+    def wait_durable(end: int) -> None:
+        calls.append(end)
+        if len(calls) == 1:
+            raise FlushDiskTimeoutError("commit log not flushed in time")
+        real(end)
+
+    store.wait_durable = wait_durable  # type: ignore[method-assign]
+    appender = Appender(store)
+
+    async def main() -> tuple[object, object]:
+        first = await asyncio.gather(stored(appender.put("T", 0, [StoreMessage("T", b"a", 0, {})])),
+                                     return_exceptions=True)
+        second = await stored(appender.put("T", 0, [StoreMessage("T", b"b", 0, {})]))
+        return first[0], second
+
+    try:
+        first, second = asyncio.run(main())
+    finally:
+        appender.close()
+        store.close()
+    assert isinstance(first, FlushDiskTimeoutError)
+    assert second[1][0].queue_offset == 1  # type: ignore[index]
+
+
+def test_close_makes_durable_what_was_asked_and_confirms_it(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    confirmed: list[list[str]] = []
+
+    async def main() -> None:
+        waiter: DurableWaiter[str] = DurableWaiter(store, asyncio.get_running_loop(),
+                                                   lambda items, err: confirmed.append(items))
+        res = store.put_messages([StoreMessage("T", b"x", 0, {})], wait_durable=False)
+        waiter.wait(res[-1].commitlog_offset + res[-1].size, "x")
+        await asyncio.get_running_loop().run_in_executor(None, waiter.close)
+        await asyncio.sleep(0)  # the confirmation the thread scheduled before it stopped
+
+    try:
+        asyncio.run(main())
+    finally:
+        store.close()
+    assert confirmed == [["x"]]
+    assert not [t for t in threading.enumerate() if t.name == "sluice-group-commit"]
+
+
+@pytest.mark.parametrize("raising", [False, True])
+def test_a_confirm_that_raises_does_not_stop_the_thread(tmp_path: Path, raising: bool) -> None:
+    store = _store(tmp_path)
+    seen: list[str] = []
+
+    def confirm(items: list[str], err: BaseException | None) -> None:
+        seen.extend(items)
+        if raising and items == ["first"]:
+            raise RuntimeError("a reply could not be delivered")
+
+    async def main() -> None:
+        waiter: DurableWaiter[str] = DurableWaiter(store, asyncio.get_running_loop(), confirm)
+        for name in ("first", "second"):
+            res = store.put_messages([StoreMessage("T", name.encode(), 0, {})], wait_durable=False)
+            waiter.wait(res[-1].commitlog_offset + res[-1].size, name)
+            for _ in range(500):
+                if name in seen:
+                    break
+                await asyncio.sleep(0.01)
+        await asyncio.get_running_loop().run_in_executor(None, waiter.close)
+
+    try:
+        asyncio.run(main())
+    finally:
+        store.close()
+    assert seen == ["first", "second"]
