@@ -40,6 +40,8 @@ import traceback
 import types
 from typing import Any, BinaryIO
 
+from sluice.filtersrv.heap import keep_freed_heap
+
 __all__ = ["main", "READY", "IMPORT_FAILED", "MASK", "RAISED"]
 
 READY, IMPORT_FAILED, MASK, RAISED = b"R", b"I", b"M", b"E"
@@ -153,6 +155,7 @@ def main() -> int:
     if init is None or source is None:
         return 2
     conf = json.loads(init)
+    keep_freed_heap()  # a batch copied out of the shared file per batch (filtersrv/heap.py)
     shared = None
     if conf.get("batch_fd") is not None:  # mapped before the address-space limit is set
         import mmap
