@@ -3,6 +3,7 @@ pull body per batch no longer gets fresh pages from the OS each time."""
 from __future__ import annotations
 
 import ctypes
+import os
 import subprocess
 import sys
 
@@ -27,9 +28,10 @@ print(took, libc.mallinfo2().hblks - before)
 '''
 
 
-def _probe(mode: str, size: int) -> str:
+def _probe(mode: str, size: int) -> list[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "GLIBC_TUNABLES"))}  # glibc defaults
     return subprocess.run([sys.executable, "-c", _PROBE, mode, str(size)], capture_output=True, text=True,
-                          check=True).stdout.split()
+                          check=True, env=env).stdout.split()
 
 
 @pytest.mark.skipif(not hasattr(ctypes.CDLL(None), "mallinfo2"), reason="not glibc >= 2.33")
