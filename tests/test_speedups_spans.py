@@ -123,3 +123,98 @@ def test_a_topic_that_is_not_utf8_is_left_to_python():
     assert C.record_spans(body, True) is None
     with pytest.raises(ValueError):
         spans.record_spans(body, True)
+
+
+# ------------------------------------------------------------------------------------------ filter_views
+
+raw_props = st.text(st.sampled_from(["a", "k", "é", "\x01", "\x02", "7"]), max_size=16)  # separators anywhere
+
+
+def _seen_by(match_result):
+    """A class's match that records what each view reads, and answers ``match_result(view)``."""
+    seen: list = []
+
+    def match(v):
+        seen.append((type(v), v._at, v._ext, list(v.properties.items()), v.topic, v.queue_offset))
+        return match_result(v)
+    return seen, match
+
+
+def _py_views(body):
+    from sluice.filtersrv.view import MessageView
+    offsets, texts = spans._py_record_spans(body, True)
+    return [MessageView(body, at, text) for at, text in zip(memoryview(offsets).cast("I"), texts)]
+
+
+@settings(max_examples=300)
+@given(st.lists(st.tuples(record, raw_props, st.booleans()), max_size=8))
+def test_filter_views_equal_python(rows):
+    """The same mask and the same views, one per call in order, as the twin's views decoded all at once; raw
+    properties texts exercise the parser's dropping rules (short parts, empty names or values)."""
+    from sluice.filtersrv.view import MessageView
+    recs = []
+    for i, (r, raw, use_raw) in enumerate(rows):
+        body = zlib.compress(r["body"]) if r["compressed"] else r["body"]
+        host = ("::1", 10911) if r["v6"] else ("127.0.0.1", 10911)
+        recs.append(bytes(encode_record(topic=r["topic"], body=body, sysflag=FLAG_COMPRESSED if r["compressed"] else 0,
+                                        properties=raw if use_raw else P.encode_properties(r["props"]),
+                                        queue_offset=i, born_host=host, store_host=host)))
+    body = b"".join(recs)
+    answer = [lambda v: len(v.properties) % 2, lambda v: v.properties.get("k", ""), lambda v: [v] * (v._at % 3)]
+    for result in answer:
+        c_seen, c_match = _seen_by(result)
+        got = C.filter_views(body, MessageView, c_match)
+        if got is None:
+            assert any(r["v6"] for r, _, _ in rows) and c_seen == []  # left to Python before any call
+            continue
+        py_seen, py_match = _seen_by(result)
+        assert got == bytes([1 if py_match(v) else 0 for v in _py_views(body)])
+        assert c_seen == py_seen
+
+
+@settings(max_examples=200)
+@given(st.lists(record, min_size=1, max_size=4), st.data())
+def test_filter_views_damaged_bodies_none_before_any_call(recs, data):
+    from sluice.filtersrv.view import MessageView
+    body = bytearray(b"".join(encode(r, i) for i, r in enumerate(recs)))
+    at = data.draw(st.integers(0, len(body) - 1))
+    body[at] = data.draw(st.integers(0, 255))
+    body = bytes(body)
+    calls: list = []
+    got = C.filter_views(body, MessageView, lambda v: calls.append(v) or True)
+    try:
+        py = _py_views(body)
+    except ValueError:
+        assert got is None and calls == []
+        return
+    if got is None:
+        assert calls == [] and C.record_views(body, MessageView) is None
+    else:
+        assert got == b"\x01" * len(py)  # a damaged body may not decode whole: what C set is compared
+        assert [(v._at, v.properties) for v in calls] == [(v._at, v.properties) for v in py]
+
+
+def test_filter_views_errors_propagate_and_kept_views_stay_whole():
+    from sluice.filtersrv.view import MessageView
+    body = b"".join(encode({"props": {"k": str(i), "WAIT": "true"}, "body": b"x", "v6": False, "compressed": False,
+                            "topic": "T"}, i) for i in range(5))
+    kept = []
+
+    def match(v):
+        kept.append(v)
+        if v.queue_offset == 3:
+            raise KeyError("k")
+        return True
+    with pytest.raises(KeyError):
+        C.filter_views(body, MessageView, match)
+    assert [v.properties for v in kept] == [{"k": str(i), "WAIT": "true"} for i in range(4)]
+    assert kept == _py_views(body)[:4]
+
+    class Falsy:
+        def __bool__(self):
+            raise RuntimeError("no truth")
+    with pytest.raises(RuntimeError, match="no truth"):
+        C.filter_views(body, MessageView, lambda v: Falsy())
+    assert C.filter_views(b"", MessageView, None) == b""
+    assert C.filter_views(bytearray(body), MessageView, match) is None  # the views hold the body: bytes only
+    assert C.filter_views(body, type("Plain", (), {}), match) is None  # not the view layout C fills

@@ -15,6 +15,7 @@ import click
 
 from sluice.acl.signature import Credentials
 from sluice.errors import SluiceError
+from sluice.filtersrv.heap import keep_freed_heap
 from sluice.filtersrv.sandbox import WorkerLimits
 from sluice.filtersrv.server import FiltersrvConfig, FilterServer
 from sluice.transport.tls import ClientTls
@@ -128,6 +129,7 @@ def filtersrv_command(broker: str, listen: str, repository: str | None, reposito
                              acl=acl, credentials=Credentials(ak, sk) if ak else None,
                              tls_mode=tls_mode, tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=tls_client_ca,
                              broker_tls=client_tls)
+    keep_freed_heap()  # this process's malloc: it handles a pull body per batch (filtersrv/heap.py)
     try:
         if client_tls is not None:
             client_tls.context()  # bad files fail the start, not every registration
