@@ -30,6 +30,9 @@ __all__ = ["CLASS_FILTER", "CompiledSubscription", "SelectorFilter", "class_subs
 CLASS_FILTER = "CLASS"
 MAX_CLASS_NAME = 512
 
+#: Distinct value combinations a subscription keeps verdicts for before it starts afresh (memory bound).
+MAX_VERDICTS = 65_536
+
 SQL92_DISABLED = ("The broker does not support consumer to filter message by SQL92 "
                   "(enable_property_filter is off in the broker config)")
 
@@ -53,7 +56,8 @@ class SelectorFilter:
     """
 
     __slots__ = ("selector", "needs_record", "_tag", "metrics", "bloom", "bloom_data", "live_after",
-                 "_hits", "_skip", "_backfill", "_cursor", "_ruled_out", "max_evaluations")
+                 "_hits", "_skip", "_backfill", "_cursor", "_ruled_out", "max_evaluations", "record_keys",
+                 "record_verdicts", "_messages")
 
     def __init__(self, selector: Selector) -> None:
         self.selector = selector
@@ -70,6 +74,14 @@ class SelectorFilter:
         self._ruled_out: np.ndarray | None = None
         #: Records one pull evaluates at most (the store stops there, store/pull_read.py); 0: no bound.
         self.max_evaluations = 0
+        #: MessageFilter.record_keys: the (UTF-8) names of the properties a SQL92 selector reads, so the
+        #: store judges each distinct combination of their values once (judge, settle); None for tags.
+        names = getattr(selector, "properties", None) if self._tag is None else None
+        self.record_keys: tuple[bytes, ...] | None = None if names is None else tuple(n.encode() for n in names)
+        #: Verdicts of judge by values key (the store's), and the error messages verdicts >= 2 stand for;
+        #: shared by the pull copies of one subscription, since evaluation depends on the values alone.
+        self.record_verdicts: dict[bytes, int] = {}
+        self._messages: list[str] = []
 
     def use_backfill(self, backfill, offset: int) -> None:
         """Consult ``backfill`` (broker/backfill.py) for this pull starting at queue ``offset``: units it rules
@@ -83,6 +95,9 @@ class SelectorFilter:
         lacks the bits of ``bloom_data``."""
         f = SelectorFilter(self.selector)
         f.metrics = metrics
+        if len(self.record_verdicts) > MAX_VERDICTS:  # a selector over ever-new values: start afresh
+            self.record_verdicts, self._messages = {}, []
+        f.record_verdicts, f._messages = self.record_verdicts, self._messages
         if bloom is not None and bloom_data is not None and bloom.is_valid(bloom_data) and self._tag is None:
             f.bloom, f.bloom_data, f.live_after = bloom, bloom_data, live_after
         return f
@@ -168,6 +183,33 @@ class SelectorFilter:
         elif index >= 0 and self._hits is not None and self._hits[index]:
             m.bitmap_false_positives += 1
         return ok
+
+    def judge(self, values: tuple[str | None, ...]) -> int:
+        """MessageFilter.judge: the verdict on a record whose ``record_keys`` properties hold ``values``
+        (None: absent): 1 TRUE, 0 FALSE or NULL, 2 + k an evaluation error (``_messages[k]``)."""
+        sel = self.selector
+        props = {k: v for k, v in zip(sel.properties, values) if v is not None}  # type: ignore[attr-defined]
+        try:
+            return 1 if sel.evaluate(props) is True else 0
+        except FilterEvaluationError as e:
+            self._messages.append(str(e))
+            return len(self._messages) + 1
+
+    def settle(self, indexes: np.ndarray, verdicts: np.ndarray) -> None:
+        """MessageFilter.settle: the units ``indexes`` of the window were judged ``verdicts``; counted as
+        match_record_at counts each record."""
+        m = self.metrics
+        if m is None or len(verdicts) == 0:
+            return
+        m.evaluated += len(verdicts)
+        m.matched += int(np.count_nonzero(verdicts == 1))
+        err = verdicts >= 2
+        n_err = int(np.count_nonzero(err))
+        if n_err:
+            m.errors += n_err
+            m.last_error = self._messages[int(verdicts[err][-1]) - 2]
+        if self._hits is not None:
+            m.bitmap_false_positives += int(np.count_nonzero(self._hits[indexes[verdicts != 1]]))
 
     def match_dispatch(self, tag_code: int, properties: dict[str, str]) -> bool:
         """Would a just-dispatched message pass? (wakes held pulls only for messages they want)."""
