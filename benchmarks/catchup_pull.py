@@ -10,7 +10,10 @@ evaluated at pull time. Per selector: matched msgs/s and CPU microseconds per sc
 
 --quick uses 100,000 messages instead of 1,000,000. --store keeps (and reuses) the written store there.
 --per-record forces the Python record-by-record evaluation (the path before speedups.scan_records), for a
-comparison in one process. Last line: one JSON object.
+comparison in one process. --broker adds the same catch-up drains through a real namesrv and broker
+(subprocesses, ``--flush async``) and the SDK push consumer (batches of 32 to the listener), the common
+workload's messages sent as ``sluice bench`` sends them, with the CPU the broker and this process spent
+per matched message. Last line: one JSON object.
 """
 from __future__ import annotations
 
@@ -79,12 +82,62 @@ def drain(root: Path, expression: str) -> dict:
         store.close()
 
 
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of process ``pid`` (Linux /proc)."""
+    import os
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def broker_drains(tmp: Path, n: int) -> dict:
+    """Catch-up drains of the common workload through a broker subprocess and the SDK push consumer."""
+    from sluice.bench.sluice_runner import cluster, create_topic, produce, push, wait_visible
+    from sluice.bench.workload import FILTERS, Counter, Workload, expected_counts, generate
+    from sluice.client import ConsumeResult
+
+    wl = Workload(messages=n)
+    props = generate(n, wl.seed)
+    expected = expected_counts(props)
+    ns, broker = cluster(tmp, "async")
+    out: dict = {"messages": n}
+    try:
+        create_topic(ns.addr)
+        out["produce_msgs_per_s"] = round(produce(ns.addr, props, wl))
+        wait_visible(ns.addr, n + 1, wl.drain_timeout)
+        for f in FILTERS:
+            if f.kind != "SQL92":
+                continue
+            counter = Counter(expected[f.name])
+
+            def listener(msgs: list, counter: Counter = counter) -> ConsumeResult:
+                counter.add(len(msgs))
+                return ConsumeResult.SUCCESS
+            b0, c0, t0 = cpu_seconds(broker.pid), time.process_time(), time.perf_counter()
+            c = push(f"catchup-{f.name}", ns.addr, f, listener, consume_message_batch_max_size=32)
+            try:
+                done = counter.wait(wl.drain_timeout)
+            finally:
+                c.shutdown()
+            row = counter.rate(t0)
+            matched = max(1, counter.count)
+            row["broker_cpu_us_per_matched"] = round((cpu_seconds(broker.pid) - b0) / matched * 1e6, 2)
+            row["client_cpu_us_per_matched"] = round((time.process_time() - c0) / matched * 1e6, 2)
+            if not done:
+                row["error"] = f"drained {counter.count} of {counter.target}"
+            out[f"{f.name} ({f.expression})"] = row
+    finally:
+        broker.stop()
+        ns.stop()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="100,000 messages instead of 1,000,000")
     ap.add_argument("--messages", type=int, help="override the message count")
     ap.add_argument("--store", type=Path, help="keep the written store here and reuse it when present")
     ap.add_argument("--per-record", action="store_true", help="evaluate record by record (the Python path)")
+    ap.add_argument("--broker", action="store_true", help="also drain through a broker and the push consumer")
     args = ap.parse_args()
     n = args.messages or (100_000 if args.quick else 1_000_000)
     if args.per_record:
@@ -101,6 +154,12 @@ def main() -> None:
         if not (root / "commitlog").exists():
             fill(root, n)
         out["drains"] = {name: drain(root, expr) for name, (_, expr) in SELECTORS.items()}
+        if args.broker:
+            work = Path(tempfile.mkdtemp(prefix="sluice-catchup-broker-"))
+            try:
+                out["broker"] = broker_drains(work, n)
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
