@@ -8,6 +8,7 @@ from sluice.broker import filtering
 from sluice.broker.filter_data import FilterMetrics
 from sluice.broker.filtering import SelectorFilter
 from sluice.filter import compile_selector
+from sluice.speedups import C
 
 
 def sql(expr: str) -> SelectorFilter:
@@ -33,12 +34,16 @@ def test_judge_and_settle_count_as_match_record_at() -> None:
     assert judged.metrics.last_error == by_record.metrics.last_error and "x" in judged.metrics.last_error
 
 
-def test_pull_copies_share_verdicts_until_there_are_too_many(monkeypatch) -> None:
+def test_pull_copies_share_the_verdict_cache_until_too_many_errors(monkeypatch) -> None:
     base = sql("a > 1")
     one, two = base.for_pull(), base.for_pull()
     assert one.record_verdicts is two.record_verdicts is base.record_verdicts
-    monkeypatch.setattr(filtering, "MAX_VERDICTS", 2)
-    base.record_verdicts.update({b"1": 0, b"2": 1, b"3": 0})
+    assert (base.record_verdicts is None) == (C is None)
+    monkeypatch.setattr(filtering, "MAX_MESSAGES", 2)
+    for v in ("x", "y", "z"):
+        assert one.judge((v,)) >= 2  # an evaluation error each
     three = base.for_pull()
-    assert three.record_verdicts == {} and three.record_verdicts is base.record_verdicts
-    assert one.record_verdicts == {b"1": 0, b"2": 1, b"3": 0}  # a pull under way keeps its own
+    assert three._messages == [] and three._messages is base._messages
+    assert len(one._messages) == 3  # a pull under way keeps its own
+    if C is not None:
+        assert three.record_verdicts is not one.record_verdicts

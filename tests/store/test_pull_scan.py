@@ -219,7 +219,7 @@ def test_scan_records_refuses_misshapen_arguments() -> None:
 
     def call(wanted, ev, names=(b"a",)):  # type: ignore[no-untyped-def]
         return C.scan_records(units, 0, wanted, bytes(2), b"", 0, 0, 0, 32, 1 << 20, 0, 0, -1, True, crc32, 0,
-                              [], [], [], names, {}, lambda v: 1, ev, ev)
+                              [], [], [], names, C.verdict_cache(8), lambda v: 1, ev, ev)
     with pytest.raises(ValueError, match="a byte per unit"):
         call(bytes(3), np.zeros(2, np.int32))
     with pytest.raises(ValueError, match="int32 per unit"):
@@ -227,3 +227,30 @@ def test_scan_records_refuses_misshapen_arguments() -> None:
     with pytest.raises(TypeError, match="names must be bytes"):
         call(bytes(2), np.zeros(2, np.int32), ("a",))
     assert call(bytes(2), np.zeros(2, np.int32))[1:3] == (2, 0)  # nothing wanted: units exhausted
+
+
+def test_the_verdict_cache_is_bounded_and_refills(store, monkeypatch) -> None:
+    """A cache that is full starts afresh: the pulls stay the same, only judged again."""
+    monkeypatch.setattr(pull_read, "MAX_VERDICTS", 3)
+    base = SelectorFilter(compile_selector("SQL92", "a >= 50 OR b IS NULL"))
+    base.record_verdicts = pull_read.verdict_cache()
+    calls = []
+    judge = SelectorFilter.judge
+    monkeypatch.setattr(SelectorFilter, "judge", lambda self, values: calls.append(values) or judge(self, values))
+    fast = pull(store, base, 0, 64, None, 0)
+    assert C.verdict_cache_len(base.record_verdicts) <= 3
+    with monkeypatch.context() as m:
+        m.setattr(pull_read, "C", None)
+        slow = pull(store, SelectorFilter(compile_selector("SQL92", "a >= 50 OR b IS NULL")), 0, 64, None, 0)
+    assert fast == slow
+    assert len(calls) > len(set(calls))  # combinations judged again after the cache emptied
+    with pytest.raises(ValueError):
+        C.verdict_cache(0)
+
+
+def test_a_selector_reading_many_properties_is_evaluated_per_record(store, monkeypatch) -> None:
+    expression = " OR ".join(f"p{i} = 'x'" for i in range(pull_read.MAX_RECORD_KEYS)) + " OR region = 'eu'"
+    called = []
+    monkeypatch.setattr(C, "scan_records", lambda *a: called.append(1))
+    fast, slow = both_ways(store, monkeypatch, expression, 0, 32, None, 0)
+    assert fast == slow and fast["status"] is S.FOUND and not called

@@ -22,48 +22,45 @@ static int utf8_ok(const unsigned char *p, Py_ssize_t n)
     return 1;
 }
 
-/* The value of property ``name`` (``nlen`` bytes) in the properties text p[0:n], as decode_properties reads
- * it: parts split on 0x02, name and value split on the part's first 0x01, both non-empty; a later part of
- * the same name wins (0x01 and 0x02 never occur inside a multi-byte UTF-8 character, so bytes split as
- * characters do). 1 with ``*v``/``*vlen`` set, or 0 when absent. */
-static int prop_value(const unsigned char *p, Py_ssize_t n, const char *name, Py_ssize_t nlen,
-                      const unsigned char **v, Py_ssize_t *vlen)
+#define MAX_KEYS 64 /* names a selector may read for the C path; more: the filter's own Python step */
+
+/* The key of a record's values of ``names`` (per name: 0xFF for absent, else a 4-byte length and the bytes)
+ * into ``key``, from the properties text p[0:n] as decode_properties reads it: parts split on 0x02, name
+ * and value split on the part's first 0x01, both non-empty; a later part of the same name wins (0x01 and
+ * 0x02 never occur inside a multi-byte UTF-8 character, so bytes split as characters do). 0, or -1. */
+static int values_key(Buf *key, const unsigned char *p, Py_ssize_t n, PyObject *names)
 {
-    int found = 0;
+    Py_ssize_t nk = PyTuple_GET_SIZE(names), vpos[MAX_KEYS], vlen[MAX_KEYS];
+    for (Py_ssize_t k = 0; k < nk; k++)
+        vpos[k] = -1;
     Py_ssize_t pos = 0;
     while (pos < n) {
         const unsigned char *e = memchr(p + pos, 2, (size_t)(n - pos));
         Py_ssize_t end = e ? e - p : n;
-        if (end - pos > nlen + 1 && p[pos + nlen] == 1 && memcmp(p + pos, name, (size_t)nlen) == 0
-            && memchr(p + pos, 1, (size_t)nlen) == NULL) {
-            *v = p + pos + nlen + 1;
-            *vlen = end - pos - nlen - 1;
-            found = 1;
+        const unsigned char *sep = memchr(p + pos, 1, (size_t)(end - pos));
+        if (sep != NULL && sep > p + pos && sep < p + end - 1) {
+            Py_ssize_t nlen = sep - (p + pos);
+            for (Py_ssize_t k = 0; k < nk; k++) {
+                PyObject *nm = PyTuple_GET_ITEM(names, k);
+                if (PyBytes_GET_SIZE(nm) == nlen && memcmp(PyBytes_AS_STRING(nm), p + pos, (size_t)nlen) == 0) {
+                    vpos[k] = nlen + 1 + pos;
+                    vlen[k] = end - vpos[k];
+                }
+            }
         }
         pos = end + 1;
     }
-    return found;
-}
-
-/* The key of a record's values (per name: 0xFF for absent, else a 4-byte length and the bytes) into ``key``;
- * 0, or -1 on a memory error. */
-static int values_key(Buf *key, const unsigned char *props, Py_ssize_t plen, PyObject *names)
-{
     key->len = 0;
-    Py_ssize_t nk = PyTuple_GET_SIZE(names);
     for (Py_ssize_t k = 0; k < nk; k++) {
-        PyObject *nm = PyTuple_GET_ITEM(names, k);
-        const unsigned char *v;
-        Py_ssize_t vlen;
-        if (!prop_value(props, plen, PyBytes_AS_STRING(nm), PyBytes_GET_SIZE(nm), &v, &vlen)) {
+        if (vpos[k] < 0) {
             unsigned char absent = 0xFF;
             if (buf_add(key, &absent, 1) < 0)
                 return -1;
             continue;
         }
         unsigned char len[5] = {0};
-        put_u32(len + 1, (uint32_t)vlen);
-        if (buf_add(key, len, 5) < 0 || buf_add(key, v, vlen) < 0)
+        put_u32(len + 1, (uint32_t)vlen[k]);
+        if (buf_add(key, len, 5) < 0 || buf_add(key, p + vpos[k], vlen[k]) < 0)
             return -1;
     }
     return 0;
@@ -95,6 +92,151 @@ static PyObject *key_values(const unsigned char *k, Py_ssize_t n, Py_ssize_t nk)
     return t;
 }
 
+/* ------------------------------------------------------------------------------------- verdict_cache */
+
+/* Verdicts by values key, kept across pulls (a capsule the filter holds): open addressing on a 64-bit FNV-1a
+ * hash, keys in one arena. Emptied when it holds ``max`` keys: a verdict depends on the values alone, so a
+ * dropped one is only judged again. */
+typedef struct {
+    uint64_t *hash; /* 0: empty slot */
+    int32_t *verdict;
+    Py_ssize_t *koff, *klen;
+    Py_ssize_t cap, used, max;
+    Buf keys;
+} Verdicts;
+
+static const char VERDICTS[] = "sluice.verdict_cache";
+
+static void verdicts_free(PyObject *cap)
+{
+    Verdicts *v = PyCapsule_GetPointer(cap, VERDICTS);
+    if (v == NULL)
+        return;
+    PyMem_Free(v->hash);
+    PyMem_Free(v->verdict);
+    PyMem_Free(v->koff);
+    PyMem_Free(v->klen);
+    PyMem_Free(v->keys.data);
+    PyMem_Free(v);
+}
+
+static uint64_t fnv1a(const unsigned char *p, Py_ssize_t n)
+{
+    uint64_t h = 1469598103934665603ULL;
+    for (Py_ssize_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 1099511628211ULL;
+    return h ? h : 1;
+}
+
+/* The slot of ``key`` (its verdict set) or of the empty slot where it would go. */
+static Py_ssize_t verdicts_slot(const Verdicts *v, const unsigned char *key, Py_ssize_t n, uint64_t h)
+{
+    Py_ssize_t mask = v->cap - 1, i = (Py_ssize_t)(h & (uint64_t)mask);
+    while (v->hash[i] != 0) {
+        if (v->hash[i] == h && v->klen[i] == n && memcmp(v->keys.data + v->koff[i], key, (size_t)n) == 0)
+            return i;
+        i = (i + 1) & mask;
+    }
+    return i;
+}
+
+/* ``v`` rehashed into ``cap`` slots (a power of two): 0, or -1 on a memory error. */
+static int verdicts_resize(Verdicts *v, Py_ssize_t cap)
+{
+    Verdicts n = *v;
+    n.cap = cap;
+    n.hash = PyMem_Calloc((size_t)cap, sizeof(uint64_t));
+    n.verdict = PyMem_Malloc((size_t)cap * sizeof(int32_t));
+    n.koff = PyMem_Malloc((size_t)cap * sizeof(Py_ssize_t));
+    n.klen = PyMem_Malloc((size_t)cap * sizeof(Py_ssize_t));
+    if (!n.hash || !n.verdict || !n.koff || !n.klen) {
+        PyMem_Free(n.hash);
+        PyMem_Free(n.verdict);
+        PyMem_Free(n.koff);
+        PyMem_Free(n.klen);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < v->cap; i++) {
+        if (v->hash[i] == 0)
+            continue;
+        Py_ssize_t j = verdicts_slot(&n, v->keys.data + v->koff[i], v->klen[i], v->hash[i]);
+        n.hash[j] = v->hash[i];
+        n.verdict[j] = v->verdict[i];
+        n.koff[j] = v->koff[i];
+        n.klen[j] = v->klen[i];
+    }
+    PyMem_Free(v->hash);
+    PyMem_Free(v->verdict);
+    PyMem_Free(v->koff);
+    PyMem_Free(v->klen);
+    *v = n;
+    return 0;
+}
+
+/* Add ``key`` → ``verdict``: 0, or -1 on a memory error. (Another thread may have added it while judge ran.) */
+static int verdicts_add(Verdicts *v, const unsigned char *key, Py_ssize_t n, uint64_t h, int32_t verdict)
+{
+    if (v->cap) {
+        Py_ssize_t i = verdicts_slot(v, key, n, h);
+        if (v->hash[i] != 0) {
+            v->verdict[i] = verdict;
+            return 0;
+        }
+    }
+    if (v->used >= v->max) { /* full: start afresh */
+        memset(v->hash, 0, (size_t)v->cap * sizeof(uint64_t));
+        v->used = 0;
+        v->keys.len = 0;
+    }
+    if (v->cap == 0 || (v->used + 1) * 2 > v->cap) {
+        if (verdicts_resize(v, v->cap ? v->cap * 2 : 64) < 0)
+            return -1;
+    }
+    Py_ssize_t off = v->keys.len;
+    if (buf_add(&v->keys, key, n) < 0)
+        return -1;
+    Py_ssize_t i = verdicts_slot(v, key, n, h);
+    v->hash[i] = h;
+    v->verdict[i] = verdict;
+    v->koff[i] = off;
+    v->klen[i] = n;
+    v->used++;
+    return 0;
+}
+
+PyDoc_STRVAR(verdict_cache_doc,
+"verdict_cache(max: int) -> capsule\n\n"
+"An empty cache of scan_records' verdicts by the values of a record's selected properties, holding at most\n"
+"``max`` (then emptied and refilled: verdicts depend on the values alone).");
+
+static PyObject *verdict_cache(PyObject *self, PyObject *arg)
+{
+    Py_ssize_t max = PyLong_AsSsize_t(arg);
+    if (max == -1 && PyErr_Occurred())
+        return NULL;
+    if (max < 1) {
+        PyErr_SetString(PyExc_ValueError, "verdict_cache: max must be at least 1");
+        return NULL;
+    }
+    Verdicts *v = PyMem_Calloc(1, sizeof(Verdicts));
+    if (v == NULL)
+        return PyErr_NoMemory();
+    v->max = max;
+    PyObject *cap = PyCapsule_New(v, VERDICTS, verdicts_free);
+    if (cap == NULL)
+        PyMem_Free(v);
+    return cap;
+}
+
+PyDoc_STRVAR(verdict_cache_len_doc, "verdict_cache_len(cache) -> int: the verdicts a verdict_cache holds.");
+
+static PyObject *verdict_cache_len(PyObject *self, PyObject *arg)
+{
+    Verdicts *v = PyCapsule_GetPointer(arg, VERDICTS);
+    return v == NULL ? NULL : PyLong_FromSsize_t(v->used);
+}
+
 PyDoc_STRVAR(scan_records_doc,
 "scan_records(units, first, wanted, check, mm, file_start, limit, clog_min, max_msgs, max_bytes, have, total,\n"
 "             left, verify, crc32, base_qoff, qoffs, phys, sizes, names, verdicts, judge, ev_idx, ev_code)\n"
@@ -102,11 +244,11 @@ PyDoc_STRVAR(scan_records_doc,
 "sluice.store.pull_read.PullReader._read_each's loop over one mapped commit-log file ``mm`` (log offset\n"
 "``file_start``, data below ``limit``), from unit ``first`` of ``units`` (20-byte big-endian consume-queue\n"
 "units) over the units whose ``wanted`` byte is set. A unit whose ``check`` byte is set is evaluated: the\n"
-"values of the properties ``names`` (a tuple of UTF-8 bytes) are read from its record and looked up in\n"
-"``verdicts`` (a dict; on a miss ``judge(values)`` (a tuple of str or None) gives the verdict, stored\n"
-"there): 1 passes, anything else does not. Each evaluated unit's index and verdict go to ``ev_idx`` and\n"
-"``ev_code`` (int32 buffers, one slot per unit). ``have``/``total`` are the records and bytes already taken,\n"
-"``left`` the evaluations left (-1: no bound). Taken records are listed in ``qoffs``/``phys``/``sizes`` and\n"
+"values of the properties ``names`` (a tuple of at most 64 names, UTF-8 bytes) are read from its record and\n"
+"looked up in ``verdicts`` (a verdict_cache; on a miss ``judge(values)``, values a tuple of str or None,\n"
+"gives the verdict, an int kept there): 1 passes, anything else does not. Each evaluated unit's index and\n"
+"verdict go to ``ev_idx`` and ``ev_code`` (int32 buffers, one slot per unit). ``have``/``total`` are the\n"
+"records and bytes already taken, ``left`` the evaluations left (-1: no bound). Taken records are listed in ``qoffs``/``phys``/``sizes`` and\n"
 "returned back to back in ``data``. ``why``: 0 units exhausted (stop = their number), 1 max_msgs (stop is\n"
 "the unit after the last taken), 2 max_bytes, 6 out of evaluations (stop: the unit not looked at), or the\n"
 "unit ``stop`` is for the Python step, left untouched: 3 its record is not in this file (or below\n"
@@ -120,11 +262,16 @@ static PyObject *scan_records(PyObject *self, PyObject *args)
     Py_ssize_t first;
     long long file_start, limit, clog_min, max_msgs, max_bytes, have, total, left, base_qoff;
     int verify;
-    if (!PyArg_ParseTuple(args, "y*nOOOLLLLLLLLpOLO!O!O!O!O!OOO:scan_records", &uv, &first, &wanted_o, &check_o, &mm,
+    if (!PyArg_ParseTuple(args, "y*nOOOLLLLLLLLpOLO!O!O!O!OOOO:scan_records", &uv, &first, &wanted_o, &check_o, &mm,
                           &file_start, &limit, &clog_min, &max_msgs, &max_bytes, &have, &total, &left, &verify,
                           &crc32, &base_qoff, &PyList_Type, &qoffs, &PyList_Type, &physl, &PyList_Type, &sizesl,
-                          &PyTuple_Type, &names, &PyDict_Type, &verdicts, &judge, &eidx_o, &ecode_o))
+                          &PyTuple_Type, &names, &verdicts, &judge, &eidx_o, &ecode_o))
         return NULL;
+    Verdicts *cache = PyCapsule_GetPointer(verdicts, VERDICTS);
+    if (cache == NULL) {
+        PyBuffer_Release(&uv);
+        return NULL;
+    }
     PyObject *out = NULL;
     Buf runs = {NULL, 0, 0}, key = {NULL, 0, 0};
     Py_ssize_t nunits = uv.len / CQ_UNIT_SIZE, u = first, nbytes = 0, taken = 0, n_ev = 0, n_read = 0;
@@ -136,6 +283,10 @@ static PyObject *scan_records(PyObject *self, PyObject *args)
     if (wv.len != nunits || cv.len != nunits || iv.len < nunits * 4 || ev.len < nunits * 4) {
         PyErr_SetString(PyExc_ValueError, "scan_records: wanted and check need a byte per unit, ev_idx and "
                                           "ev_code an int32 per unit");
+        goto done;
+    }
+    if (PyTuple_GET_SIZE(names) > MAX_KEYS) {
+        PyErr_Format(PyExc_ValueError, "scan_records: at most %d names", MAX_KEYS);
         goto done;
     }
     for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(names); k++)
@@ -195,30 +346,28 @@ static PyObject *scan_records(PyObject *self, PyObject *args)
             }
             if (values_key(&key, r + tail.ppos + 2, tail.plen, names) < 0)
                 goto done;
-            PyObject *kb = PyBytes_FromStringAndSize((const char *)key.data, key.len);
-            if (kb == NULL)
-                goto done;
-            PyObject *verdict = PyDict_GetItemWithError(verdicts, kb); /* borrowed */
-            if (verdict == NULL) {
-                if (PyErr_Occurred()) {
-                    Py_DECREF(kb);
-                    goto done;
-                }
+            uint64_t h = fnv1a(key.data, key.len);
+            Py_ssize_t slot = cache->cap ? verdicts_slot(cache, key.data, key.len, h) : -1;
+            long code;
+            if (slot >= 0 && cache->hash[slot] != 0) {
+                code = cache->verdict[slot];
+            } else {
                 PyObject *vals = key_values(key.data, key.len, PyTuple_GET_SIZE(names));
                 PyObject *got = vals ? PyObject_CallOneArg(judge, vals) : NULL;
                 Py_XDECREF(vals);
-                if (got == NULL || PyDict_SetItem(verdicts, kb, got) < 0) {
-                    Py_XDECREF(got);
-                    Py_DECREF(kb);
+                if (got == NULL)
+                    goto done;
+                code = PyLong_AsLong(got);
+                Py_DECREF(got);
+                if (code == -1 && PyErr_Occurred())
+                    goto done;
+                if (code < INT32_MIN || code > INT32_MAX) {
+                    PyErr_SetString(PyExc_OverflowError, "scan_records: a verdict must fit an int32");
                     goto done;
                 }
-                verdict = got;
-                Py_DECREF(got); /* the dict holds it */
+                if (verdicts_add(cache, key.data, key.len, h, (int32_t)code) < 0)
+                    goto done;
             }
-            Py_DECREF(kb);
-            long code = PyLong_AsLong(verdict);
-            if (code == -1 && PyErr_Occurred())
-                goto done;
             n_read++;
             bytes_read += size;
             if (left > 0)
@@ -275,5 +424,7 @@ done:
 
 PyMethodDef sluice_props_methods[] = {
     {"scan_records", (PyCFunction)scan_records, METH_VARARGS, scan_records_doc},
+    {"verdict_cache", (PyCFunction)verdict_cache, METH_O, verdict_cache_doc},
+    {"verdict_cache_len", (PyCFunction)verdict_cache_len, METH_O, verdict_cache_len_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -21,6 +21,7 @@ from sluice.filter import BloomFilter, BloomFilterData, Selector, TagSelector, c
 from sluice.protocol.bodies import SubscriptionData
 from sluice.protocol.codes import ResponseCode
 from sluice.store.consumequeue_ext import ExtBatch
+from sluice.store.pull_read import verdict_cache
 
 __all__ = ["CLASS_FILTER", "CompiledSubscription", "SelectorFilter", "class_subscription", "compile_subscription",
            "is_tag_type", "SQL92_DISABLED"]
@@ -30,8 +31,8 @@ __all__ = ["CLASS_FILTER", "CompiledSubscription", "SelectorFilter", "class_subs
 CLASS_FILTER = "CLASS"
 MAX_CLASS_NAME = 512
 
-#: Distinct value combinations a subscription keeps verdicts for before it starts afresh (memory bound).
-MAX_VERDICTS = 65_536
+#: Distinct evaluation error messages a subscription keeps for its verdicts before it starts afresh.
+MAX_MESSAGES = 4_096
 
 SQL92_DISABLED = ("The broker does not support consumer to filter message by SQL92 "
                   "(enable_property_filter is off in the broker config)")
@@ -59,7 +60,8 @@ class SelectorFilter:
                  "_hits", "_skip", "_backfill", "_cursor", "_ruled_out", "max_evaluations", "record_keys",
                  "record_verdicts", "_messages")
 
-    def __init__(self, selector: Selector) -> None:
+    def __init__(self, selector: Selector, *, like: SelectorFilter | None = None) -> None:
+        """``like``: a filter of the same selector whose verdict cache this one shares (a pull's copy)."""
         self.selector = selector
         self._tag = selector if isinstance(selector, TagSelector) else None
         self.needs_record = self._tag is None
@@ -76,12 +78,20 @@ class SelectorFilter:
         self.max_evaluations = 0
         #: MessageFilter.record_keys: the (UTF-8) names of the properties a SQL92 selector reads, so the
         #: store judges each distinct combination of their values once (judge, settle); None for tags.
-        names = getattr(selector, "properties", None) if self._tag is None else None
-        self.record_keys: tuple[bytes, ...] | None = None if names is None else tuple(n.encode() for n in names)
-        #: Verdicts of judge by values key (the store's), and the error messages verdicts >= 2 stand for;
-        #: shared by the pull copies of one subscription, since evaluation depends on the values alone.
-        self.record_verdicts: dict[bytes, int] = {}
+        self.record_keys: tuple[bytes, ...] | None = None
+        #: The store's cache of judge's verdicts (store/pull_read.py verdict_cache), and the error messages
+        #: verdicts >= 2 stand for: shared by the pull copies of one subscription (``like``), since
+        #: evaluation depends on the values alone.
+        self.record_verdicts: object | None = None
         self._messages: list[str] = []
+        if like is not None:
+            self.record_keys = like.record_keys
+            self.record_verdicts, self._messages = like.record_verdicts, like._messages
+        else:
+            names = getattr(selector, "properties", None) if self._tag is None else None
+            self.record_keys = None if names is None else tuple(n.encode() for n in names)
+            if self.record_keys is not None:
+                self.record_verdicts = verdict_cache()
 
     def use_backfill(self, backfill, offset: int) -> None:
         """Consult ``backfill`` (broker/backfill.py) for this pull starting at queue ``offset``: units it rules
@@ -93,11 +103,10 @@ class SelectorFilter:
                  live_after: int = 0) -> SelectorFilter:
         """A copy for one pull; with ``bloom`` it skips units whose bitmap (stored after ``live_after``)
         lacks the bits of ``bloom_data``."""
-        f = SelectorFilter(self.selector)
+        if len(self._messages) > MAX_MESSAGES:  # errors on ever-new values: start afresh
+            self.record_verdicts, self._messages = verdict_cache(), []
+        f = SelectorFilter(self.selector, like=self)
         f.metrics = metrics
-        if len(self.record_verdicts) > MAX_VERDICTS:  # a selector over ever-new values: start afresh
-            self.record_verdicts, self._messages = {}, []
-        f.record_verdicts, f._messages = self.record_verdicts, self._messages
         if bloom is not None and bloom_data is not None and bloom.is_valid(bloom_data) and self._tag is None:
             f.bloom, f.bloom_data, f.live_after = bloom, bloom_data, live_after
         return f

@@ -28,11 +28,23 @@ from sluice.store.consumequeue import CQ_DTYPE, CQ_UNIT_SIZE, PAD_SIZE, ConsumeQ
 from sluice.store.ext_files import ExtTable, resolve_units
 from sluice.store.types import GetMessageResult, GetMessageStatus, MessageFilter
 
-__all__ = ["PullReader", "locate"]
+__all__ = ["MAX_VERDICTS", "PullReader", "locate", "verdict_cache"]
 
 log = logging.getLogger("sluice.store.message_store")
 
 _S = GetMessageStatus
+
+
+#: Value combinations a verdict cache holds before it is emptied (a selector over ever-new values).
+MAX_VERDICTS = 65_536
+#: Property names C reads for one filter (speedups.scan_records); a filter naming more is evaluated per record.
+MAX_RECORD_KEYS = 64
+
+
+def verdict_cache() -> object | None:
+    """A new cache for MessageFilter.record_verdicts (C's speedups.verdict_cache, at most MAX_VERDICTS
+    combinations), or None without the C extension: pulls then evaluate record by record."""
+    return C.verdict_cache(MAX_VERDICTS) if C is not None else None
 
 
 def locate(cl: CommitLog, e: CorruptRecordError, commitlog_offset: int) -> CorruptRecordError:
@@ -136,7 +148,8 @@ class PullReader:
         if check is None and C is not None:
             # No record needs evaluating: C copies (and checks) runs of the wanted records at a time.
             parts, stop_at, removed = self._gather_runs(cq, offset, units, wanted, max_msgs, max_bytes, res)
-        elif check is not None and C is not None and mf is not None and mf.record_keys is not None:
+        elif check is not None and C is not None and mf is not None and mf.record_keys is not None \
+                and len(mf.record_keys) <= MAX_RECORD_KEYS and mf.record_verdicts is not None:
             # Records to evaluate on a few properties: C reads their values and judges each distinct
             # combination once (MessageFilter.record_keys), so no Python step per record.
             parts, stop_at, removed, evaluated_out = self._scan_each(cq, offset, units, phys, sizes, wanted,

@@ -134,9 +134,10 @@ class MessageFilter(Protocol):
     #: The names (UTF-8) of the properties whose values alone decide a record, or None: the records the
     #: filter asks to see then go to :meth:`match_record_at` one by one.
     record_keys: tuple[bytes, ...] | None
-    #: Where the store keeps :meth:`judge`'s verdicts, keyed by its encoding of the values (a dict the
-    #: filter may share between pulls, since a verdict depends on the values alone).
-    record_verdicts: dict[bytes, int]
+    #: Where the store keeps :meth:`judge`'s verdicts: an object from store/pull_read.py verdict_cache(),
+    #: which the filter may share between pulls (a verdict depends on the values alone); None: the
+    #: records go to :meth:`match_record_at`.
+    record_verdicts: object | None
 
     def judge(self, values: tuple[str | None, ...]) -> int:
         """The verdict on a record whose :attr:`record_keys` properties hold ``values`` (None: absent),
@@ -185,10 +186,7 @@ class TagCodeFilter(MessageFilter):
         return None
 
     record_keys: tuple[bytes, ...] | None = None  # decided by match_record, on every property
-
-    @property
-    def record_verdicts(self) -> dict[bytes, int]:  # unused without record_keys
-        return {}
+    record_verdicts: object | None = None
 
     def judge(self, values: tuple[str | None, ...]) -> int:
         raise NotImplementedError("a TagCodeFilter decides with match_record; set record_keys to use judge")
