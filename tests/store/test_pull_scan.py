@@ -134,20 +134,27 @@ def test_odd_properties_bytes_equal_the_loop(store, monkeypatch, expression, vic
 
 
 def test_duplicate_names_take_the_last_value(store, monkeypatch) -> None:
-    put = store.test_puts[0]
-    f = store.commitlog.queue.find(put.commitlog_offset)
-    rec = bytes(f.mm[put.commitlog_offset - f.start:put.commitlog_offset - f.start + put.size])
-    at = rec.index(b"n\x010\x02")
-    old = bytes(f.mm[put.commitlog_offset - f.start + at:put.commitlog_offset - f.start + at + 4])
+    """A record's ``n`` part renamed to ``b`` ahead of its own ``b``: the later ``b`` is the value."""
+    for qoff, put in enumerate(store.test_puts):
+        f = store.commitlog.queue.find(put.commitlog_offset)
+        at = put.commitlog_offset - f.start
+        rec = bytes(f.mm[at:at + put.size])
+        if b"\x02b\x01" in rec:
+            break
+    n_part = b"n\x01%d\x02" % qoff
+    assert rec.index(n_part) < rec.index(b"\x02b\x01")  # n is written before b
+    pos = at + rec.index(n_part)
+    old = bytes(f.mm[pos:pos + len(n_part)])
     try:
-        f.mm[put.commitlog_offset - f.start + at:put.commitlog_offset - f.start + at + 4] = b"b\x01x\x02"
-        for expr in ("b = 'x'", "b IS NULL"):
-            fast, slow = both_ways(store, monkeypatch, expr, 0, 1, None, 0)
+        f.mm[pos:pos + len(n_part)] = b"b\x01" + b"z" * (len(n_part) - 3) + b"\x02"
+        first = "z" * (len(n_part) - 3)
+        for expr in (f"b = '{first}'", "b = 'x'", "b = 'y'"):
+            fast, slow = both_ways(store, monkeypatch, expr, qoff, 1, None, 0)
             assert fast == slow
-        fast, _ = both_ways(store, monkeypatch, "b = 'x'", 0, 1, None, 0)
-        assert fast["queue_offsets"] == [0]
+            if expr == f"b = '{first}'":
+                assert qoff not in fast["queue_offsets"]
     finally:
-        f.mm[put.commitlog_offset - f.start + at:put.commitlog_offset - f.start + at + 4] = old
+        f.mm[pos:pos + len(n_part)] = old
 
 
 def test_budget_and_errors_are_counted_per_record(store, monkeypatch) -> None:
