@@ -39,7 +39,8 @@ def assert_conforms(obj: object, proto: type) -> None:
 
 
 def test_the_protocols_declare_every_hook_the_store_calls() -> None:
-    assert protocol_members(MessageFilter) == {"select_units", "match_record_at", "consumed", "max_evaluations"}
+    assert protocol_members(MessageFilter) == {"select_units", "match_record_at", "consumed", "max_evaluations",
+                                                "record_keys", "record_verdicts", "judge", "settle"}
     assert protocol_members(Dispatcher) == {"rebuilds_bitmaps", "dispatch", "dispatch_batch"}
     for proto in (MessageFilter, Dispatcher):
         for name in protocol_members(proto) - set(proto.__annotations__):
@@ -102,6 +103,15 @@ class StrictFilter(Recording):
 
     def consumed(self, n: int) -> None:
         self._windows += 1
+
+    record_keys = None  # record by record: match_record_at
+    record_verdicts = None
+
+    def judge(self, values: tuple[str | None, ...]) -> int:
+        raise AssertionError("judge without record_keys")
+
+    def settle(self, indexes: np.ndarray, verdicts: np.ndarray) -> None:
+        raise AssertionError("settle without record_keys")
 
 
 class StrictDispatcher(Recording):

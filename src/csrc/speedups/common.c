@@ -51,6 +51,8 @@ int append_new(PyObject *list, PyObject *o)
     return rc;
 }
 
+int append_int(PyObject *list, long long v) { return append_new(list, PyLong_FromLongLong(v)); }
+
 /* RocketMQ's body CRC (CRC32 & 0x7FFFFFFF) of p[0:n] through ``crc32`` (ISA-L's, or zlib's): 0 and
  * ``*out`` set, or -1 with the callable's error. */
 int body_crc(PyObject *crc32, const unsigned char *p, Py_ssize_t n, uint32_t *out)

@@ -6,7 +6,7 @@
 
 /* commitlog.verify_record_bytes's checks on a record at ``rec`` of ``size`` bytes claimed to sit at
  * commit-log offset ``at``: 1 fine, 0 not, -1 error (from crc32). */
-static int record_ok(const unsigned char *rec, Py_ssize_t size, int64_t at, PyObject *crc32)
+int record_ok(const unsigned char *rec, Py_ssize_t size, int64_t at, PyObject *crc32)
 {
     if (size < 8)
         return 0;
@@ -31,7 +31,6 @@ static int record_ok(const unsigned char *rec, Py_ssize_t size, int64_t at, PyOb
     return crc == (get_u32(rec + POS_BODYCRC) & 0x7FFFFFFFu);
 }
 
-static int append_int(PyObject *list, long long v) { return append_new(list, PyLong_FromLongLong(v)); }
 
 PyDoc_STRVAR(gather_units_doc,
 "gather_units(units, first, mm, file_start, limit, max_msgs, max_bytes, total, have, verify, crc32,\n"

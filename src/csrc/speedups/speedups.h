@@ -12,6 +12,7 @@
  *   records.c  commit-log records on append (encoding, patching, offset message ids)
  *   index.c    key-index hashes and entries
  *   reads.c    pulls and consumers: runs of stored records, records to MessageExt
+ *   props.c    filtered pulls: records' property values judged once per distinct combination
  */
 #ifndef SLUICE_SPEEDUPS_H
 #define SLUICE_SPEEDUPS_H
@@ -129,11 +130,15 @@ void write_tail(unsigned char *p, const unsigned char *body, Py_ssize_t body_len
                 Py_ssize_t topic_part_len, const unsigned char *props_a, Py_ssize_t len_a,
                 const unsigned char *props_b, Py_ssize_t len_b);
 int props_into(PyObject *d, PyObject *s);
+int append_int(PyObject *list, long long v);
 int sluice_intern_names(void);
 
 /* Interned attribute and property names, made once at import (common.c). */
 extern PyObject *s_topic, *s_queue_id, *s_body, *s_properties, *s_flag, *s_sysflag, *s_born_timestamp,
     *s_born_host, *s_reconsume_times, *s_prepared_tx_offset, *s_TAGS, *s_KEYS, *s_UNIQ_KEY;
+
+/* reads.c: verify_record_bytes's checks (1 fine, 0 not, -1 error from crc32) */
+int record_ok(const unsigned char *rec, Py_ssize_t size, int64_t at, PyObject *crc32);
 
 /* reads.c: the MessageExt fields decode_messages sets, exported as MESSAGE_EXT_FIELDS (module.c) */
 extern const char *sluice_ext_fields[];
@@ -141,6 +146,6 @@ extern const char *sluice_ext_fields[];
 
 /* The functions of each file, added to the module by module.c. */
 extern PyMethodDef sluice_batches_methods[], sluice_records_methods[], sluice_index_methods[],
-    sluice_reads_methods[], sluice_io_methods[], sluice_spans_methods[];
+    sluice_reads_methods[], sluice_io_methods[], sluice_spans_methods[], sluice_props_methods[];
 
 #endif

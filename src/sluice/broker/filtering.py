@@ -21,6 +21,7 @@ from sluice.filter import BloomFilter, BloomFilterData, Selector, TagSelector, c
 from sluice.protocol.bodies import SubscriptionData
 from sluice.protocol.codes import ResponseCode
 from sluice.store.consumequeue_ext import ExtBatch
+from sluice.store.pull_read import verdict_cache
 
 __all__ = ["CLASS_FILTER", "CompiledSubscription", "SelectorFilter", "class_subscription", "compile_subscription",
            "is_tag_type", "SQL92_DISABLED"]
@@ -29,6 +30,9 @@ __all__ = ["CLASS_FILTER", "CompiledSubscription", "SelectorFilter", "class_subs
 #: the class runs in the filter servers, never here, so the broker's own filter for it passes everything.
 CLASS_FILTER = "CLASS"
 MAX_CLASS_NAME = 512
+
+#: Distinct evaluation error messages a subscription keeps for its verdicts before it starts afresh.
+MAX_MESSAGES = 4_096
 
 SQL92_DISABLED = ("The broker does not support consumer to filter message by SQL92 "
                   "(enable_property_filter is off in the broker config)")
@@ -53,9 +57,11 @@ class SelectorFilter:
     """
 
     __slots__ = ("selector", "needs_record", "_tag", "metrics", "bloom", "bloom_data", "live_after",
-                 "_hits", "_skip", "_backfill", "_cursor", "_ruled_out", "max_evaluations")
+                 "_hits", "_skip", "_backfill", "_cursor", "_ruled_out", "max_evaluations", "record_keys",
+                 "record_verdicts", "_messages")
 
-    def __init__(self, selector: Selector) -> None:
+    def __init__(self, selector: Selector, *, like: SelectorFilter | None = None) -> None:
+        """``like``: a filter of the same selector whose verdict cache this one shares (a pull's copy)."""
         self.selector = selector
         self._tag = selector if isinstance(selector, TagSelector) else None
         self.needs_record = self._tag is None
@@ -70,6 +76,22 @@ class SelectorFilter:
         self._ruled_out: np.ndarray | None = None
         #: Records one pull evaluates at most (the store stops there, store/pull_read.py); 0: no bound.
         self.max_evaluations = 0
+        #: MessageFilter.record_keys: the (UTF-8) names of the properties a SQL92 selector reads, so the
+        #: store judges each distinct combination of their values once (judge, settle); None for tags.
+        self.record_keys: tuple[bytes, ...] | None = None
+        #: The store's cache of judge's verdicts (store/pull_read.py verdict_cache), and the error messages
+        #: verdicts >= 2 stand for: shared by the pull copies of one subscription (``like``), since
+        #: evaluation depends on the values alone.
+        self.record_verdicts: object | None = None
+        self._messages: list[str] = []
+        if like is not None:
+            self.record_keys = like.record_keys
+            self.record_verdicts, self._messages = like.record_verdicts, like._messages
+        else:
+            names = getattr(selector, "properties", None) if self._tag is None else None
+            self.record_keys = None if names is None else tuple(n.encode() for n in names)
+            if self.record_keys is not None:
+                self.record_verdicts = verdict_cache()
 
     def use_backfill(self, backfill, offset: int) -> None:
         """Consult ``backfill`` (broker/backfill.py) for this pull starting at queue ``offset``: units it rules
@@ -81,7 +103,9 @@ class SelectorFilter:
                  live_after: int = 0) -> SelectorFilter:
         """A copy for one pull; with ``bloom`` it skips units whose bitmap (stored after ``live_after``)
         lacks the bits of ``bloom_data``."""
-        f = SelectorFilter(self.selector)
+        if len(self._messages) > MAX_MESSAGES:  # errors on ever-new values: start afresh
+            self.record_verdicts, self._messages = verdict_cache(), []
+        f = SelectorFilter(self.selector, like=self)
         f.metrics = metrics
         if bloom is not None and bloom_data is not None and bloom.is_valid(bloom_data) and self._tag is None:
             f.bloom, f.bloom_data, f.live_after = bloom, bloom_data, live_after
@@ -168,6 +192,33 @@ class SelectorFilter:
         elif index >= 0 and self._hits is not None and self._hits[index]:
             m.bitmap_false_positives += 1
         return ok
+
+    def judge(self, values: tuple[str | None, ...]) -> int:
+        """MessageFilter.judge: the verdict on a record whose ``record_keys`` properties hold ``values``
+        (None: absent): 1 TRUE, 0 FALSE or NULL, 2 + k an evaluation error (``_messages[k]``)."""
+        sel = self.selector
+        props = {k: v for k, v in zip(sel.properties, values) if v is not None}  # type: ignore[attr-defined]
+        try:
+            return 1 if sel.evaluate(props) is True else 0
+        except FilterEvaluationError as e:
+            self._messages.append(str(e))
+            return len(self._messages) + 1
+
+    def settle(self, indexes: np.ndarray, verdicts: np.ndarray) -> None:
+        """MessageFilter.settle: the units ``indexes`` of the window were judged ``verdicts``; counted as
+        match_record_at counts each record."""
+        m = self.metrics
+        if m is None or len(verdicts) == 0:
+            return
+        m.evaluated += len(verdicts)
+        m.matched += int(np.count_nonzero(verdicts == 1))
+        err = verdicts >= 2
+        n_err = int(np.count_nonzero(err))
+        if n_err:
+            m.errors += n_err
+            m.last_error = self._messages[int(verdicts[err][-1]) - 2]
+        if self._hits is not None:
+            m.bitmap_false_positives += int(np.count_nonzero(self._hits[indexes[verdicts != 1]]))
 
     def match_dispatch(self, tag_code: int, properties: dict[str, str]) -> bool:
         """Would a just-dispatched message pass? (wakes held pulls only for messages they want)."""

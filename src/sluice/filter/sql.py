@@ -7,7 +7,7 @@ import numpy as np
 
 from sluice.filter.base import Selector
 from sluice.filter.limits import DEFAULT_LIMITS, SelectorLimits
-from sluice.filter.sql_ast import Node
+from sluice.filter.sql_ast import Node, properties_of
 from sluice.filter.sql_codegen import compile_ast
 from sluice.filter.sql_interp import Explanation, explain, interpret
 from sluice.filter.sql_parser import parse
@@ -22,6 +22,8 @@ class SqlSelector(Selector):
         self.expression = expression
         self.ast: Node = parse(expression, limits)
         self._evaluate, self._matches, self.source = compile_ast(self.ast)
+        #: The property names the expression reads: its outcome depends on these alone.
+        self.properties: tuple[str, ...] = tuple(properties_of(self.ast))
         # The compiled functions themselves, no wrapper call per message: evaluate raises
         # FilterEvaluationError (only), matches returns the broker's decision.
         self.evaluate = self._evaluate  # type: ignore[method-assign]

@@ -5,8 +5,11 @@ RocketMQ's DefaultMessageStore.getMessage
 Units are read from the consume queue in one slice; the filter decides on their tag codes or bitmaps alone
 where it can (no commit-log read), and only the records left are read. Where
 no record needs evaluating, C (speedups.gather_units) copies and checks runs
-of records at a time; otherwise a Python loop reads, checks and evaluates them
-one by one. Both give the same GetMessageResult (tests/store/test_pull_read.py).
+of records at a time. Where records need evaluating on a few properties (a
+SQL92 selector, MessageFilter.record_keys), C (speedups.scan_records) reads
+their values and the filter judges each distinct combination once; otherwise
+a Python loop reads, checks and evaluates them one by one. All give the same
+GetMessageResult (tests/store/test_pull_read.py, tests/store/test_pull_scan.py).
 """
 from __future__ import annotations
 
@@ -25,11 +28,23 @@ from sluice.store.consumequeue import CQ_DTYPE, CQ_UNIT_SIZE, PAD_SIZE, ConsumeQ
 from sluice.store.ext_files import ExtTable, resolve_units
 from sluice.store.types import GetMessageResult, GetMessageStatus, MessageFilter
 
-__all__ = ["PullReader", "locate"]
+__all__ = ["MAX_VERDICTS", "PullReader", "locate", "verdict_cache"]
 
 log = logging.getLogger("sluice.store.message_store")
 
 _S = GetMessageStatus
+
+
+#: Value combinations a verdict cache holds before it is emptied (a selector over ever-new values).
+MAX_VERDICTS = 65_536
+#: Property names C reads for one filter (speedups.scan_records); a filter naming more is evaluated per record.
+MAX_RECORD_KEYS = 64
+
+
+def verdict_cache() -> object | None:
+    """A new cache for MessageFilter.record_verdicts (C's speedups.verdict_cache, at most MAX_VERDICTS
+    combinations), or None without the C extension: pulls then evaluate record by record."""
+    return C.verdict_cache(MAX_VERDICTS) if C is not None else None
 
 
 def locate(cl: CommitLog, e: CorruptRecordError, commitlog_offset: int) -> CorruptRecordError:
@@ -133,6 +148,13 @@ class PullReader:
         if check is None and C is not None:
             # No record needs evaluating: C copies (and checks) runs of the wanted records at a time.
             parts, stop_at, removed = self._gather_runs(cq, offset, units, wanted, max_msgs, max_bytes, res)
+        elif check is not None and C is not None and mf is not None and mf.record_keys is not None \
+                and len(mf.record_keys) <= MAX_RECORD_KEYS and mf.record_verdicts is not None:
+            # Records to evaluate on a few properties: C reads their values and judges each distinct
+            # combination once (MessageFilter.record_keys), so no Python step per record.
+            parts, stop_at, removed, evaluated_out = self._scan_each(cq, offset, units, phys, sizes, wanted,
+                                                                     check, max_msgs, max_bytes, mf, res, budget)
+            filtered = filtered or evaluated_out
         else:
             parts, stop_at, removed, evaluated_out = self._read_each(cq, offset, len(units), phys, sizes,
                                                                      np.flatnonzero(wanted), max_msgs, max_bytes,
@@ -224,21 +246,94 @@ class PullReader:
         if first:
             raise e
 
+    def _scan_each(self, cq: ConsumeQueue, offset: int, units: np.ndarray, phys: np.ndarray, sizes: np.ndarray,
+                   wanted: np.ndarray, check: np.ndarray, max_msgs: int, max_bytes: int, mf: MessageFilter,
+                   res: GetMessageResult, budget: list[int] | None) -> tuple[list[bytes], int, bool, bool]:
+        """_read_each's outcome through C (speedups.scan_records), one call per commit-log file; a record
+        C leaves alone (not in the file, damaged, of an unusual shape) takes _read_each's step for it."""
+        cl = self.commitlog
+        clog_min = cl.min_offset
+        verify = self.config.verify_crc_on_read
+        if units.dtype != CQ_DTYPE or not units.flags.c_contiguous:  # C reads the big-endian 20-byte units
+            units = np.ascontiguousarray(units, dtype=CQ_DTYPE)
+        n = len(units)
+        idxs = np.flatnonzero(wanted)
+        wmask = np.ascontiguousarray(wanted, dtype=np.uint8)
+        cmask = np.ascontiguousarray(check, dtype=np.uint8)
+        ev_idx = np.empty(n, dtype=np.int32)
+        ev_code = np.empty(n, dtype=np.int32)
+        keys, verdicts, judge = mf.record_keys, mf.record_verdicts, mf.judge
+        qoffs, physl, sizesl = res.queue_offsets, res.commitlog_offsets, res.sizes
+        parts: list[bytes] = []
+        removed = filtered = False
+        total = 0
+        left = -1 if budget is None else budget[0]
+        stop_at = n
+        u = int(idxs[0]) if len(idxs) else n
+        f = None
+        while u < n:
+            p = int(phys[u])
+            if f is None or not f.start <= p < f.end:
+                f = cl.queue.find(p)
+            why, stop = 3, u
+            if f is not None:
+                try:
+                    data, stop, why, left, out, n_ev, n_read, n_bytes = C.scan_records(  # type: ignore[union-attr]
+                        units, u, wmask, cmask, f.mm, f.start, min(f.end, cl.write_pos), clog_min, max_msgs,
+                        max_bytes, len(sizesl), total, left, verify, crc32, offset, qoffs, physl, sizesl, keys,
+                        verdicts, judge, ev_idx, ev_code)
+                except ValueError:
+                    if not f.closed:
+                        raise
+                    why, stop = 3, u  # the mapping was closed by retention meanwhile
+                else:
+                    if n_ev:
+                        mf.settle(ev_idx[:n_ev], ev_code[:n_ev])
+                    if data:
+                        parts.append(data)
+                        total += len(data)
+                    filtered = filtered or out
+                    res.records_read += n_read
+                    self.records_read += n_read
+                    self.bytes_read += n_bytes
+            if why == 0:
+                break
+            if why in (1, 2, 6):
+                stop_at = stop
+                break
+            if budget is not None:  # 3, 4, 5: the Python step for that one record
+                budget[0] = left
+            _, at, gone, out = self._read_each(cq, offset, n, phys, sizes, idxs[idxs == stop], max_msgs,
+                                               max_bytes, mf, check, res, budget, parts)
+            removed, filtered = removed or gone, filtered or out
+            total = sum(map(len, parts))
+            left = -1 if budget is None else budget[0]
+            if at != n or len(sizesl) >= max_msgs:
+                stop_at = at
+                break
+            k = int(np.searchsorted(idxs, stop, side="right"))
+            u = int(idxs[k]) if k < len(idxs) else n
+        if budget is not None:
+            budget[0] = left
+        return parts, stop_at, removed, filtered
+
     def _read_each(self, cq: ConsumeQueue, offset: int, n_units: int, phys: np.ndarray,
                    sizes: np.ndarray, idxs: np.ndarray, max_msgs: int, max_bytes: int, mf: MessageFilter | None,
-                   check: np.ndarray | None, res: GetMessageResult, budget: list[int] | None = None
-                   ) -> tuple[list[bytes], int, bool, bool]:
+                   check: np.ndarray | None, res: GetMessageResult, budget: list[int] | None = None,
+                   parts: list[bytes] | None = None) -> tuple[list[bytes], int, bool, bool]:
         """Record by record: read, check, evaluate where ``check`` says so, stopping before the record that
-        would exceed the evaluation ``budget``. Returns the records taken, the unit (relative) to go on
-        from, whether a record was gone from the log, and whether the filter turned a record down."""
+        would exceed the evaluation ``budget``. Returns the records taken (appended to ``parts``, which holds
+        what the window took before), the unit (relative) to go on from, whether a record was gone from the
+        log, and whether the filter turned a record down."""
         left = -1 if budget is None else budget[0]
         match_at = mf.match_record_at if mf is not None else None  # check is None without a filter
         verify = self.config.verify_crc_on_read
         cl = self.commitlog
         clog_min = cl.min_offset
-        parts: list[bytes] = []
+        if parts is None:
+            parts = []
         removed = filtered = False
-        total = 0
+        total = sum(map(len, parts))
         stop_at = n_units
         for i in idxs.tolist():
             p, s = int(phys[i]), int(sizes[i])
@@ -277,7 +372,7 @@ class PullReader:
             res.queue_offsets.append(offset + i)
             res.commitlog_offsets.append(p)
             res.sizes.append(s)
-            if len(parts) >= max_msgs:
+            if len(res.sizes) >= max_msgs:
                 stop_at = i + 1  # like RocketMQ: resume right after the last message taken
                 break
         if budget is not None:

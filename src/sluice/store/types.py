@@ -93,6 +93,11 @@ class MessageFilter(Protocol):
     then :meth:`consumed` once. The broker adapts tag and SQL92 selectors to it
     (broker/filtering.py SelectorFilter); :class:`TagCodeFilter` implements it for filters that decide
     on tag codes and properties alone.
+
+    A filter whose decision depends on a few properties' values alone may name them in
+    :attr:`record_keys`: the store then reads those values itself and asks :meth:`judge` once per
+    distinct combination (C speedups.scan_records) instead of :meth:`match_record_at` per record, and
+    reports each window's verdicts to :meth:`settle`; both ways give the same pull.
     """
 
     #: How many records one pull may evaluate with :meth:`match_record_at` (0: no bound). The pull stops
@@ -124,6 +129,25 @@ class MessageFilter(Protocol):
         """The pull went on from unit ``n`` of the last :meth:`select_units` window (units before it were
         looked at, the rest were not): per-window counters and cursors are settled here; a no-op for
         filters that keep none."""
+        ...
+
+    #: The names (UTF-8) of the properties whose values alone decide a record, or None: the records the
+    #: filter asks to see then go to :meth:`match_record_at` one by one.
+    record_keys: tuple[bytes, ...] | None
+    #: Where the store keeps :meth:`judge`'s verdicts: an object from store/pull_read.py verdict_cache(),
+    #: which the filter may share between pulls (a verdict depends on the values alone); None: the
+    #: records go to :meth:`match_record_at`.
+    record_verdicts: object | None
+
+    def judge(self, values: tuple[str | None, ...]) -> int:
+        """The verdict on a record whose :attr:`record_keys` properties hold ``values`` (None: absent),
+        as :meth:`match_record_at` would decide it: 1 passes, any other int does not (the filter may use
+        them to tell outcomes apart in :meth:`settle`)."""
+        ...
+
+    def settle(self, indexes: np.ndarray, verdicts: np.ndarray) -> None:
+        """The records of units ``indexes`` (int32, of the last :meth:`select_units` window, in order)
+        were evaluated with these :meth:`judge` verdicts: count them as match_record_at would have."""
         ...
 
 
@@ -159,6 +183,15 @@ class TagCodeFilter(MessageFilter):
         return self.match_record(properties)
 
     def consumed(self, n: int) -> None:
+        return None
+
+    record_keys: tuple[bytes, ...] | None = None  # decided by match_record, on every property
+    record_verdicts: object | None = None
+
+    def judge(self, values: tuple[str | None, ...]) -> int:
+        raise NotImplementedError("a TagCodeFilter decides with match_record; set record_keys to use judge")
+
+    def settle(self, indexes: np.ndarray, verdicts: np.ndarray) -> None:
         return None
 
 

@@ -1,0 +1,170 @@
+"""Catch-up filtered drains: a group that subscribes after the messages were written (no bitmaps).
+
+One topic (one queue) of N 1 KiB messages with the common workload's properties (issue 15): ``region``
+(10 values), ``a`` (0..99, as text) and a tag (TagA..TagJ). The store is driven in-process with the
+broker's pull filter (broker/filtering.py SelectorFilter, no Bloom data), so every scanned record is
+evaluated at pull time. Per selector: matched msgs/s and CPU microseconds per scanned record
+(time.process_time, the pull loop only), pulls of 32 as the push consumer asks.
+
+    .venv/bin/python benchmarks/catchup_pull.py [--quick] [--messages N] [--store DIR] [--per-record]
+
+--quick uses 100,000 messages instead of 1,000,000. --store keeps (and reuses) the written store there.
+--per-record forces the Python record-by-record evaluation (the path before speedups.scan_records), for a
+comparison in one process. --broker adds the same catch-up drains through a real namesrv and broker
+(subprocesses, ``--flush async``) and the SDK push consumer (batches of 32 to the listener), the common
+workload's messages sent as ``sluice bench`` sends them, with the CPU the broker and this process spent
+per matched message. Last line: one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from sluice.broker.filtering import SelectorFilter
+from sluice.filter import compile_selector
+from sluice.speedups import C
+from sluice.store import MessageStore, StoreConfig, StoreMessage
+from sluice.store.types import GetMessageStatus as S
+
+TOPIC = "Catchup"
+BODY = b"x" * 1024
+REGIONS = ["eu", "us", "ap", "sa", "af", "me", "oc", "ca", "cn", "in"]
+SELECTORS = {
+    "region_10pct": ("SQL92", "region = 'eu'"),
+    "sql92_5pct": ("SQL92", "region = 'eu' AND a >= 50"),
+    "tags_sql_10pct": ("SQL92", "TAGS = 'TagA'"),
+}
+
+
+def store_config() -> StoreConfig:
+    return StoreConfig(commitlog_file_size=256 * 1024 * 1024, index_enable=False, checkpoint_interval_ms=1000)
+
+
+def fill(root: Path, n: int) -> None:
+    rng = random.Random(15)
+    store = MessageStore(root, store_config())
+    store.start()
+    try:
+        for i in range(0, n, 256):
+            store.put_messages([StoreMessage(TOPIC, BODY, 0, {
+                "TAGS": f"Tag{'ABCDEFGHIJ'[rng.randrange(10)]}", "region": rng.choice(REGIONS),
+                "a": str(rng.randrange(100))}) for _ in range(i, min(n, i + 256))])
+        store.wait_dispatched(600)
+    finally:
+        store.close()
+
+
+def drain(root: Path, expression: str) -> dict:
+    store = MessageStore(root, store_config())
+    store.start()
+    try:
+        mf = SelectorFilter(compile_selector("SQL92", expression)).for_pull()
+        end = store.get_max_offset(TOPIC, 0)
+        matched = off = pulls = 0
+        c0, t0 = time.process_time(), time.perf_counter()
+        while off < end:
+            res = store.get_messages(TOPIC, 0, off, 32, mf)
+            pulls += 1
+            if res.status is S.FOUND:
+                matched += res.message_count
+            elif res.status is not S.NO_MATCHED_MESSAGE:
+                break
+            off = res.next_begin_offset
+        cpu, wall = time.process_time() - c0, time.perf_counter() - t0
+        return {"matched": matched, "scanned": off, "pulls": pulls, "cpu_us_per_scanned": round(cpu / off * 1e6, 3),
+                "matched_per_cpu_s": round(matched / cpu), "matched_per_s": round(matched / wall)}
+    finally:
+        store.close()
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of process ``pid`` (Linux /proc)."""
+    import os
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def broker_drains(tmp: Path, n: int) -> dict:
+    """Catch-up drains of the common workload through a broker subprocess and the SDK push consumer."""
+    from sluice.bench.sluice_runner import cluster, create_topic, produce, push, wait_visible
+    from sluice.bench.workload import FILTERS, Counter, Workload, expected_counts, generate
+    from sluice.client import ConsumeResult
+
+    wl = Workload(messages=n)
+    props = generate(n, wl.seed)
+    expected = expected_counts(props)
+    ns, broker = cluster(tmp, "async")
+    out: dict = {"messages": n}
+    try:
+        create_topic(ns.addr)
+        out["produce_msgs_per_s"] = round(produce(ns.addr, props, wl))
+        wait_visible(ns.addr, n + 1, wl.drain_timeout)
+        for f in FILTERS:
+            if f.kind != "SQL92":
+                continue
+            counter = Counter(expected[f.name])
+
+            def listener(msgs: list, counter: Counter = counter) -> ConsumeResult:
+                counter.add(len(msgs))
+                return ConsumeResult.SUCCESS
+            b0, c0, t0 = cpu_seconds(broker.pid), time.process_time(), time.perf_counter()
+            c = push(f"catchup-{f.name}", ns.addr, f, listener, consume_message_batch_max_size=32)
+            try:
+                done = counter.wait(wl.drain_timeout)
+            finally:
+                c.shutdown()
+            row = counter.rate(t0)
+            matched = max(1, counter.count)
+            row["broker_cpu_us_per_matched"] = round((cpu_seconds(broker.pid) - b0) / matched * 1e6, 2)
+            row["client_cpu_us_per_matched"] = round((time.process_time() - c0) / matched * 1e6, 2)
+            if not done:
+                row["error"] = f"drained {counter.count} of {counter.target}"
+            out[f"{f.name} ({f.expression})"] = row
+    finally:
+        broker.stop()
+        ns.stop()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="100,000 messages instead of 1,000,000")
+    ap.add_argument("--messages", type=int, help="override the message count")
+    ap.add_argument("--store", type=Path, help="keep the written store here and reuse it when present")
+    ap.add_argument("--per-record", action="store_true", help="evaluate record by record (the Python path)")
+    ap.add_argument("--broker", action="store_true", help="also drain through a broker and the push consumer")
+    args = ap.parse_args()
+    n = args.messages or (100_000 if args.quick else 1_000_000)
+    if args.per_record:
+        from sluice.store import pull_read
+        pull_read.C = None  # the module's own switch: no C for pulls (gather_units nor scan_records)
+    tmp = None
+    root = args.store
+    if root is None:
+        tmp = Path(tempfile.mkdtemp(prefix="sluice-catchup-"))
+        root = tmp / "store"
+    out: dict = {"benchmark": "catchup_pull", "quick": args.quick, "messages": n, "body_bytes": len(BODY),
+                 "c_extension": C is not None and not args.per_record}
+    try:
+        if not (root / "commitlog").exists():
+            fill(root, n)
+        out["drains"] = {name: drain(root, expr) for name, (_, expr) in SELECTORS.items()}
+        if args.broker:
+            work = Path(tempfile.mkdtemp(prefix="sluice-catchup-broker-"))
+            try:
+                out["broker"] = broker_drains(work, n)
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
