@@ -2,6 +2,7 @@
 the check-back, discard, and state rebuilt from the half and op topics after a restart."""
 from __future__ import annotations
 
+import asyncio
 import queue
 import time
 from pathlib import Path
@@ -9,6 +10,7 @@ from typing import Any
 
 from broker_support import BrokerHandle, Rpc, bodies, records
 
+from sluice.broker.appender import stored
 from sluice.broker.transactions import CHECK_MAX_TOPIC, HALF_TOPIC, OP_TOPIC, SYS_GROUP
 from sluice.protocol import properties as P
 from sluice.protocol.codes import RequestCode, ResponseCode
@@ -189,3 +191,50 @@ def _wait(pred: Any, timeout: float = 5.0) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+class _Peer:
+    peer = "127.0.0.1:1"
+
+
+def test_a_commit_while_the_check_copies_resolves_the_copy_too(make_broker: Any, tmp_path: Path) -> None:
+    """END_TRANSACTION arriving while the check appends the half's copy: the copy gets its op record too, so
+    neither this broker nor a restarted one checks (or delivers) it again."""
+    b = make_broker(tmp_path / "s")
+    rpc = b.rpc()
+    r = half(rpc)
+    svc = b.broker.transactions
+    real_put = svc.appender.put
+
+    async def scenario() -> None:
+        gate, entered = asyncio.Event(), asyncio.Event()
+
+        def put(topic: str, qid: int, payload: Any, **kw: Any) -> Any:
+            res = real_put(topic, qid, payload, **kw)
+            if topic != HALF_TOPIC:
+                return res
+
+            async def later() -> Any:
+                entered.set()
+                await gate.wait()
+                return await stored(res)
+            return later()
+        svc.appender.put = put  # type: ignore[method-assign]
+        try:
+            task = asyncio.get_running_loop().create_task(svc.check(now_ms=FAR))
+            await entered.wait()
+            f = r.ext_fields
+            req = RemotingCommand.request(RequestCode.END_TRANSACTION, {
+                "producerGroup": "PG", "tranStateTableOffset": f["queueOffset"],
+                "commitLogOffset": decode_offset_msg_id(f["msgId"]).offset, "commitOrRollback": 8, "msgId": "m"})
+            assert (await svc.end_transaction(_Peer(), req)).code == ResponseCode.SUCCESS  # type: ignore[arg-type]
+            gate.set()
+            await task
+        finally:
+            svc.appender.put = real_put  # type: ignore[method-assign]
+    b.loop.run(scenario(), 10)
+    assert bodies(rpc.pull("TxT", 0)) == [b"tx"] and sorted(op_bodies(b, rpc)) == [b"0", b"1"]
+    assert svc.pending == {} and check(b) == 0
+    b.stop()
+    again = make_broker(tmp_path / "s")
+    assert again.broker.transactions.pending == {} and bodies(again.rpc().pull("TxT", 0)) == [b"tx"]

@@ -135,6 +135,7 @@ class TransactionService:
         self._moving: dict[int, int] = {}  # key -> queue offset being copied by the check
         self._named: dict[int, int] = {}  # half queue offset an op names -> the op's queue offset
         self._half_read = 0  # next half-queue offset to read
+        self._ahead: set[int] = set()  # keys resolved before the half-queue read reached them
         self._lock = asyncio.Lock()  # one catch-up at a time
         self._task: asyncio.Task[None] | None = None
         self.committed = self.rolled_back = self.checks_sent = self.discarded = self.no_producer = 0
@@ -185,7 +186,10 @@ class TransactionService:
             key = _key(props, qoff)
             if qoff in resolved or key in resolved:
                 done.add(key)
-            if key in done or key in self._resolving:
+            if key in done or key in self._resolving or key in self._moving:
+                continue  # the check copying it sets its entry itself
+            if key in self._ahead:  # resolved before this read reached it
+                self._ahead.discard(key)
                 continue
             cur = self.pending.get(key)
             if cur is not None and cur.qoff >= qoff or (cur is None and qoff != key and not loading):
@@ -232,6 +236,10 @@ class TransactionService:
         if rec.queue_offset >= self._half_read:
             await self._catch_up()
         half = self.pending.pop(key, None)
+        if half is None and rec.queue_offset >= self._half_read and key == rec.queue_offset:
+            # Stored but not yet dispatched to the half queue: resolved now, skipped when the read gets there.
+            half = _half_of(key, rec.queue_offset, rec, props, self.timeout_ms)
+            self._ahead.add(key)
         if half is None:  # resolved already (or discarded): a repeat changes nothing
             log.info("END_TRANSACTION %s for half offset %d from %s: already resolved", _KIND[kind],
                      rec.queue_offset, conn.peer)
@@ -304,7 +312,8 @@ class TransactionService:
         now = int(time.time() * 1000) if now_ms is None else now_ms
         due = sorted((p for p in self.pending.values() if now - p.born_ms >= p.immunity_ms), key=_QOFF)
         for half in due:
-            if self.pending.get(half.key) is not half:
+            cur = self.pending.get(half.key)
+            if cur is None or cur.qoff != half.qoff:
                 continue  # resolved while this pass waited
             if half.checks >= self.check_max:
                 await self._discard(half)
@@ -367,7 +376,7 @@ class TransactionService:
             self._moving.pop(half.key, None)
         new = _Half(half.key, r.queue_offset, r.commitlog_offset, half.group, half.born_ms, half.checks + 1,
                     half.immunity_ms)
-        if self.pending.get(half.key) is not half:  # resolved while copying: that resolution covers the copy too
+        if half.key not in self.pending:  # resolved while copying: that resolution named the old copy only
             await self._op({new.qoff})
             return
         self.pending[half.key] = new
