@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from broker_support import BrokerHandle, Rpc, bodies, records
 
 from sluice.broker.appender import stored
@@ -238,3 +239,20 @@ def test_a_commit_while_the_check_copies_resolves_the_copy_too(make_broker: Any,
     b.stop()
     again = make_broker(tmp_path / "s")
     assert again.broker.transactions.pending == {} and bodies(again.rpc().pull("TxT", 0)) == [b"tx"]
+
+
+def test_commits_ahead_of_the_half_queue_read_are_bounded(broker: BrokerHandle, rpc: Rpc,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Commits of halves the service has not read yet are remembered until the read passes them; past
+    AHEAD_READ of them the read catches up at once."""
+    import sluice.broker.transactions as T
+    monkeypatch.setattr(T, "AHEAD_READ", 3)
+    svc = broker.broker.transactions
+    sent = [half(rpc, body=bytes([65 + i])) for i in range(5)]
+    for r in sent[:2]:
+        assert end(rpc, r, 8).code == ResponseCode.SUCCESS
+    assert svc._ahead == {0, 1}
+    assert end(rpc, sent[2], 12).code == ResponseCode.SUCCESS  # the third: the read catches up
+    assert _wait(lambda: not svc._ahead) and set(svc.pending) == {3, 4}
+    assert end(rpc, sent[0], 8).code == ResponseCode.SUCCESS  # a repeat, after the read passed it
+    assert sorted(bodies(rpc.pull("TxT", 0))) == [b"A", b"B"]

@@ -66,6 +66,8 @@ CHECK_TIMES = "TRANSACTION_CHECK_TIMES"
 CHECK_IMMUNITY = "CHECK_IMMUNITY_TIME_IN_SECONDS"
 #: Records read per store call while catching up with a queue.
 BATCH = 256
+#: Halves resolved before the half queue was read this far: past it the read catches up (bounds the memory).
+AHEAD_READ = 65_536
 COMMIT, ROLLBACK, NOT_TYPE = FLAG_TRANSACTION_COMMIT, 0xC, 0
 #: Properties the committed real message does not keep (RocketMQ clears REAL_* and, since 4.7.1, TRAN_MSG).
 _NOT_COMMITTED = (P.REAL_TOPIC, P.REAL_QID, P.TRAN_MSG, PREPARED_QUEUE_OFFSET)
@@ -136,6 +138,7 @@ class TransactionService:
         self._named: dict[int, int] = {}  # half queue offset an op names -> the op's queue offset
         self._half_read = 0  # next half-queue offset to read
         self._ahead: set[int] = set()  # keys resolved before the half-queue read reached them
+        self._reader: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()  # one catch-up at a time
         self._task: asyncio.Task[None] | None = None
         self.committed = self.rolled_back = self.checks_sent = self.discarded = self.no_producer = 0
@@ -218,7 +221,8 @@ class TransactionService:
             raise InvalidParameterError(f"commitOrRollback {kind} is none of 8 (commit), 12 (rollback), 0 (unknown)")
         if kind == NOT_TYPE:  # the producer does not know yet: the check asks again (RocketMQ answers nothing)
             return request.make_response(remark="transaction state unknown: left for the check")
-        data = await self.pool.run(self.store.read_record, h.commit_log_offset)
+        # On the loop, as pulls are by default: the half was just appended, its page is in memory.
+        data = self.store.read_record(h.commit_log_offset)
         rec = decode_record(data) if data is not None else None
         if rec is None or rec.topic != HALF_TOPIC:
             raise SluiceError(f"Find prepared transaction message failed: no half message at commit-log offset "
@@ -233,13 +237,14 @@ class TransactionService:
         if self.authorize is not None and not h.topic:
             self.authorize(conn, request, real)
         key = _key(props, rec.queue_offset)
-        if rec.queue_offset >= self._half_read:
-            await self._catch_up()
         half = self.pending.pop(key, None)
-        if half is None and rec.queue_offset >= self._half_read and key == rec.queue_offset:
-            # Stored but not yet dispatched to the half queue: resolved now, skipped when the read gets there.
+        if half is None and key == rec.queue_offset >= self._half_read and key not in self._ahead:
+            # A half the service has not read yet (the usual commit, seconds after its send) is undecided: only
+            # the check copies halves, after reading them. Resolved now; the read skips it when it gets there.
             half = _half_of(key, rec.queue_offset, rec, props, self.timeout_ms)
             self._ahead.add(key)
+            if len(self._ahead) >= AHEAD_READ and (self._reader is None or self._reader.done()):
+                self._reader = asyncio.get_running_loop().create_task(self._catch_up())  # bounds _ahead
         if half is None:  # resolved already (or discarded): a repeat changes nothing
             log.info("END_TRANSACTION %s for half offset %d from %s: already resolved", _KIND[kind],
                      rec.queue_offset, conn.peer)
@@ -290,10 +295,11 @@ class TransactionService:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="transaction-check")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        for task in (self._task, self._reader):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._task = self._reader = None
         self.progress()
 
     async def _run(self) -> None:
