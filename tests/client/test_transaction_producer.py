@@ -192,6 +192,7 @@ accounts:
     defaultGroupPerm: SUB
     topicPerms:
       - TxAcl=SUB
+      - TxOther=PUB
 """
 
 
@@ -213,11 +214,14 @@ def test_acl_end_transaction_needs_pub_on_the_real_topic(tmp_path: Path) -> None
                       "fromTransactionCheck": "false", "msgId": r.msg_id}
             loop = LoopThread("acl-tx")
             try:
-                for who, code in ((Credentials("txsub", "tx-secret-2"), ResponseCode.NO_PERMISSION),
-                                  (user, ResponseCode.SUCCESS)):
+                sub = Credentials("txsub", "tx-secret-2")
+                # SUB only on the real topic: refused, whether or not the header names (another) topic.
+                for who, extra, code in ((sub, {}, ResponseCode.NO_PERMISSION),
+                                         (sub, {"topic": "TxOther"}, ResponseCode.NO_PERMISSION),
+                                         (user, {}, ResponseCode.SUCCESS)):
                     client = remoting_client(who)
                     resp = loop.run(client.invoke(addr, RemotingCommand.request(RequestCode.END_TRANSACTION,
-                                                                                dict(fields)), 5), 10)
+                                                                                {**fields, **extra}), 5), 10)
                     loop.run(client.close(), 10)
                     assert resp.code == code, resp.remark
             finally:

@@ -234,7 +234,7 @@ class TransactionService:
         if rec.queue_offset != h.tran_state_table_offset:
             raise SluiceError("The transaction state table offset wrong", code=ResponseCode.SYSTEM_ERROR)
         real = props.get(P.REAL_TOPIC, "")
-        if self.authorize is not None and not h.topic:
+        if self.authorize is not None and h.topic != real:  # the ACL checked a topic the header named, if any
             self.authorize(conn, request, real)
         key = _key(props, rec.queue_offset)
         half = self.pending.pop(key, None)
