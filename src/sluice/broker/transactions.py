@@ -29,7 +29,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -144,9 +144,9 @@ class TransactionService:
         self.committed = self.rolled_back = self.checks_sent = self.discarded = self.no_producer = 0
 
     # ---- state from the two topics -------------------------------------------------------------------
-    async def _read(self, topic: str, start: int) -> tuple[list[tuple[int, RecordView]], int]:
-        """Every record of ``topic`` queue 0 from ``start`` on (queue offset, record), and the next offset."""
-        store, out, off = self.store, [], start
+    async def _read(self, topic: str, start: int) -> AsyncIterator[list[tuple[int, RecordView]]]:
+        """The records of ``topic`` queue 0 from ``start`` on, a batch at a time: (queue offset, record)."""
+        store, off = self.store, start
         while off < store.get_max_offset(topic, 0):
             res = await self.pool.run(store.get_messages, topic, 0, off, BATCH)
             if res.status is not GetMessageStatus.FOUND:
@@ -155,23 +155,24 @@ class TransactionService:
                 log.warning("%s: %s at %d, going on at %d", topic, res.status.name, off, res.next_begin_offset)
                 off = res.next_begin_offset
                 continue
-            out += zip(res.queue_offsets, iter_records(res.data, check_crc=False))
             off = res.next_begin_offset
-        return out, off
+            if topic == HALF_TOPIC:
+                self._half_read = off
+            yield list(zip(res.queue_offsets, iter_records(res.data, check_crc=False)))
 
     async def load(self) -> None:
         """Rebuild the undecided transactions (broker start, before it serves requests)."""
         store = self.store
         h = max(self.offsets.query(SYS_GROUP, HALF_TOPIC, 0), store.get_min_offset(HALF_TOPIC, 0), 0)
         o = max(self.offsets.query(SYS_GROUP, OP_TOPIC, 0), store.get_min_offset(OP_TOPIC, 0), 0)
-        ops, _ = await self._read(OP_TOPIC, o)
         named: set[int] = set()
-        for op_qoff, rec in ops:
-            q = _op_target(rec)
-            if q is not None:
-                named.add(q)
-                if q >= h:
-                    self._named.setdefault(q, op_qoff)
+        async for ops in self._read(OP_TOPIC, o):
+            for op_qoff, rec in ops:
+                q = _op_target(rec)
+                if q is not None:
+                    named.add(q)
+                    if q >= h:
+                        self._named.setdefault(q, op_qoff)
         self._half_read = h
         await self._catch_up(resolved=named)
         log.info("transactions: %d undecided half message(s) from half-queue offset %d", len(self.pending), h)
@@ -181,9 +182,15 @@ class TransactionService:
         the half offsets op records name."""
         loading = resolved is not None
         resolved = resolved or set()
-        async with self._lock:
-            halves, self._half_read = await self._read(HALF_TOPIC, self._half_read)
         done: set[int] = set()
+        async with self._lock:  # one read at a time; each batch is applied before the next is read
+            async for halves in self._read(HALF_TOPIC, self._half_read):
+                self._apply(halves, resolved, done, loading)
+        for key in done:
+            self.pending.pop(key, None)
+
+    def _apply(self, halves: list[tuple[int, RecordView]], resolved: set[int], done: set[int],
+               loading: bool) -> None:
         for qoff, rec in halves:
             props = P.decode_properties(rec.properties)
             key = _key(props, qoff)
@@ -198,8 +205,6 @@ class TransactionService:
             if cur is not None and cur.qoff >= qoff or (cur is None and qoff != key and not loading):
                 continue  # an older copy; or a copy of a transaction resolved meanwhile
             self.pending[key] = _half_of(key, qoff, rec, props, self.timeout_ms)
-        for key in done:
-            self.pending.pop(key, None)
 
     def progress(self) -> tuple[int, int]:
         """(half, op) queue offsets before which nothing undecided or needed is left; recorded as the
