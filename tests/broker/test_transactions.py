@@ -256,3 +256,11 @@ def test_commits_ahead_of_the_half_queue_read_are_bounded(broker: BrokerHandle, 
     assert _wait(lambda: not svc._ahead) and set(svc.pending) == {3, 4}
     assert end(rpc, sent[0], 8).code == ResponseCode.SUCCESS  # a repeat, after the read passed it
     assert sorted(bodies(rpc.pull("TxT", 0))) == [b"A", b"B"]
+
+
+def test_check_immunity_time_defers_the_first_check(broker: BrokerHandle, rpc: Rpc) -> None:
+    half(rpc, body=b"imm", **{"CHECK_IMMUNITY_TIME_IN_SECONDS": "3600"})
+    half(rpc, body=b"short", **{"CHECK_IMMUNITY_TIME_IN_SECONDS": "1"})  # below the timeout: the timeout wins
+    born = int(time.time() * 1000)
+    assert check(broker, now=born + 6_000 + 5_000) == 1  # only "short" is due
+    assert check(broker, now=born + 3_600_000 + 5_000) == 2

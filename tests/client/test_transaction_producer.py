@@ -3,6 +3,7 @@
 the discard after transaction_check_max, a broker killed with SIGKILL between half and commit, and ACL."""
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Iterator
@@ -229,3 +230,30 @@ def test_acl_end_transaction_needs_pub_on_the_real_topic(tmp_path: Path) -> None
             msgs = wait_for(lambda: len(got := delivered(c.ns, "TxAcl", credentials=user)) == 2 and got,
                             what="the second commit")
         assert sorted(m.body for m in msgs) == [b"second", b"signed"]
+
+
+def test_async_producer_with_coroutine_callbacks(cluster: Cluster) -> None:
+    from sluice.client import AsyncTransactionProducer
+
+    topic = unique("TxAsync")
+    seen: list[bytes] = []
+
+    async def execute(msg: Message, arg: Any) -> LocalTransactionState:
+        return UNKNOW
+
+    async def check(msg: MessageExt) -> LocalTransactionState:
+        seen.append(msg.body)
+        return COMMIT
+
+    async def run() -> LocalTransactionState:
+        async with AsyncTransactionProducer(unique("PG"), cluster.ns, execute=execute, check=check) as p:
+            r = await p.send_in_transaction(Message(topic, b"async"))
+            for _ in range(200):  # the check comes within a few intervals
+                if seen:
+                    break
+                await asyncio.sleep(0.05)
+            return r.transaction_state
+    assert asyncio.run(run()) is UNKNOW
+    wait_for_route(cluster.ns, topic)
+    assert [m.body for m in wait_for(lambda: delivered(cluster.ns, topic), what="async commit")] == [b"async"]
+    assert seen == [b"async"]
