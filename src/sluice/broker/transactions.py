@@ -38,10 +38,10 @@ from sluice.broker.consumers import ConsumerManager
 from sluice.broker.offsets import ConsumerOffsetManager
 from sluice.broker.pool import BlockingPool
 from sluice.broker.topics import TopicConfigManager
-from sluice.errors import InvalidParameterError, SluiceError
+from sluice.errors import InvalidParameterError, SluiceError, TransactionStateError
 from sluice.format import FLAG_TRANSACTION_COMMIT, FLAG_TRANSACTION_PREPARED, TRANSACTION_MASK
 from sluice.protocol import properties as P
-from sluice.protocol.codes import RequestCode, ResponseCode
+from sluice.protocol.codes import RequestCode
 from sluice.protocol.command import RemotingCommand
 from sluice.protocol.headers import CheckTransactionStateRequestHeader, EndTransactionRequestHeader
 from sluice.protocol.msgid import create_offset_msg_id
@@ -230,14 +230,14 @@ class TransactionService:
         data = self.store.read_record(h.commit_log_offset)
         rec = decode_record(data) if data is not None else None
         if rec is None or rec.topic != HALF_TOPIC:
-            raise SluiceError(f"Find prepared transaction message failed: no half message at commit-log offset "
-                              f"{h.commit_log_offset}", code=ResponseCode.SYSTEM_ERROR)
+            raise TransactionStateError(f"Find prepared transaction message failed: no half message at commit-log "
+                                        f"offset {h.commit_log_offset}")
         props = P.decode_properties(rec.properties)
         # EndTransactionProcessor.checkPrepareMessage
         if props.get(P.PGROUP) != h.producer_group:
-            raise SluiceError("The producer group wrong", code=ResponseCode.SYSTEM_ERROR)
+            raise TransactionStateError("The producer group wrong")
         if rec.queue_offset != h.tran_state_table_offset:
-            raise SluiceError("The transaction state table offset wrong", code=ResponseCode.SYSTEM_ERROR)
+            raise TransactionStateError("The transaction state table offset wrong")
         real = props.get(P.REAL_TOPIC, "")
         if self.authorize is not None and h.topic != real:  # the ACL checked a topic the header named, if any
             self.authorize(conn, request, real)
@@ -275,10 +275,9 @@ class TransactionService:
         try:
             qid = int(props.get(P.REAL_QID, ""))
         except ValueError:
-            raise SluiceError(f"half message at {half_offset} has no valid REAL_QID", code=ResponseCode.SYSTEM_ERROR) \
-                from None
+            raise TransactionStateError(f"half message at {half_offset} has no valid REAL_QID") from None
         if not real:
-            raise SluiceError(f"half message at {half_offset} has no REAL_TOPIC", code=ResponseCode.SYSTEM_ERROR)
+            raise TransactionStateError(f"half message at {half_offset} has no REAL_TOPIC")
         real_props = {k: v for k, v in props.items() if k not in _NOT_COMMITTED}
         msg = StoreMessage(real, rec.body, qid, real_props, rec.flag, (rec.sysflag & ~TRANSACTION_MASK) | COMMIT,
                            rec.born_timestamp, rec.born_host, rec.reconsume_times, half_offset)
