@@ -15,6 +15,7 @@ if TYPE_CHECKING:
         ConsumeOrderlyResult, ConsumeResult, MessageModel, MessageQueue, MessageSelector, Producer, PullConsumer,
         PullResult, PullStatus, PushConsumer, SendResult, SendStatus, select_by_hash,
     )
+    from sluice.client import LocalTransactionState, TransactionProducer
     from sluice.acl.signature import Credentials
     from sluice.errors import SluiceError
     from sluice.message import Message, MessageExt
@@ -25,7 +26,7 @@ __all__ = [
     "Credentials", "MessageModel", "PushConsumer",
     "AsyncProducer", "AsyncPullConsumer", "Message", "MessageExt", "MessageQueue", "MessageSelector", "Producer",
     "PullConsumer", "PullResult", "PullStatus", "SendResult", "SendStatus", "SluiceError", "__version__",
-    "select_by_hash",
+    "select_by_hash", "LocalTransactionState", "TransactionProducer",
 ]
 
 # name -> the module that defines it (the client's names go through sluice.client's own lazy face).

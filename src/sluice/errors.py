@@ -144,6 +144,13 @@ class ClientError(SluiceError):
     code = ResponseCode.SYSTEM_ERROR
 
 
+class TransactionStateError(SluiceError):
+    """END_TRANSACTION that cannot apply to what it names: no half message at that commit-log offset, another
+    producer group's, or a half-queue offset that is not the half's (EndTransactionProcessor's answers)."""
+
+    code = ResponseCode.SYSTEM_ERROR
+
+
 class NotFoundError(SluiceError):
     """What was looked up is not there: a message, a consumer group, a route (admin lookups).
 

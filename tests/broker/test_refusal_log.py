@@ -28,7 +28,7 @@ def test_repeated_bad_sends_log_once_per_reason(broker: BrokerHandle, rpc: Rpc,
         r = rpc.send("SCHEDULE_TOPIC_XXXX", b"x")
         assert r.code == ResponseCode.NO_PERMISSION
     for _ in range(5):
-        assert rpc.send("Tx", b"half", sys_flag=0x4).code == ResponseCode.NO_PERMISSION
+        assert rpc.send("Tx", b"rolled-back", sys_flag=0xC).code == ResponseCode.NO_PERMISSION  # never storable
     lines = _lines(caplog)
     assert len(lines) == 3, lines
     assert any("flag" in x for x in lines) and any("SCHEDULE_TOPIC_XXXX" in x for x in lines)

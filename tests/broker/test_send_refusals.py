@@ -1,8 +1,10 @@
-"""Sends the broker refuses instead of acknowledging and never delivering: transactional half messages (until
-transactions exist) and sends to the system topics only the broker writes (RocketMQ's
+"""Sends the broker refuses instead of acknowledging and never delivering: transactional messages it cannot
+honour (reject_transaction_message, a rolled-back type, a transactional batch) and sends to the system topics only the broker writes (RocketMQ's
 TopicValidator.isNotAllowedSendTopic); single and batch sends alike, nothing stored. The broker's own moves
 into those topics (delays, consumer retries) do not come through the send path and still work."""
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 
@@ -21,7 +23,11 @@ def _nothing_stored(broker: BrokerHandle, topic: str) -> bool:
 
 
 @pytest.mark.parametrize("code", [RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2])
-def test_half_messages_are_refused(broker: BrokerHandle, rpc: Rpc, code: int) -> None:
+def test_transactional_sends_the_broker_cannot_honour_are_refused(make_broker: Any, code: int) -> None:
+    """reject_transaction_message refuses every half message; a rolled-back type (no consume-queue unit) and a
+    transactional batch are refused always. Half messages themselves: tests/broker/test_transactions.py."""
+    broker = make_broker(reject_transaction_message=True)
+    rpc = broker.rpc()
     assert rpc.send("Tx", b"warm-up", code=code).code == ResponseCode.SUCCESS  # the topic exists, queue 0 at 1
     for kw in ({"sys_flag": 0x4}, {"sys_flag": 0x4 | 0x1}, {"sys_flag": 0xC}, {"props": {P.TRAN_MSG: "true"}}, {"props": {P.TRAN_MSG: "TRUE"}}):
         r = rpc.send("Tx", b"half", code=code, **kw)  # type: ignore[arg-type]
@@ -30,10 +36,14 @@ def test_half_messages_are_refused(broker: BrokerHandle, rpc: Rpc, code: int) ->
                            properties=P.encode_properties(kw.get("props", {})), sys_flag=kw.get("sys_flag", 0))
         assert b.code == ResponseCode.NO_PERMISSION and FORBIDDEN_TX in b.remark, kw
     assert bodies(rpc.pull("Tx", 0)) == [b"warm-up"]
+    assert _nothing_stored(broker, "RMQ_SYS_TRANS_HALF_TOPIC")
     # A committed type and TRAN_MSG=false are ordinary messages: delivered.
     assert rpc.send("Tx", b"commit", sys_flag=0x8).code == ResponseCode.SUCCESS
     assert rpc.send("Tx", b"plain", props={P.TRAN_MSG: "false"}).code == ResponseCode.SUCCESS
     assert bodies(rpc.pull("Tx", 0)) == [b"warm-up", b"commit", b"plain"]
+    on = make_broker().rpc()  # transactions on (the default): still no rolled-back type, no transactional batch
+    assert on.send("Tx", b"rb", sys_flag=0xC, code=code).code == ResponseCode.NO_PERMISSION
+    assert on.send_batch("Tx", [(b"h1", {}, 0)], sys_flag=0x4).code == ResponseCode.MESSAGE_ILLEGAL
 
 
 @pytest.mark.parametrize("topic", [SCHEDULE_TOPIC, TIMER_TOPIC, "RMQ_SYS_TRANS_HALF_TOPIC",

@@ -32,7 +32,9 @@ def topic_kind(name: str, clusters: set[str] = frozenset(), brokers: set[str] = 
         return "retry"
     if name.startswith("%DLQ%"):
         return "dead-letter"
-    if name in ("TBW102", "SCHEDULE_TOPIC_XXXX", "RMQ_SYS_TRACE_TOPIC", "OFFSET_MOVED_EVENT") \
+    # TopicValidator.isSystemTopic (the transaction topics among them)
+    if name in ("TBW102", "SCHEDULE_TOPIC_XXXX", "RMQ_SYS_TRACE_TOPIC", "OFFSET_MOVED_EVENT",
+                "RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRANS_OP_HALF_TOPIC", "TRANS_CHECK_MAX_TIME_TOPIC") \
             or name in clusters or name in brokers or name.startswith("rmq_sys_"):
         return "system"
     return "normal"

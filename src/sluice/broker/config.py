@@ -116,6 +116,16 @@ class BrokerConfig:
     max_reconsume_times: int = 16
     #: The 18 delay levels (messageDelayLevel).
     message_delay_level: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+    #: Refuse transactional half messages with NO_PERMISSION (rejectTransactionMessage); off, as in RocketMQ.
+    reject_transaction_message: bool = False
+    #: A half message undecided this long after it was born is checked with its producer
+    #: (transactionTimeOut: 6 s, the time a local transaction is given before the broker asks).
+    transaction_timeout_ms: int = 6_000
+    #: How often undecided half messages are looked at (transactionCheckInterval: 60 s).
+    transaction_check_interval_ms: int = 60_000
+    #: Checks before an undecided half message is given up (transactionCheckMax: 15), kept in
+    #: TRANS_CHECK_MAX_TIME_TOPIC.
+    transaction_check_max: int = 15
     #: Queue locks for orderly consumers expire after this (REBALANCE_LOCK_MAX_LIVE_TIME).
     rebalance_lock_max_live_ms: int = 60_000
     #: Sends whose producer group starts with one of these are checked for replays (broker/dedup.py); the
@@ -267,6 +277,9 @@ class BrokerConfig:
         if self.max_selector_compiles_per_client_per_minute < 1 or self.max_evaluations_per_pull < 1:
             raise InvalidParameterError("max_selector_compiles_per_client_per_minute and max_evaluations_per_pull "
                                         "must be positive")
+        if self.transaction_timeout_ms < 0 or self.transaction_check_interval_ms < 1 or self.transaction_check_max < 1:
+            raise InvalidParameterError("transaction_timeout_ms must not be negative; transaction_check_interval_ms "
+                                        "and transaction_check_max must be positive")
         if not 1 <= self.max_error_rate_of_bloom_filter < 100:
             raise InvalidParameterError("max_error_rate_of_bloom_filter must be 1..99 (percent)")
         return self

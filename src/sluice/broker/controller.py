@@ -27,6 +27,7 @@ from typing import Any
 
 from sluice import __version__
 from sluice.acl.guard import AclGuard
+from sluice.acl.policy import PUB, Need
 from sluice.acl.signature import Credentials
 from sluice.acl.signing import remoting_client
 from sluice.broker.acl import need_of
@@ -56,6 +57,7 @@ from sluice.broker.schedule import ScheduleService
 from sluice.broker.send import SendProcessor
 from sluice.broker.sub_conflicts import SubscriptionGuard
 from sluice.broker.topics import TopicConfigManager
+from sluice.broker.transactions import TransactionService
 from sluice.errors import ServiceNotAvailableError, SluiceError
 from sluice.filter import BloomFilter
 from sluice.namesrv.client import NamesrvClient
@@ -121,6 +123,7 @@ class BrokerController:
     filter_servers: FilterServerManager  #: filter servers registered with 301 (class-filter mode)
     filter_server_children: FilterServerChildren | None  #: the ``filter_server_nums`` children, if any
     send_processor: SendProcessor
+    transactions: TransactionService  #: half messages, END_TRANSACTION, the check-back
     pull_processor: PullProcessor
     retry_processor: RetryProcessor
     #: code -> its row of requests.ROUTES, for every code registered with the server
@@ -208,7 +211,13 @@ class BrokerController:
         self.send_processor = SendProcessor(
             topics=topics, topics_changed=changed, appender=appender, dedup=self.dedup, divert=self.schedule.divert,
             max_reconsume_times=config.max_reconsume_times, store_host=store.config.store_host,
-            max_message_size=store.config.max_message_size)
+            max_message_size=store.config.max_message_size, reject_transactions=config.reject_transaction_message)
+        # Transactional messages (transactions.py): END_TRANSACTION and the check-back to producers.
+        self.transactions = TransactionService(
+            store=store, pool=pool, appender=appender, topics=topics, topics_changed=changed, offsets=offsets,
+            clients=consumers, divert=self.schedule.divert, store_host=store.config.store_host,
+            timeout_ms=config.transaction_timeout_ms, check_interval_ms=config.transaction_check_interval_ms,
+            check_max=config.transaction_check_max, authorize=self._real_topic_check() if self.acl else None)
         self.pull_processor = PullProcessor(
             config=config, store=store, pool=pool, topics=topics, offsets=offsets, consumers=consumers,
             filter_data=fm, sub_guard=sub_guard, backfills=backfills, hold=hold,
@@ -217,7 +226,7 @@ class BrokerController:
             store=store, pool=pool, topics=topics, topics_changed=changed, appender=appender,
             divert=self.schedule.divert, max_reconsume_times=config.max_reconsume_times)
         processors: list[object] = [
-            self.send_processor, self.pull_processor, self.retry_processor,
+            self.send_processor, self.pull_processor, self.retry_processor, self.transactions,
             ClientManageProcessor(consumers=consumers, topics=topics, topics_changed=changed, filter_data=fm,
                                   sub_guard=sub_guard, enable_property_filter=config.enable_property_filter,
                                   compiler=self.pull_processor.compiler),
@@ -265,6 +274,16 @@ class BrokerController:
             acl.check(conn.peer, request.ext_fields, request.body, need_of(route, request))
             return handler(conn, request)
         return checked_now
+
+    def _real_topic_check(self) -> Callable[[RemotingConnection, RemotingCommand, str], None]:
+        """END_TRANSACTION's need once its half message is read: PUB on the real topic."""
+        acl = self.acl
+        assert acl is not None
+
+        def check(conn: RemotingConnection, request: RemotingCommand, topic: str) -> None:
+            acl.check(conn.peer, request.ext_fields, request.body,
+                      Need(int(RequestCode.END_TRANSACTION), resources={topic: PUB}))
+        return check
 
     def _guard(self, handler: RequestHandler) -> RequestHandler:
         """Refuse work while stopping, count requests in flight (a stop drains them), log refusals.
@@ -329,6 +348,7 @@ class BrokerController:
         rep = self.store.recovery_report
         log.info("store %s open in %.2f s (%s)", self.config.store, time.monotonic() - t0, rep)
         await self.pool.run(self.backfills.load)
+        await self.transactions.load()  # undecided half messages, before END_TRANSACTION can arrive
         self.hold.start()
         # Opted-in sends wait for the replay window's rebuild from the commit log's tail; others do not.
         self._tasks.append(self._loop.create_task(self._rebuild_dedup(), name="dedup-rebuild"))
@@ -345,6 +365,7 @@ class BrokerController:
         if self.filter_server_children is not None:
             self.filter_server_children.start()
         self.schedule.start()
+        self.transactions.start()
         if self.namesrv is not None:
             await self.register_all()
             self._tasks.append(self._loop.create_task(
@@ -365,6 +386,7 @@ class BrokerController:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.hold.stop()
         await self.schedule.stop()
+        await self.transactions.stop()  # records its progress among the consumer offsets persisted below
         if self.filter_server_children is not None:
             await self.filter_server_children.stop()
         deadline = time.monotonic() + DRAIN_TIMEOUT_S
@@ -537,7 +559,8 @@ class BrokerController:
             "frameBudgetReserved": self.server.budget.reserved,  # bytes of big frames being received (frame_budget)
             "frameBudgetWaiting": self.server.budget.waiting,  # connections paused until the budget frees
             **self.filter_data.totals(),
-            **self.schedule.stats(),  # delayed messages waiting (due or not) and moved
+            **self.schedule.stats(),
+            **self.transactions.stats(),  # delayed messages waiting (due or not) and moved
             **self.dedup.stats(),
             **{k: v for k, v in s.items()},
         }

@@ -27,6 +27,7 @@ from sluice.broker.pull import PullProcessor
 from sluice.broker.queries import QueryProcessor
 from sluice.broker.retry import RetryProcessor
 from sluice.broker.send import SendProcessor
+from sluice.broker.transactions import TransactionService
 from sluice.protocol.codes import RequestCode as R
 
 __all__ = ["Permission", "Route", "ROUTES", "ROUTE_BY_CODE"]
@@ -60,6 +61,9 @@ ROUTES: tuple[Route, ...] = (
     Route(R.SEND_MESSAGE, PUB, SendProcessor, "handle"),
     Route(R.SEND_MESSAGE_V2, PUB, SendProcessor, "handle"),
     Route(R.SEND_BATCH_MESSAGE, PUB, SendProcessor, "handle"),
+    # Commits or rolls back a half message: PUB on its real topic (RocketMQ 5.x's validator reads the header's
+    # topic; a 4.x header has none, so the handler checks the half's REAL_TOPIC: TransactionService.authorize).
+    Route(R.END_TRANSACTION, PUB, TransactionService, "end_transaction"),
     # A consumer's failed message stored again: RocketMQ asks PUB on the original topic (and SUB on %RETRY%).
     Route(R.CONSUMER_SEND_MSG_BACK, PUB, RetryProcessor, "handle"),
     # ---- consumers

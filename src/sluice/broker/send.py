@@ -8,7 +8,9 @@ loop on a synchronous flush. Sends to ``%RETRY%<group>`` that exceeded the group
 maxReconsumeTimes are stored in ``%DLQ%<group>`` instead.
 
 Delayed messages (DELAY, TIMER_DELIVER_MS / TIMER_DELAY_MS / TIMER_DELAY_SEC)
-are diverted to their schedule queue by ``ScheduleService.divert`` (schedule.py).
+are diverted to their schedule queue by ``ScheduleService.divert`` (schedule.py);
+transactional half messages (TRAN_MSG=true or sysflag 0x4) to the half queue
+(transactions.py), undelayed until committed.
 
 Refused before anything is stored, each failing its own request only: an integer
 header that does not fit its Java type (MESSAGE_ILLEGAL naming the field and its
@@ -32,10 +34,11 @@ from sluice.broker.appender import Appender, Payload, Prepare, Stored
 from sluice.broker.dedup import DedupWindow
 from sluice.broker.refusal_log import RefusalLog
 from sluice.broker.schedule import TIMER_TOPIC
+from sluice.broker.transactions import HALF_TOPIC, ensure_topics, is_half, to_half
 from sluice.broker.topics import AUTO_CREATE_TOPIC, RETRY_PREFIX, SCHEDULE_TOPIC, TopicConfigManager, dlq_topic
 from sluice.errors import (InvalidParameterError, MessageIllegalError, NoPermissionError, QueueIdIllegalError,
                            SluiceError)
-from sluice.format import FLAG_TRANSACTION_COMMIT, TRANSACTION_MASK
+from sluice.format import FLAG_TRANSACTION_ROLLBACK, TRANSACTION_MASK
 from sluice.protocol import properties as P
 from sluice.protocol.batch import decode_batch_messages
 from sluice.protocol.codes import RequestCode
@@ -108,7 +111,7 @@ def _batch_flag(request: RemotingCommand) -> bool:
 class SendProcessor:
     def __init__(self, *, topics: TopicConfigManager, topics_changed: Callable[[], None], appender: Appender,
                  dedup: DedupWindow, divert: Prepare, max_reconsume_times: int, store_host: tuple[str, int],
-                 max_message_size: int) -> None:
+                 max_message_size: int, reject_transactions: bool = False) -> None:
         self.topics = topics
         self.topics_changed = topics_changed
         self.appender = appender
@@ -117,6 +120,7 @@ class SendProcessor:
         self.max_reconsume_times = max_reconsume_times
         self.store_host = store_host
         self.max_message_size = max_message_size
+        self.reject_transactions = reject_transactions  # rejectTransactionMessage
         self.refusals = RefusalLog(log, "send")
 
     def handle(self, conn: RemotingConnection, request: RemotingCommand) -> Any:
@@ -137,7 +141,9 @@ class SendProcessor:
         except SluiceError as exc:  # refused before anything is stored: the caller's error, logged rate-limited
             self.refusals.refused(conn.peer, exc)
             raise
-        result = appender.put(topic, queue_id, payload, dedup=window, sync=sync, prepare=self.divert)
+        # A half message is never delayed: its DELAY applies when it is committed.
+        prepare = self.divert if type(payload) is not list or payload[0].topic != HALF_TOPIC else None
+        result = appender.put(topic, queue_id, payload, dedup=window, sync=sync, prepare=prepare)
         if type(result) is tuple:
             return request.make_response(ext_fields=_reply_fields(result, batch))
         return self._reply_later(request, result, batch)  # type: ignore[arg-type]
@@ -178,20 +184,26 @@ class SendProcessor:
                     self.topics_changed()
                 queue_id = 0
         props = P.decode_properties(h.properties) if h.properties else {}
-        tran = props.get(P.TRAN_MSG)
-        if h.sys_flag & TRANSACTION_MASK not in (0, FLAG_TRANSACTION_COMMIT) or (
-                tran is not None and tran.lower() == "true"):  # Java's Boolean.parseBoolean
-            # A half (or rolled-back) message is stored without a consume-queue unit: until transactions
-            # exist it would be acknowledged and never delivered. RocketMQ refuses it the same way when the
-            # broker rejects transactional messages (SendMessageProcessor).
-            raise NoPermissionError(f"the broker[{self.store_host[0]}] sending transaction message is forbidden")
+        half = is_half(h.sys_flag, props)
+        if half or h.sys_flag & TRANSACTION_MASK == FLAG_TRANSACTION_ROLLBACK:
+            # A half message goes to the half queue (transactions.py); RocketMQ refuses it when the broker
+            # rejects transactional messages (SendMessageProcessor). A rolled-back type would be stored
+            # without a consume-queue unit: acknowledged and never delivered, so it is refused too.
+            if self.reject_transactions or not half:
+                raise NoPermissionError(f"the broker[{self.store_host[0]}] sending transaction message is forbidden")
+            if batch:  # SendMessageProcessor.sendBatchMessage
+                raise MessageIllegalError("batch message does not support transaction")
         born = _born_host(conn)
         born_ts = h.born_timestamp or int(time.time() * 1000)
         if not batch:
             if not request.body:
                 raise MessageIllegalError("the message body is empty")
-            return topic, queue_id, [StoreMessage(topic, request.body, queue_id, props, h.flag, h.sys_flag, born_ts,
-                                                  born, reconsume)]
+            m = StoreMessage(topic, request.body, queue_id, props, h.flag, h.sys_flag, born_ts, born, reconsume)
+            if half:
+                to_half(m)
+                if ensure_topics(topics):
+                    self.topics_changed()
+            return topic, queue_id, [m]
         body = request.body
         sysflag = h.sys_flag
         if sysflag & FLAG_COMPRESSED:  # librocketmq compresses a whole batch body

@@ -24,6 +24,9 @@ if TYPE_CHECKING:
     from sluice.client.results import MessageQueue, PullResult, PullStatus, SendResult, SendStatus
     from sluice.client.routing import QueueSelector, select_by_hash, select_by_random
     from sluice.client.selector import MessageSelector
+    from sluice.client.transaction import (
+        AsyncTransactionProducer, LocalTransactionState, TransactionProducer, TransactionSendResult,
+    )
 
 __all__ = [
     "ALLOCATE_STRATEGIES", "AsyncPushConsumer", "ConsumeFromWhere", "ConsumeOrderlyResult", "ConsumeResult",
@@ -31,6 +34,7 @@ __all__ = [
     "AsyncProducer", "AsyncPullConsumer", "ClientConfig", "ClientInstance", "MQFaultStrategy", "MessageQueue",
     "MessageSelector", "Producer", "ProducerOptions", "PullConsumer", "PullConsumerOptions", "PullResult",
     "PullStatus", "QueueSelector", "SendResult", "SendStatus", "select_by_hash", "select_by_random",
+    "AsyncTransactionProducer", "LocalTransactionState", "TransactionProducer", "TransactionSendResult",
 ]
 
 # public name -> (module, name there)
@@ -48,6 +52,8 @@ for _module, _names in {
     "results": ("MessageQueue", "PullResult", "PullStatus", "SendResult", "SendStatus"),
     "routing": ("QueueSelector", "select_by_hash", "select_by_random"),
     "selector": ("MessageSelector",),
+    "transaction": ("AsyncTransactionProducer", "LocalTransactionState", "TransactionProducer",
+                    "TransactionSendResult"),
 }.items():
     _HOME.update((_name, (_module, _name)) for _name in _names)
 del _module, _names

@@ -124,6 +124,19 @@ class EndTransactionRequestHeader(Header):
     from_transaction_check: bool = False
     msg_id: str
     transaction_id: str | None = None
+    #: RocketMQ 5.x clients name the real topic (the ACL's PUB resource); 4.x clients do not.
+    topic: str | None = None
+
+
+@_HEADER
+class CheckTransactionStateRequestHeader(Header):
+    """CHECK_TRANSACTION_STATE (39), broker to producer: the offsets name the half message's latest copy."""
+
+    tran_state_table_offset: int
+    commit_log_offset: int
+    msg_id: str | None = None
+    transaction_id: str | None = None
+    offset_msg_id: str | None = None
 
 
 # ------------------------------------------------------------------------------------------------ pull

@@ -49,6 +49,10 @@ class RemotingClient:
         """Handle requests the server sends to us on our connections."""
         self.dispatcher.register(code, handler)
 
+    def address_of(self, conn: RemotingConnection) -> str | None:
+        """The address ``conn`` was opened to (a server's request came on it), or None if not ours."""
+        return next((a for a, c in self._conns.items() if c is conn), None)
+
     async def connection(self, addr: str) -> RemotingConnection:
         """The live connection to ``addr``, connecting (once, even if called concurrently) if needed."""
         if self._closed:
