@@ -28,8 +28,8 @@ from sluice.embedded import SluiceProcess
 from sluice.message import Message
 from sluice.namesrv.client import SyncNamesrvClient
 
-__all__ = ["TOPIC", "cluster", "create_topic", "filter_stats", "produce", "push", "run_sluice", "wait_owned",
-           "wait_visible"]
+__all__ = ["TOPIC", "cluster", "create_topic", "filter_stats", "latency", "produce", "push", "run_sluice",
+           "wait_owned", "wait_visible"]
 
 TOPIC = "BenchCommon"
 Step = Callable[[str], None]
@@ -187,8 +187,10 @@ def _drain(ns: str, group: str, f: Filter, expected: int, timeout: float) -> dic
     return out
 
 
-def _latency(ns: str, wl: Workload, step: Step) -> dict[str, Any]:
-    results: dict[str, Any] = {}
+def latency(ns: str, wl: Workload, step: Step = lambda s: None) -> list[dict[str, Any]]:
+    """One summary per entry of ``wl.latency_rates`` (in order, with its ``rate``): a push consumer on
+    ``region = 'eu'`` and a producer ``send_async``-ing single messages paced at the rate, both in this process."""
+    results: list[dict[str, Any]] = []
     probe_box: list[LatencyProbe] = [LatencyProbe()]
 
     def listener(msgs: list[Any]) -> ConsumeResult:
@@ -216,7 +218,7 @@ def _latency(ns: str, wl: Workload, step: Step) -> dict[str, Any]:
                 for fut in futures:
                     fut.result(30)
                 probe.wait_for(expected, 30)
-                results[str(rate)] = probe.summary(len(futures), expected, seconds)
+                results.append({"rate": rate, **probe.summary(len(futures), expected, seconds)})
     finally:
         c.shutdown()
     return results
@@ -241,7 +243,7 @@ def run_sluice(wl: Workload, workdir: Path, step: Step = lambda s: None, *, sync
                 out["drains"].setdefault(f.name, {})[case] = _drain(
                     ns.addr, f"bench-{case}-{f.name}", f, expected[f.name], wl.drain_timeout)
         out["broker_rss_bytes"] = rss_bytes(broker.pid)
-        out["latency"] = _latency(ns.addr, wl, step)
+        out["latency"] = {str(r.pop("rate")): r for r in latency(ns.addr, wl, step)}
     finally:
         broker.stop()
         ns.stop()
