@@ -63,6 +63,8 @@ END_BLANK = EXT_END_BLANK
 MAX_ADDR = EXT_MAX_ADDR
 MAX_REAL_OFFSET = MAX_ADDR - LONG_MIN
 _SIGN = np.uint64(1 << 63)
+#: get_many reads this many units or fewer one by one (a numpy gather costs tens of calls whatever the count).
+SMALL_BATCH = 16
 
 
 def is_ext_address_array(codes: np.ndarray) -> np.ndarray:
@@ -355,9 +357,13 @@ class ConsumeQueueExt:
         return files[i] if i < len(files) else None
 
     def get_many(self, addresses: np.ndarray) -> ExtBatch:
-        """Read many units at once for the pull path (numpy gathers, no per-unit Python)."""
+        """Read many units at once for the pull path (numpy gathers, no per-unit Python); a few units
+        (SMALL_BATCH or fewer: a woken held pull, a consumer that keeps up) one by one, where the numpy
+        calls' fixed costs would outweigh the work (the two give equal batches)."""
         a = np.ascontiguousarray(addresses, dtype=np.int64).reshape(-1)
         n = len(a)
+        if n <= SMALL_BATCH:
+            return self._get_few(a.tolist())
         tags = np.zeros(n, dtype=np.int64)
         times = np.zeros(n, dtype=np.int64)
         lengths = np.zeros(n, dtype=np.int32)
@@ -394,6 +400,40 @@ class ConsumeQueueExt:
                     at = np.minimum(pos[:, None] + MIN_UNIT_SIZE + cols, fs - 1)
                     bitmaps[sel] = np.where(cols < lengths[sel][:, None], f.arr[at], 0)
         return ExtBatch(tags, bitmaps, lengths, times, valid)
+
+    def _get_few(self, addresses: list[int]) -> ExtBatch:
+        """get_many's batch, unit by unit: the same checks as :meth:`get`, the same zero rows for the rest."""
+        n = len(addresses)
+        tags = [0] * n
+        times = [0] * n
+        lengths = [0] * n
+        bitmaps: list[bytes] = [b""] * n
+        valid = [False] * n
+        with self._lock:
+            files = self.files
+            if files:
+                unpack, fs, write_off = UNIT_HEAD.unpack_from, self.file_size, self._write_off
+                for i, address in enumerate(addresses):
+                    if address > MAX_ADDR:
+                        continue
+                    off = address - LONG_MIN
+                    f = self._file_of(off)
+                    if f is None or off + MIN_UNIT_SIZE > write_off:
+                        continue
+                    pos = off - f.start
+                    if pos + MIN_UNIT_SIZE > fs:
+                        continue
+                    size, tag, stime, bm = unpack(f.mm, pos)
+                    if bm < 0 or size != MIN_UNIT_SIZE + bm or pos + size > fs or off + size > write_off:
+                        continue
+                    tags[i], times[i], lengths[i], valid[i] = tag, stime, bm, True
+                    bitmaps[i] = f.mm[pos + MIN_UNIT_SIZE:pos + size]
+        width = max(lengths, default=0)
+        rows = b"".join(b.ljust(width, b"\0") for b in bitmaps) if width else b""
+        return ExtBatch(np.array(tags, dtype=np.int64),
+                        np.frombuffer(rows, dtype=np.uint8).reshape(n, width).copy(),
+                        np.array(lengths, dtype=np.int32), np.array(times, dtype=np.int64),
+                        np.array(valid, dtype=bool))
 
     def max_address(self) -> int:
         """The address the next unit will get (RocketMQ's getMaxAddress)."""
