@@ -44,6 +44,9 @@ def main() -> None:
     ap.add_argument("--rates", default="1000,10000", help="comma-separated msgs/s")
     ap.add_argument("--seconds", type=float, default=None, help="seconds per rate")
     ap.add_argument("--repeat", type=int, default=1, help="measure every rate this many times (same broker)")
+    ap.add_argument("--warmup", type=float, default=1.0,
+                    help="seconds at the first rate first, not reported: sluice bench measures latency after the "
+                         "drains, on a warm broker and client")
     args = ap.parse_args()
     wl = Workload.quick() if args.quick else Workload()
     rates = tuple(int(r) for r in args.rates.split(",") if r.strip())
@@ -64,7 +67,7 @@ def main() -> None:
                 marks.append(measured())
                 print(what, file=sys.stderr, flush=True)
 
-            results = latency(ns.addr, wl, step)
+            results = latency(ns.addr, wl, step, warmup_seconds=args.warmup)
             marks.append(measured())
             for i, res in enumerate(results):
                 (c0, b0), (c1, b1) = marks[i], marks[i + 1]
