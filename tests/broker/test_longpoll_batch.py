@@ -171,3 +171,32 @@ def test_limits_per_owner_and_in_all():
         assert hold.held_count == 0 and hold._per_owner == {}
         await hold.stop()
     asyncio.run(main())
+
+
+def test_dispatch_on_the_loop_wakes_the_held_pull_before_returning() -> None:
+    """The broker dispatches on its event loop right after its appends: the matching held pull is woken
+    there and then (its future is done when dispatch returns; no hand-over through the loop's self-pipe
+    and no loop iteration first), and a non-matching arrival leaves it held. From another thread the
+    wake-up still goes through call_soon_threadsafe."""
+    async def main() -> None:
+        hold = HoldService(lambda t, q: 0, check_interval_s=3600)
+        hold.start()
+        sql = SelectorFilter(compile_selector("SQL92", "color = 'red'"))
+        task = asyncio.create_task(hold.hold("T", 0, 0, sql, 3600))
+        while hold.held_count == 0:
+            await asyncio.sleep(0)
+        waiter = task._fut_waiter  # type: ignore[attr-defined]  # the hold's future
+        hold.dispatch_batch(DispatchBatch([_run("T", 0, 0, 0, ["TagA"], ["blue"])]))
+        assert hold.held_count == 1 and not waiter.done()  # no match: still held
+        hold.dispatch_batch(DispatchBatch([_run("T", 0, 1, 100, ["TagA"], ["red"])]))
+        assert waiter.done() and hold.woken_by_arrival == 1
+        assert await task == 200
+
+        task = asyncio.create_task(hold.hold("T", 0, 2, sql, 3600))
+        while hold.held_count == 0:
+            await asyncio.sleep(0)
+        batch = DispatchBatch([_run("T", 0, 2, 200, ["TagA"], ["red"])])
+        await asyncio.to_thread(hold.dispatch_batch, batch)
+        assert await task == 300 and hold.woken_by_arrival == 2
+        await hold.stop()
+    asyncio.run(main())

@@ -4,7 +4,9 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
@@ -16,7 +18,7 @@ from sluice.broker.schedule import (
     MAX_HOP_MS, MAX_TIMER_DELAY_MS, TIMER_BUCKETS, TIMER_TOPIC, parse_delay_levels, timer_bucket, timer_hop_ms,
 )
 from sluice.broker.topics import SCHEDULE_TOPIC
-from sluice.client.consume_service import SPREAD_COST_S, call_listener, job_count
+from sluice.client.consume_service import SPREAD_COST_S, ConcurrentConsumeService, call_listener, job_count
 from sluice.client.push_options import (
     ConsumeOrderlyResult, ConsumeResult, PushConsumerOptions, parse_consume_timestamp,
 )
@@ -130,6 +132,42 @@ def test_a_pulls_batches_spread_over_threads_only_as_far_as_the_listener_is_slow
 
 
 # ------------------------------------------------------------------------------------------ options, results
+
+class _Offsets:
+    def __init__(self) -> None:
+        self.updates: list[tuple[MessageQueue, int]] = []
+
+    def update(self, mq: MessageQueue, offset: int, increase_only: bool = False) -> None:
+        self.updates.append((mq, offset))
+
+
+def test_a_pulled_batch_reaches_the_listener_without_waiting_for_the_loop() -> None:
+    """submit() hands the batch to the pool itself: the listener runs while the loop is still busy (the pull
+    loop sends its next pull meanwhile) instead of after a task started in the next loop iteration. Its answer
+    is applied on the loop afterwards: the offset moves past the batch and nothing stays busy."""
+    mq = MessageQueue(topic="T", broker_name="b", queue_id=0)
+    pq = ProcessQueue()
+    called = threading.Event()
+
+    def listener(msgs: list[MessageExt]) -> ConsumeResult:
+        called.set()
+        return ConsumeResult.SUCCESS
+
+    async def main() -> None:
+        offsets = _Offsets()
+        consumer = SimpleNamespace(group="g", options=PushConsumerOptions(consume_message_batch_max_size=32),
+                                   offset_store=offsets,
+                                   rebalancer=SimpleNamespace(process_queues={mq: pq}))
+        service = ConcurrentConsumeService(consumer, listener)  # type: ignore[arg-type]
+        msgs = pq.put([_msg(7), _msg(8)])
+        service.submit(mq, pq, msgs)
+        assert called.wait(30)  # the loop has not run since submit()
+        assert pq.busy == 1 and service.jobs == 1
+        await service.shutdown(30)
+        assert offsets.updates == [(mq, 9)] and pq.msg_count == 0
+        assert pq.busy == 0 and service.jobs == 0 and service.consumed == 2
+    asyncio.run(main())
+
 
 def test_options_validate_and_default_like_rocketmq() -> None:
     o = PushConsumerOptions()

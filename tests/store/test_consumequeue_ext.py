@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import sluice.store.consumequeue_ext as CQE
 from sluice.errors import InvalidParameterError, StoreError
 from sluice.filter.tagcode import tag_code
 from sluice.store.consumequeue_ext import (
@@ -191,6 +192,35 @@ def test_get_many_equals_get(units: list[tuple[int, int, bytes]], picks: list[in
                 (unit.tags_code, unit.msg_store_time, n)
             assert bitmaps[i, :n].tobytes() == unit.bitmap and not bitmaps[i, n:].any()
         assert bitmaps.shape[1] <= width
+        e.close()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(LONG_MIN, LONG_MAX), st.integers(0, 1 << 50), st.binary(max_size=14)),
+                min_size=0, max_size=30),
+       st.lists(st.one_of(st.integers(0, 40), st.integers(LONG_MIN, LONG_MAX)), max_size=CQE.SMALL_BATCH),
+       st.integers(0, 40))
+def test_few_units_read_one_by_one_equal_the_numpy_gather(units: list[tuple[int, int, bytes]], picks: list[int],
+                                                          below: int) -> None:
+    """get_many's small-batch twin (a woken pull's few units) gives the very arrays of the vectorised read,
+    for stored units, near misses, random codes and units retention removed."""
+    with tempfile.TemporaryDirectory() as tmp:
+        e = ext(Path(tmp), file_size=128, bitmap_bytes_max=14)
+        addrs = [e.put(*u) for u in units]
+        queried = [addrs[p] if 0 <= p < len(addrs) else p for p in picks] + [a + 1 for a in addrs[:2]]
+        queried = queried[:CQE.SMALL_BATCH]
+        if addrs:
+            e.delete_below(addrs[min(below, len(addrs) - 1)])
+        few = e.get_many(np.array(queried, dtype=np.int64))
+        vectorised = CQE.SMALL_BATCH
+        try:
+            CQE.SMALL_BATCH = -1
+            gathered = e.get_many(np.array(queried, dtype=np.int64))
+        finally:
+            CQE.SMALL_BATCH = vectorised
+        for name in ("tags_codes", "bitmaps", "bitmap_lengths", "msg_store_times", "valid"):
+            a, b = getattr(few, name), getattr(gathered, name)
+            assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), name
         e.close()
 
 

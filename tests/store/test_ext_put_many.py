@@ -4,10 +4,12 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import pytest
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sluice.errors import InvalidParameterError
 from sluice.store.consumequeue_ext import ConsumeQueueExt
 
 
@@ -38,3 +40,15 @@ def test_put_many_equals_put(tmp_path_factory, seed, batches, blen):
     finally:
         one.close()
         many.close()
+
+
+def test_a_small_batch_with_one_bad_unit_writes_nothing(tmp_path):
+    """Few units go one by one (as put() writes them), yet all are checked first, as the vectorised write does."""
+    e = ConsumeQueueExt(tmp_path, file_size=512, bitmap_bytes_max=4)
+    first = e.put(1, 1, b"ab")
+    for bad in ([(2, 2, b"ok"), (3, 3, b"12345")], [(2, 2, b"ok"), (1 << 63, 3, b"")]):
+        with pytest.raises(InvalidParameterError):
+            e.put_many(*map(list, zip(*bad)))
+        assert e.max_address() == first + 22  # only the first unit is stored
+    assert e.put_many([4, 5], [4, 5], [b"", b"xyz"]) == [first + 22, first + 42]
+    e.close()

@@ -28,8 +28,8 @@ from sluice.embedded import SluiceProcess
 from sluice.message import Message
 from sluice.namesrv.client import SyncNamesrvClient
 
-__all__ = ["TOPIC", "cluster", "create_topic", "filter_stats", "produce", "push", "run_sluice", "wait_owned",
-           "wait_visible"]
+__all__ = ["TOPIC", "cluster", "create_topic", "filter_stats", "latency", "produce", "push", "run_sluice",
+           "wait_owned", "wait_visible"]
 
 TOPIC = "BenchCommon"
 Step = Callable[[str], None]
@@ -187,8 +187,13 @@ def _drain(ns: str, group: str, f: Filter, expected: int, timeout: float) -> dic
     return out
 
 
-def _latency(ns: str, wl: Workload, step: Step) -> dict[str, Any]:
-    results: dict[str, Any] = {}
+def latency(ns: str, wl: Workload, step: Step = lambda s: None, *, warmup_seconds: float = 0.0
+            ) -> list[dict[str, Any]]:
+    """One summary per entry of ``wl.latency_rates`` (in order, with its ``rate``): a push consumer on
+    ``region = 'eu'`` and a producer ``send_async``-ing single messages paced at the rate, both in this process.
+    With ``warmup_seconds`` the first rate runs that long first, unreported (benchmarks/latency.py: sluice bench
+    measures latency after the drains, on a warm broker and client)."""
+    results: list[dict[str, Any]] = []
     probe_box: list[LatencyProbe] = [LatencyProbe()]
 
     def listener(msgs: list[Any]) -> ConsumeResult:
@@ -197,26 +202,30 @@ def _latency(ns: str, wl: Workload, step: Step) -> dict[str, Any]:
             probe.seen(m.body)
         return ConsumeResult.SUCCESS
 
+    def run(producer: Producer, rate: int, seconds: float) -> dict[str, Any]:
+        probe = probe_box[0] = LatencyProbe()
+        futures: list[Future[Any]] = []
+        expected = 0
+        t0 = time.perf_counter()
+        for due, p in paced(rate, seconds, wl.seed + rate):
+            wait_until(due)
+            expected += LATENCY_FILTER.matches(p)
+            futures.append(producer.send_async(_message(p, body_with_stamp(wl.body_size, time.perf_counter_ns()))))
+        seconds = time.perf_counter() - t0
+        for fut in futures:
+            fut.result(30)
+        probe.wait_for(expected, 30)
+        return {"rate": rate, **probe.summary(len(futures), expected, seconds)}
+
     c = push("bench-latency", ns, LATENCY_FILTER, listener, first=False)
     try:
         wait_owned(c)
         with Producer("bench-latency-producer", ns) as producer:
+            if warmup_seconds > 0 and wl.latency_rates:
+                run(producer, wl.latency_rates[0], warmup_seconds)
             for rate in wl.latency_rates:
                 step(f"sluice: latency at {rate:,} msgs/s")
-                probe = probe_box[0] = LatencyProbe()
-                futures: list[Future[Any]] = []
-                expected = 0
-                t0 = time.perf_counter()
-                for due, p in paced(rate, wl.latency_seconds, wl.seed + rate):
-                    wait_until(due)
-                    expected += LATENCY_FILTER.matches(p)
-                    futures.append(producer.send_async(_message(p, body_with_stamp(wl.body_size,
-                                                                                   time.perf_counter_ns()))))
-                seconds = time.perf_counter() - t0
-                for fut in futures:
-                    fut.result(30)
-                probe.wait_for(expected, 30)
-                results[str(rate)] = probe.summary(len(futures), expected, seconds)
+                results.append(run(producer, rate, wl.latency_seconds))
     finally:
         c.shutdown()
     return results
@@ -241,7 +250,7 @@ def run_sluice(wl: Workload, workdir: Path, step: Step = lambda s: None, *, sync
                 out["drains"].setdefault(f.name, {})[case] = _drain(
                     ns.addr, f"bench-{case}-{f.name}", f, expected[f.name], wl.drain_timeout)
         out["broker_rss_bytes"] = rss_bytes(broker.pid)
-        out["latency"] = _latency(ns.addr, wl, step)
+        out["latency"] = {str(r.pop("rate")): r for r in latency(ns.addr, wl, step)}
     finally:
         broker.stop()
         ns.stop()

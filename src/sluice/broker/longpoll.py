@@ -3,9 +3,10 @@
 A held pull waits on a Future until one of:
 
 * a message for its topic/queue at or past its offset is dispatched and passes
-  its filter — the store's dispatch thread calls :meth:`HoldService.dispatch`
-  (registered as a store dispatcher) and the wake-up crosses to the event loop
-  with ``call_soon_threadsafe``;
+  its filter — dispatch calls :meth:`HoldService.dispatch` (registered as a
+  store dispatcher); on the event loop (the broker dispatches there right after
+  its appends) the pull is woken at once, from the store's dispatch thread the
+  wake-up crosses to the loop with ``call_soon_threadsafe``;
 * the periodic re-check (``check_interval_s``, RocketMQ: 5 s) sees the queue's
   max offset past the pull's offset (a safety net, e.g. for records replayed
   by recovery);
@@ -268,10 +269,7 @@ class HoldService:
                 hits.setdefault(key, []).append((r.queue_offset, r.tag_code, r.properties))
         if hits:
             last = requests[-1]
-            try:
-                loop.call_soon_threadsafe(self._arrived, hits, last.commitlog_offset + last.size)
-            except RuntimeError:  # the loop is closed: the broker is shutting down
-                pass
+            self._hand_over(loop, hits, last.commitlog_offset + last.size)
 
     def dispatch_batch(self, batch: DispatchBatch) -> None:
         """Columnar store dispatcher hook: with no pull held on a queue of the batch nothing is built;
@@ -292,8 +290,18 @@ class HoldService:
                     (qoff, tag_code(tag), decode_properties(props))
                     for qoff, tag, props in zip(run.qoffs, run.tags, run.props))
         if hits:
-            try:
-                loop.call_soon_threadsafe(self._arrived, hits, batch.runs[-1].end)
-            except RuntimeError:  # the loop is closed: the broker is shutting down
-                pass
+            self._hand_over(loop, hits, batch.runs[-1].end)
+
+    def _hand_over(self, loop: asyncio.AbstractEventLoop, hits: dict[Key, list[tuple[int, int, dict[str, str]]]],
+                   end: int) -> None:
+        """Match the arrivals against the held pulls: at once when dispatch runs on the loop itself (the
+        broker dispatches there after its appends), so a woken pull runs in the next iteration; from the
+        store's dispatch thread through ``call_soon_threadsafe``."""
+        if asyncio._get_running_loop() is loop:
+            self._arrived(hits, end)
+            return
+        try:
+            loop.call_soon_threadsafe(self._arrived, hits, end)
+        except RuntimeError:  # the loop is closed: the broker is shutting down
+            pass
 

@@ -112,16 +112,24 @@ class _Service:
         self.call_cost += ((time.perf_counter() - started) / len(batches) - self.call_cost) * 0.25
         return oks
 
-    async def _listen_many(self, pq: ProcessQueue, batches: list[list[MessageExt]]) -> list[bool | None]:
-        """The listener's verdict per batch (True / False), None for a batch skipped (queue released).
-        The batches go to one pool job: a thread hand-off costs more than a fast listener call."""
+    def _start(self, pq: ProcessQueue, batches: list[list[MessageExt]]) -> asyncio.Future[list[bool | None]]:
+        """Hand the batches to the pool now, as one job (a thread hand-off costs more than a fast listener
+        call); counted busy until the job is done, however its waiter ends."""
+        job = asyncio.wrap_future(self.executor.submit(self._call, pq, batches))
         pq.busy += 1
         self.jobs += 1
-        try:
-            oks = await asyncio.get_running_loop().run_in_executor(self.executor, self._call, pq, batches)
-        finally:
+
+        def done(_job: object) -> None:
             pq.busy -= 1
             self.jobs -= 1
+        job.add_done_callback(done)
+        return job
+
+    async def _listen_many(self, pq: ProcessQueue, batches: list[list[MessageExt]],
+                           job: asyncio.Future[list[bool | None]] | None = None) -> list[bool | None]:
+        """The listener's verdict per batch (True / False), None for a batch skipped (queue released), from
+        ``job`` (:meth:`_start`) or a pool job started now."""
+        oks = await (job if job is not None else self._start(pq, batches))
         for b, ok in zip(batches, oks):
             if ok:
                 self.consumed += len(b)
@@ -170,13 +178,22 @@ class ConcurrentConsumeService(_Service):
         batches = [msgs[i:i + n] for i in range(0, len(msgs), n)] if len(msgs) > n else [msgs]
         jobs = job_count(len(batches), self.consumer.options.consume_thread_max - self.jobs, self.call_cost)
         per = -(-len(batches) // jobs)
-        for i in range(0, len(batches), per):
-            self._spawn(self._consume(mq, pq, batches[i:i + per]))
-
-    async def _consume(self, mq: MessageQueue, pq: ProcessQueue, batches: list[list[MessageExt]]) -> None:
         if pq.dropped and not self._owned(mq, pq):
             return
-        oks = await self._listen_many(pq, batches)
+        for i in range(0, len(batches), per):
+            # The pool job starts here, before the pull loop sends its next pull: a task that started it
+            # would first wait for the next loop iteration.
+            part = batches[i:i + per]
+            try:
+                job = self._start(pq, part)
+            except RuntimeError as exc:  # the pool is shut down: the consumer is stopping
+                log.warning("%d message(s) not handed to the listener: %s", sum(map(len, part)), exc)
+                return
+            self._spawn(self._consume(mq, pq, part, job))
+
+    async def _consume(self, mq: MessageQueue, pq: ProcessQueue, batches: list[list[MessageExt]],
+                       job: asyncio.Future[list[bool | None]]) -> None:
+        oks = await self._listen_many(pq, batches, job)
         done: list[MessageExt] = []
         for batch, ok in zip(batches, oks):
             if ok:

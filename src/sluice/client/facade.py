@@ -7,7 +7,6 @@ namesrv set); it stops when the last of them shuts down.
 """
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from concurrent.futures import Future
@@ -130,7 +129,7 @@ class Producer(_Facade):
         if self._loop is None:
             raise ClientError(f"Producer {self.group!r} is not started")
         coro = self._impl.send(msg, timeout=self._timeout(timeout), selector=selector, arg=arg, queue=queue)
-        fut = asyncio.run_coroutine_threadsafe(coro, self._loop.loop)
+        fut = self._loop.submit(coro)
         if callback is not None:
             def done(f: Future[SendResult]) -> None:
                 exc = f.exception() if not f.cancelled() else ClientError("send cancelled")

@@ -63,6 +63,9 @@ END_BLANK = EXT_END_BLANK
 MAX_ADDR = EXT_MAX_ADDR
 MAX_REAL_OFFSET = MAX_ADDR - LONG_MIN
 _SIGN = np.uint64(1 << 63)
+#: get_many reads, and put_many writes, this many units or fewer one by one (a numpy gather or a structured
+#: array costs tens of calls whatever the count).
+SMALL_BATCH = 16
 
 
 def is_ext_address_array(codes: np.ndarray) -> np.ndarray:
@@ -239,27 +242,7 @@ class ConsumeQueueExt:
 
     def put(self, tags_code: int, msg_store_time: int, bitmap: bytes) -> int:
         """Append a unit; returns its decorated (negative) address for the consume queue's tag-code slot."""
-        n = len(bitmap)
-        if n > self.bitmap_bytes_max:
-            raise InvalidParameterError(f"a {n}-byte filter bitmap exceeds the ext limit of {self.bitmap_bytes_max}")
-        size = MIN_UNIT_SIZE + n
-        try:
-            head = UNIT_HEAD.pack(size, tags_code, msg_store_time, n)
-        except struct.error as e:
-            raise InvalidParameterError(f"ext unit field out of range: {e}") from None
-        with self._lock:
-            if self._write_off + size > MAX_REAL_OFFSET:
-                raise StoreError("the ext log has reached its highest address")
-            f, pos = self._file_with_room(size)
-            f.allocate_to(pos + size)
-            mm = f.mm
-            mm[pos + 2:pos + MIN_UNIT_SIZE] = head[2:]
-            mm[pos + MIN_UNIT_SIZE:pos + size] = bitmap
-            mm[pos:pos + 2] = head[:2]  # last: a unit with a size is whole
-            self._dirty.add(f)
-            address = decorate(self._write_off)
-            self._write_off += size
-            return address
+        return self._put_few([tags_code], [msg_store_time], [bitmap])[0]
 
     def put_many(self, tags_codes: list[int], msg_store_times: list[int], bitmaps: list[bytes]) -> list[int]:
         """Append many units (dispatch's batch): one buffer per file instead of one write per unit.
@@ -268,6 +251,8 @@ class ConsumeQueueExt:
         n = len(bitmaps)
         if n == 0:
             return []
+        if n <= SMALL_BATCH:  # a few units (dispatch at a low rate): building the structured array costs more
+            return self._put_few(tags_codes, msg_store_times, bitmaps)
         blen = len(bitmaps[0])
         if any(len(b) != blen for b in bitmaps):
             return [self.put(t, s, b) for t, s, b in zip(tags_codes, msg_store_times, bitmaps)]
@@ -303,6 +288,34 @@ class ConsumeQueueExt:
                 out.extend(range(start, start + k * size, size))
                 self._write_off += k * size
                 i += k
+        return out
+
+    def _put_few(self, tags_codes: list[int], msg_store_times: list[int], bitmaps: list[bytes]) -> list[int]:
+        """put_many unit by unit, as put() writes each; every unit is checked before the first is written."""
+        heads = []
+        for t, st, b in zip(tags_codes, msg_store_times, bitmaps, strict=True):
+            if len(b) > self.bitmap_bytes_max:
+                raise InvalidParameterError(
+                    f"a {len(b)}-byte filter bitmap exceeds the ext limit of {self.bitmap_bytes_max}")
+            try:
+                heads.append(UNIT_HEAD.pack(MIN_UNIT_SIZE + len(b), t, st, len(b)))
+            except struct.error as e:
+                raise InvalidParameterError(f"ext unit field out of range: {e}") from None
+        out: list[int] = []
+        with self._lock:
+            if self._write_off + sum(MIN_UNIT_SIZE + len(b) for b in bitmaps) > MAX_REAL_OFFSET:
+                raise StoreError("the ext log has reached its highest address")
+            for head, bitmap in zip(heads, bitmaps):
+                size = MIN_UNIT_SIZE + len(bitmap)
+                f, pos = self._file_with_room(size)
+                f.allocate_to(pos + size)
+                mm = f.mm
+                mm[pos + 2:pos + MIN_UNIT_SIZE] = head[2:]
+                mm[pos + MIN_UNIT_SIZE:pos + size] = bitmap
+                mm[pos:pos + 2] = head[:2]  # last: a unit with a size is whole
+                self._dirty.add(f)
+                out.append(decorate(self._write_off))
+                self._write_off += size
         return out
 
     def _file_with_room(self, size: int) -> tuple[_ExtFile, int]:
@@ -355,9 +368,13 @@ class ConsumeQueueExt:
         return files[i] if i < len(files) else None
 
     def get_many(self, addresses: np.ndarray) -> ExtBatch:
-        """Read many units at once for the pull path (numpy gathers, no per-unit Python)."""
+        """Read many units at once for the pull path (numpy gathers, no per-unit Python); a few units
+        (SMALL_BATCH or fewer: a woken held pull, a consumer that keeps up) one by one, where the numpy
+        calls' fixed costs would outweigh the work (the two give equal batches)."""
         a = np.ascontiguousarray(addresses, dtype=np.int64).reshape(-1)
         n = len(a)
+        if n <= SMALL_BATCH:
+            return self._get_few(a.tolist())
         tags = np.zeros(n, dtype=np.int64)
         times = np.zeros(n, dtype=np.int64)
         lengths = np.zeros(n, dtype=np.int32)
@@ -394,6 +411,40 @@ class ConsumeQueueExt:
                     at = np.minimum(pos[:, None] + MIN_UNIT_SIZE + cols, fs - 1)
                     bitmaps[sel] = np.where(cols < lengths[sel][:, None], f.arr[at], 0)
         return ExtBatch(tags, bitmaps, lengths, times, valid)
+
+    def _get_few(self, addresses: list[int]) -> ExtBatch:
+        """get_many's batch, unit by unit: the same checks as :meth:`get`, the same zero rows for the rest."""
+        n = len(addresses)
+        tags = [0] * n
+        times = [0] * n
+        lengths = [0] * n
+        bitmaps: list[bytes] = [b""] * n
+        valid = [False] * n
+        with self._lock:
+            files = self.files
+            if files:
+                unpack, fs, write_off = UNIT_HEAD.unpack_from, self.file_size, self._write_off
+                for i, address in enumerate(addresses):
+                    if address > MAX_ADDR:
+                        continue
+                    off = address - LONG_MIN
+                    f = self._file_of(off)
+                    if f is None or off + MIN_UNIT_SIZE > write_off:
+                        continue
+                    pos = off - f.start
+                    if pos + MIN_UNIT_SIZE > fs:
+                        continue
+                    size, tag, stime, bm = unpack(f.mm, pos)
+                    if bm < 0 or size != MIN_UNIT_SIZE + bm or pos + size > fs or off + size > write_off:
+                        continue
+                    tags[i], times[i], lengths[i], valid[i] = tag, stime, bm, True
+                    bitmaps[i] = f.mm[pos + MIN_UNIT_SIZE:pos + size]
+        width = max(lengths, default=0)
+        rows = b"".join(b.ljust(width, b"\0") for b in bitmaps) if width else b""
+        return ExtBatch(np.array(tags, dtype=np.int64),
+                        np.frombuffer(rows, dtype=np.uint8).reshape(n, width).copy(),
+                        np.array(lengths, dtype=np.int32), np.array(times, dtype=np.int64),
+                        np.array(valid, dtype=bool))
 
     def max_address(self) -> int:
         """The address the next unit will get (RocketMQ's getMaxAddress)."""

@@ -7,9 +7,12 @@ with it. Several facades may share one LoopThread.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 from abc import ABC, abstractmethod
 import threading
+from collections import deque
 from collections.abc import Coroutine
+from functools import partial
 from typing import Any, Self, TypeVar
 
 from sluice.errors import RemotingError, RemotingTimeoutError
@@ -27,6 +30,10 @@ class LoopThread:
     def __init__(self, name: str = "sluice-loop") -> None:
         self.loop = asyncio.new_event_loop()
         self._ready = threading.Event()
+        self._submitted: deque[tuple[Coroutine[Any, Any, Any], concurrent.futures.Future[Any]]] = deque()
+        self._drain_scheduled = False
+        #: Times submitted coroutines were handed to the loop (a burst submitted while the loop is busy: once).
+        self.wakeups = 0
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
         self._ready.wait()
@@ -55,17 +62,78 @@ class LoopThread:
         if not self.running:
             coro.close()
             raise RemotingError("the event loop thread is stopped")
-        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        fut = self.submit(coro)
         try:
             return fut.result(timeout)
         except TimeoutError:
             fut.cancel()
             raise RemotingTimeoutError(f"call did not finish within {timeout:g} s") from None
 
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """``asyncio.run_coroutine_threadsafe(coro, self.loop)`` (cancelling the Future cancels the task), but
+        coroutines submitted while the loop has not taken the last ones yet wait in a queue: a burst of sends
+        from other threads costs the loop one wake-up (a self-pipe write and read), not one per call."""
+        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._submitted.append((coro, fut))
+        if not self._drain_scheduled:
+            self._drain_scheduled = True
+            try:
+                self.loop.call_soon_threadsafe(self._drain)
+            except RuntimeError:  # the loop is closed: nothing will run what waits
+                self._drain_scheduled = False
+                self._fail_waiting()
+                raise
+        return fut
+
+    def _fail_waiting(self) -> None:
+        while self._submitted:
+            coro, fut = self._submitted.popleft()
+            coro.close()
+            if fut.set_running_or_notify_cancel():
+                fut.set_exception(RemotingError("the event loop thread is stopped"))
+
+    def _drain(self) -> None:
+        # The flag goes down before the queue is read: a submit() that still saw it up left its coroutine
+        # where this loop finds it.
+        self._drain_scheduled = False
+        self.wakeups += 1
+        queue, loop = self._submitted, self.loop
+        while queue:
+            coro, fut = queue.popleft()
+            if fut.cancelled():
+                coro.close()
+                continue
+            task = loop.create_task(coro)
+            task.add_done_callback(partial(_settle, fut))
+            fut.add_done_callback(partial(_cancel_soon, loop, task))
+
     def stop(self, timeout: float = 5.0) -> None:
         if self.running:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(timeout)
+
+
+def _settle(fut: concurrent.futures.Future[Any], task: asyncio.Task[Any]) -> None:
+    """The task's outcome to the submitter's Future (asyncio.futures._chain_future's, without its locks)."""
+    if task.cancelled():
+        fut.cancel()
+        return
+    if not fut.set_running_or_notify_cancel():  # cancelled by the submitter meanwhile
+        return
+    exc = task.exception()
+    if exc is None:
+        fut.set_result(task.result())
+    else:
+        fut.set_exception(exc)
+
+
+def _cancel_soon(loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any],
+                 fut: concurrent.futures.Future[Any]) -> None:
+    if fut.cancelled() and not task.done():
+        try:
+            loop.call_soon_threadsafe(task.cancel)
+        except RuntimeError:  # the loop is closed
+            pass
 
 
 class LoopBoundClient(ABC):
