@@ -101,12 +101,7 @@ class PullReader:
             upf = self.config.consumequeue_units_per_file
             return GetMessageResult(_S.OFFSET_FOUND_NULL, (offset // upf + 1) * upf, lo, hi)
         res = self._collect(cq, offset, units, max_msgs, max_bytes, message_filter, lo, hi, budget)
-        if message_filter is None:
-            return res
-        if res.status is _S.FOUND:
-            return self._fill(cq, offset, offset + len(units), res, max_msgs, max_bytes, message_filter, lo, hi,
-                              budget)
-        if res.status is not _S.NO_MATCHED_MESSAGE:
+        if message_filter is None or res.status is not _S.NO_MATCHED_MESSAGE:
             return res
         # Nothing matched in the first window. While units are being ruled out on their tag codes or
         # bitmaps alone (few records read), look further: a 0.1 % filter then needs a round trip per
@@ -127,58 +122,6 @@ class PullReader:
                 more.status = _S.NO_MATCHED_MESSAGE
             res = more
         res.records_read = reads
-        return res
-
-    def _fill(self, cq: ConsumeQueue, offset: int, window_end: int, res: GetMessageResult, max_msgs: int,
-              max_bytes: int, mf: MessageFilter, lo: int, hi: int, budget: list[int]) -> GetMessageResult:
-        """A filtered pull that found records but fewer than asked, having read its whole first window
-        cheaply (units ruled out on tag codes or bitmaps, or records judged in C on their named properties):
-        the following windows are read too and their matches appended, until the pull is full or at
-        ``max_bytes``, a window stops early, or the scan bounds (max_filter_scan_units, max_filter_scan_ms)
-        are met. A selective filter then answers a draining consumer with full pulls instead of one
-        window's few matches per round trip. Nothing is skipped: the answer ends where the reading stopped."""
-        c = self.config
-        first = window_end - offset
-        if (res.next_begin_offset != window_end or len(res.sizes) >= max_msgs or len(res.data) >= max_bytes
-                or window_end >= cq.max_offset or budget[0] == 0):
-            return res
-        # Records judged on their named properties (in C where built; the Python twin fills alike, so both
-        # give the same pulls), or windows mostly ruled out on their units: cheap to read on.
-        by_values = mf.record_keys is not None and len(mf.record_keys) <= MAX_RECORD_KEYS
-        if not by_values and res.records_read * 8 >= first:
-            return res  # records evaluated one by one (tags, or a selector naming too many properties)
-        deadline = time.monotonic() + c.max_filter_scan_ms / 1000.0
-        window = max(max_msgs, c.max_filter_scan_bytes // CQ_UNIT_SIZE) * 4
-        scanned = first
-        parts = [res.data]
-        size = len(res.data)
-        while (res.next_begin_offset < cq.max_offset and len(res.sizes) < max_msgs and size < max_bytes
-               and scanned < c.max_filter_scan_units and budget[0] != 0 and time.monotonic() < deadline):
-            at = res.next_begin_offset
-            units = cq.get_units(at, min(window, c.max_filter_scan_units - scanned))
-            if units is None or len(units) == 0:
-                break
-            sizes = units["size"]
-            if int(sizes[sizes != PAD_SIZE].max(initial=0)) > max_bytes - size:
-                # A window's first record is served whatever its size (as a pull's first is); here it is not
-                # the pull's first, so a window goes in only when any of its records fits the bytes left.
-                break
-            more = self._collect(cq, at, units, max_msgs - len(res.sizes), max_bytes - size, mf, lo, hi, budget)
-            if more.status is not _S.FOUND and more.status is not _S.NO_MATCHED_MESSAGE:
-                break  # a record gone or damaged: answer what was found; the next pull meets it first
-            if more.sizes:
-                parts.append(more.data)
-                size += len(more.data)
-                res.queue_offsets += more.queue_offsets
-                res.commitlog_offsets += more.commitlog_offsets
-                res.sizes += more.sizes
-            res.records_read += more.records_read
-            res.next_begin_offset = more.next_begin_offset
-            scanned += len(units)
-            if more.next_begin_offset != at + len(units):
-                break  # the window stopped early (full, a byte bound, the budget, a damaged record)
-        if len(parts) > 1:
-            res.data = b"".join(parts)
         return res
 
     def _collect(self, cq: ConsumeQueue, offset: int, units: np.ndarray, max_msgs: int,
