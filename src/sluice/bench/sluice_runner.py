@@ -212,10 +212,20 @@ def latency(ns: str, wl: Workload, step: Step = lambda s: None, *, warmup_second
             expected += LATENCY_FILTER.matches(p)
             futures.append(producer.send_async(_message(p, body_with_stamp(wl.body_size, time.perf_counter_ns()))))
         seconds = time.perf_counter() - t0
+        failed: list[BaseException] = []
         for fut in futures:
-            fut.result(30)
-        probe.wait_for(expected, 30)
-        return {"rate": rate, **probe.summary(len(futures), expected, seconds)}
+            try:
+                fut.result(30)
+            except Exception as exc:  # the row says so instead of ending the whole run
+                failed.append(exc)
+        received = probe.wait_for(expected, 30 if not failed else 5)  # a failed send may not be stored
+        out = {"rate": rate, **probe.summary(len(futures), expected, seconds)}
+        if failed:
+            out["error"] = (f"{len(failed)} of {len(futures)} sends failed, the sender having fallen behind the "
+                            f"rate (last: {type(failed[-1]).__name__}: {str(failed[-1]).splitlines()[0]})")
+        elif not received:
+            out["error"] = f"received {out['received']} of {expected} matches within 30 s"
+        return out
 
     c = push("bench-latency", ns, LATENCY_FILTER, listener, first=False)
     try:
