@@ -224,6 +224,52 @@ def test_few_units_read_one_by_one_equal_the_numpy_gather(units: list[tuple[int,
         e.close()
 
 
+@pytest.mark.skipif(CQE.C is None, reason="the C extension is not built")
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(LONG_MIN, LONG_MAX), st.integers(0, 1 << 50), st.binary(max_size=14)),
+                min_size=0, max_size=40),
+       st.lists(st.one_of(st.integers(0, 60), st.integers(LONG_MIN, LONG_MAX)), min_size=CQE.SMALL_BATCH + 1,
+                max_size=80),
+       st.integers(0, 40))
+def test_the_c_gather_equals_the_numpy_gather(units: list[tuple[int, int, bytes]], picks: list[int],
+                                              below: int) -> None:
+    """speedups.ext_gather (a window's units over several files) gives the very arrays of the numpy read, for
+    stored units, near misses, random codes and units retention removed."""
+    with tempfile.TemporaryDirectory() as tmp:
+        e = ext(Path(tmp), file_size=128, bitmap_bytes_max=14)
+        addrs = [e.put(*u) for u in units]
+        queried = [addrs[p] if 0 <= p < len(addrs) else p for p in picks] + [a + 1 for a in addrs[:2]]
+        if addrs:
+            e.delete_below(addrs[min(below, len(addrs) - 1)])
+        fast = e.get_many(np.array(queried, dtype=np.int64))
+        c = CQE.C
+        try:
+            CQE.C = None
+            slow = e.get_many(np.array(queried, dtype=np.int64))
+        finally:
+            CQE.C = c
+        for name in ("tags_codes", "bitmaps", "bitmap_lengths", "msg_store_times", "valid"):
+            a, b = getattr(fast, name), getattr(slow, name)
+            assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), name
+        e.close()
+
+
+def test_ext_gather_refuses_arrays_of_the_wrong_size(tmp_path: Path) -> None:
+    e = ext(tmp_path)
+    e.put(5, 6, b"ab")
+    if CQE.C is None:
+        pytest.skip("the C extension is not built")
+    f = e.files[0]
+    off = np.zeros(2, dtype=np.int64)
+    with pytest.raises(ValueError, match="tags holds"):
+        CQE.C.ext_gather(f.mm, 0, e.file_size, 22, off, np.zeros(1, dtype=np.int64), np.zeros(2, dtype=np.int64),
+                         np.zeros(2, dtype=np.int32), np.zeros(2, dtype=bool), None, 0)
+    with pytest.raises(ValueError, match="does not fit rows"):
+        CQE.C.ext_gather(f.mm, 0, e.file_size, 22, off, np.zeros(2, dtype=np.int64), np.zeros(2, dtype=np.int64),
+                         np.zeros(2, dtype=np.int32), np.zeros(2, dtype=bool), np.zeros((2, 1), dtype=np.uint8), 1)
+    e.close()
+
+
 def test_get_many_edge_cases(tmp_path: Path) -> None:
     e = ext(tmp_path)
     empty = e.get_many(np.array([], dtype=np.int64))

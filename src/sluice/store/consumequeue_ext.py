@@ -42,6 +42,7 @@ from sluice.format import (
     ext_undecorate as undecorate,
     is_ext_address,
 )
+from sluice.speedups import C
 from sluice.store.mapped import MappedFile, open_file_run
 from sluice.store.per_queue import OpenFilesLru
 
@@ -375,6 +376,8 @@ class ConsumeQueueExt:
         n = len(a)
         if n <= SMALL_BATCH:
             return self._get_few(a.tolist())
+        if C is not None:
+            return self._get_many_c(a)
         tags = np.zeros(n, dtype=np.int64)
         times = np.zeros(n, dtype=np.int64)
         lengths = np.zeros(n, dtype=np.int32)
@@ -410,6 +413,34 @@ class ConsumeQueueExt:
                 for f, sel, pos in groups:
                     at = np.minimum(pos[:, None] + MIN_UNIT_SIZE + cols, fs - 1)
                     bitmaps[sel] = np.where(cols < lengths[sel][:, None], f.arr[at], 0)
+        return ExtBatch(tags, bitmaps, lengths, times, valid)
+
+    def _get_many_c(self, a: np.ndarray) -> ExtBatch:
+        """get_many's batch with C (speedups.ext_gather) reading each file's units: heads first, then the
+        bitmaps into rows as wide as the longest one met, as the numpy path builds them."""
+        n = len(a)
+        tags = np.zeros(n, dtype=np.int64)
+        times = np.zeros(n, dtype=np.int64)
+        lengths = np.zeros(n, dtype=np.int32)
+        valid = np.zeros(n, dtype=bool)
+        with self._lock:
+            files = self.files
+            if not files:
+                return ExtBatch(tags, np.zeros((n, 0), dtype=np.uint8), lengths, times, valid)
+            fs, base, end = self.file_size, files[0].start, self._write_off
+            off = np.where(a <= MAX_ADDR, (a.view(np.uint64) ^ _SIGN).view(np.int64), -1)
+            inside = off[off >= base]
+            if len(inside) == 0:
+                return ExtBatch(tags, np.zeros((n, 0), dtype=np.uint8), lengths, times, valid)
+            first, last = (int(inside.min()) - base) // fs, (int(inside.max()) - base) // fs
+            touched = files[first:last + 1]
+            width = 0
+            for f in touched:
+                width = max(width, C.ext_gather(f.mm, f.start, fs, end, off, tags, times, lengths, valid, None, 0))
+            bitmaps = np.zeros((n, width), dtype=np.uint8)
+            if width:
+                for f in touched:
+                    C.ext_gather(f.mm, f.start, fs, end, off, tags, times, lengths, valid, bitmaps, width)
         return ExtBatch(tags, bitmaps, lengths, times, valid)
 
     def _get_few(self, addresses: list[int]) -> ExtBatch:
