@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from sluice.client.instance import ClientConfig, ClientInstance
     from sluice.client.options import ProducerOptions, PullConsumerOptions
     from sluice.client.producer import AsyncProducer
+    from sluice.client.reply import ReplyMessage, reply_to
     from sluice.client.pull_consumer import AsyncPullConsumer
     from sluice.client.push_consumer import AsyncPushConsumer, PushConsumer
     from sluice.client.push_options import (
@@ -35,6 +36,7 @@ __all__ = [
     "MessageSelector", "Producer", "ProducerOptions", "PullConsumer", "PullConsumerOptions", "PullResult",
     "PullStatus", "QueueSelector", "SendResult", "SendStatus", "select_by_hash", "select_by_random",
     "AsyncTransactionProducer", "LocalTransactionState", "TransactionProducer", "TransactionSendResult",
+    "ReplyMessage", "reply_to",
 ]
 
 # public name -> (module, name there)
@@ -45,6 +47,7 @@ for _module, _names in {
     "instance": ("ClientConfig", "ClientInstance"),
     "options": ("ProducerOptions", "PullConsumerOptions"),
     "producer": ("AsyncProducer",),
+    "reply": ("ReplyMessage", "reply_to"),
     "pull_consumer": ("AsyncPullConsumer",),
     "push_consumer": ("AsyncPushConsumer", "PushConsumer"),
     "push_options": ("ConsumeFromWhere", "ConsumeOrderlyResult", "ConsumeResult", "MessageModel",
