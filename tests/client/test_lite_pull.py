@@ -238,3 +238,18 @@ def test_the_async_consumer_polls_too(cluster: Cluster, producer: Producer) -> N
         finally:
             await c.shutdown()
     assert asyncio.run(main()) == ["create"]
+
+
+def test_the_cache_is_bounded_by_the_flow_control_thresholds(cluster: Cluster, producer: Producer) -> None:
+    topic = unique("LiteFlow")
+    q3 = make_topic(producer, topic)[3]
+    sent = [f"f{i}" for i in range(30)]
+    for s in sent:
+        producer.send(Message(topic, s.encode()), queue=q3)
+    with consumer(cluster, unique("LG"), pull_batch_size=2, pull_threshold_for_queue=3) as c:
+        c.assign([q3])
+        impl = c.async_consumer
+        wait_for(lambda: impl.flow_control_times > 0, 20, "flow control of the full cache")
+        pq = impl.rebalancer.process_queues[q3]
+        assert pq.msg_count <= 3 + 2  # over the threshold by at most one pull
+        assert bodies(poll_until(c, len(sent))) == sent  # nothing lost while pulling waited

@@ -211,3 +211,24 @@ def test_a_reply_to_a_gone_requester_is_refused_by_name(cluster: Cluster) -> Non
     with Producer(unique("RPG"), cluster.ns, retry_times=0) as p:
         with pytest.raises(sluice.SluiceError, match="channel of <9.9.9.9@gone#1> not found"):
             p.send(sluice.reply_to(req, b"late"))
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_the_async_producer_requests_too(cluster: Cluster) -> None:
+    from sluice import AsyncProducer
+    topic = unique("ReqAsync")
+    _create_topic(cluster, topic)
+
+    async def main() -> tuple[list[bytes], str]:
+        async with AsyncProducer(unique("QPG"), cluster.ns, instance_name="async-req") as p:
+            replies = await asyncio.gather(*(p.request(Message(topic, f"x{i}".encode()), timeout=15.0)
+                                             for i in range(3)))
+            with pytest.raises(RequestTimeoutError):
+                await p.request(Message(topic + "Nobody", b"unanswered"), timeout=0.5)
+            return [r.body for r in replies], p.instance.client_id
+
+    with Replier(cluster.ns, topic):
+        got, client_id = asyncio.run(main())
+    assert got == [b"re:x0", b"re:x1", b"re:x2"]
+    assert client_id
