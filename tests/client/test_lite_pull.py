@@ -115,8 +115,17 @@ def test_two_members_of_a_group_receive_every_message_exactly_once(cluster: Clus
             got["b"] += bodies(b.poll(0.2))
         got["a"] += bodies(a.poll(0.5))  # nothing more comes
         got["b"] += bodies(b.poll(0.5))
-    assert got["a"] and got["b"]
-    assert sorted(got["a"] + got["b"]) == sorted(sent)  # every message, once, "create" filtered out by tag
+        assert got["a"] and got["b"]
+        assert sorted(got["a"] + got["b"]) == sorted(sent)  # every message, once, "create" filtered out by tag
+        # A member leaves: its shutdown commits what it polled, the other takes its queues from there.
+        a.shutdown()
+        wait_for(lambda: set(b.assignment()) == set(queues), 30, "the survivor to own every queue")
+        later = [f"n{i}" for i in range(20)]
+        for s in later:
+            producer.send(Message(topic, s.encode(), tags="D"))
+        rest = poll_until(b, len(later))
+        rest += b.poll(1.0)
+        assert sorted(bodies(rest)) == sorted(later)
 
 
 def test_subscribing_an_unknown_topic_is_refused(cluster: Cluster) -> None:
