@@ -16,6 +16,7 @@ if TYPE_CHECKING:
         PullResult, PullStatus, PushConsumer, SendResult, SendStatus, select_by_hash,
     )
     from sluice.client import LocalTransactionState, TransactionProducer
+    from sluice.client import AsyncLitePullConsumer, LitePullConsumer, reply_to
     from sluice.acl.signature import Credentials
     from sluice.errors import SluiceError
     from sluice.message import Message, MessageExt
@@ -26,7 +27,8 @@ __all__ = [
     "Credentials", "MessageModel", "PushConsumer",
     "AsyncProducer", "AsyncPullConsumer", "Message", "MessageExt", "MessageQueue", "MessageSelector", "Producer",
     "PullConsumer", "PullResult", "PullStatus", "SendResult", "SendStatus", "SluiceError", "__version__",
-    "select_by_hash", "LocalTransactionState", "TransactionProducer",
+    "select_by_hash", "LocalTransactionState", "TransactionProducer", "reply_to",
+    "AsyncLitePullConsumer", "LitePullConsumer",
 ]
 
 # name -> the module that defines it (the client's names go through sluice.client's own lazy face).

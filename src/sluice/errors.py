@@ -144,6 +144,17 @@ class ClientError(SluiceError):
     code = ResponseCode.SYSTEM_ERROR
 
 
+class RequestTimeoutError(ClientError):
+    """``Producer.request`` got no reply within its timeout (RocketMQ's RequestTimeoutException, client error
+    code REQUEST_TIMEOUT_EXCEPTION 10006); ``correlation_id`` names the request."""
+
+    code = 10006  # type: ignore[assignment]  # ClientErrorCode.REQUEST_TIMEOUT_EXCEPTION: never a wire code
+
+    def __init__(self, message: str = "", *, correlation_id: str = "") -> None:
+        super().__init__(message)
+        self.correlation_id = correlation_id
+
+
 class TransactionStateError(SluiceError):
     """END_TRANSACTION that cannot apply to what it names: no half message at that commit-log offset, another
     producer group's, or a half-queue offset that is not the half's (EndTransactionProcessor's answers)."""

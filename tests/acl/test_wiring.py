@@ -26,6 +26,9 @@ def need(code: R, fields: dict[str, str] | None = None, body: bytes = b""):  # t
 def test_what_broker_requests_ask() -> None:
     assert need(R.SEND_MESSAGE_V2, {"a": "PG", "b": "T"}).resources == {"T": PUB}
     assert need(R.SEND_MESSAGE, {"producerGroup": "PG", "topic": "T"}).resources == {"T": PUB}
+    for code in (R.SEND_REPLY_MESSAGE, R.SEND_REPLY_MESSAGE_V2):  # a reply names its topic either way
+        assert need(code, {"a": "PG", "b": "C_REPLY_TOPIC"}).resources == {"C_REPLY_TOPIC": PUB}
+        assert need(code, {"producerGroup": "PG", "topic": "C_REPLY_TOPIC"}).resources == {"C_REPLY_TOPIC": PUB}
     assert need(R.PULL_MESSAGE, {"consumerGroup": "CG", "topic": "T"}).resources == {
         "T": SUB, retry_topic("CG"): SUB}
     assert need(R.CONSUMER_SEND_MSG_BACK, {"group": "CG", "originTopic": "T"}).resources == {

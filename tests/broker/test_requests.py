@@ -36,7 +36,9 @@ def test_every_row_has_a_permission_and_a_handler() -> None:
 def test_permissions_follow_rocketmq_plain_acl() -> None:
     perm = {R(code): route.permission for code, route in ROUTE_BY_CODE.items()}
     assert {c for c, p in perm.items() if p is Permission.PUBLISH} == {
-        R.SEND_MESSAGE, R.SEND_MESSAGE_V2, R.SEND_BATCH_MESSAGE, R.CONSUMER_SEND_MSG_BACK, R.END_TRANSACTION}
+        R.SEND_MESSAGE, R.SEND_MESSAGE_V2, R.SEND_BATCH_MESSAGE, R.CONSUMER_SEND_MSG_BACK, R.END_TRANSACTION,
+        # Replies are sends to the reply topic (4.x's validator leaves them unchecked; PUB is the send rule).
+        R.SEND_REPLY_MESSAGE, R.SEND_REPLY_MESSAGE_V2}
     for code in (R.PULL_MESSAGE, R.QUERY_MESSAGE, R.HEART_BEAT, R.UNREGISTER_CLIENT, R.GET_CONSUMER_LIST_BY_GROUP,
                  R.UPDATE_CONSUMER_OFFSET):
         assert perm[code] is Permission.SUBSCRIBE, code

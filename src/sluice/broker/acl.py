@@ -20,6 +20,9 @@ __all__ = ["need_of"]
 
 _PERM = {Permission.PUBLISH: PUB, Permission.SUBSCRIBE: SUB}
 _V2 = (int(R.SEND_MESSAGE_V2), int(R.SEND_BATCH_MESSAGE))
+#: A reply's header may come in either naming with either reply code (ReplyProcessor accepts both): its topic
+#: is ``b`` or ``topic``, never unnamed (an unnamed topic would ask no permission at all).
+_REPLY = (int(R.SEND_REPLY_MESSAGE), int(R.SEND_REPLY_MESSAGE_V2))
 _HEART_BEAT = int(R.HEART_BEAT)
 
 
@@ -38,7 +41,10 @@ def need_of(route: Route, request: RemotingCommand) -> Need:
         return Need(code, key=(code, None, None))
     ext = request.ext_fields
     if code != _HEART_BEAT:
-        topic = ext.get("b") if code in _V2 else ext.get("originTopic") or ext.get("topic")
+        if code in _REPLY:
+            topic = ext.get("b") or ext.get("topic")
+        else:
+            topic = ext.get("b") if code in _V2 else ext.get("originTopic") or ext.get("topic")
         group = ext.get("consumerGroup") or ext.get("group")
         k = (code, topic, group)
         need = _NEEDS.get(k)

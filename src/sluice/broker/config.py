@@ -126,6 +126,9 @@ class BrokerConfig:
     #: Checks before an undecided half message is given up (transactionCheckMax: 15), kept in
     #: TRANS_CHECK_MAX_TIME_TOPIC.
     transaction_check_max: int = 15
+    #: Store replies (SEND_REPLY_MESSAGE) in ``<cluster>_REPLY_TOPIC`` besides pushing them to the requesting
+    #: client (storeReplyMessageEnable: true), so they can be queried and traced like any message.
+    store_reply_message_enable: bool = True
     #: Queue locks for orderly consumers expire after this (REBALANCE_LOCK_MAX_LIVE_TIME).
     rebalance_lock_max_live_ms: int = 60_000
     #: Sends whose producer group starts with one of these are checked for replays (broker/dedup.py); the

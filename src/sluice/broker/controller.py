@@ -54,6 +54,7 @@ from sluice.broker.queries import QueryProcessor
 from sluice.broker.requests import ROUTES, Route
 from sluice.broker.retry import RetryProcessor
 from sluice.broker.schedule import ScheduleService
+from sluice.broker.reply import ReplyProcessor
 from sluice.broker.send import SendProcessor
 from sluice.broker.sub_conflicts import SubscriptionGuard
 from sluice.broker.topics import TopicConfigManager
@@ -124,6 +125,7 @@ class BrokerController:
     filter_server_children: FilterServerChildren | None  #: the ``filter_server_nums`` children, if any
     send_processor: SendProcessor
     transactions: TransactionService  #: half messages, END_TRANSACTION, the check-back
+    replies: ReplyProcessor  #: SEND_REPLY_MESSAGE(_V2): push to the requester, store in <cluster>_REPLY_TOPIC
     pull_processor: PullProcessor
     retry_processor: RetryProcessor
     #: code -> its row of requests.ROUTES, for every code registered with the server
@@ -211,13 +213,19 @@ class BrokerController:
         self.send_processor = SendProcessor(
             topics=topics, topics_changed=changed, appender=appender, dedup=self.dedup, divert=self.schedule.divert,
             max_reconsume_times=config.max_reconsume_times, store_host=store.config.store_host,
-            max_message_size=store.config.max_message_size, reject_transactions=config.reject_transaction_message)
+            max_message_size=store.config.max_message_size, reject_transactions=config.reject_transaction_message,
+            cluster_name=config.cluster_name)
         # Transactional messages (transactions.py): END_TRANSACTION and the check-back to producers.
         self.transactions = TransactionService(
             store=store, pool=pool, appender=appender, topics=topics, topics_changed=changed, offsets=offsets,
             clients=consumers, divert=self.schedule.divert, store_host=store.config.store_host,
             timeout_ms=config.transaction_timeout_ms, check_interval_ms=config.transaction_check_interval_ms,
             check_max=config.transaction_check_max, authorize=self._real_topic_check() if self.acl else None)
+        # Request-reply (reply.py): replies pushed to the requesting client's connection, and stored.
+        self.replies = ReplyProcessor(
+            topics=topics, topics_changed=changed, appender=appender, clients=consumers,
+            cluster_name=config.cluster_name, store_host=store.config.store_host,
+            store_replies=config.store_reply_message_enable)
         self.pull_processor = PullProcessor(
             config=config, store=store, pool=pool, topics=topics, offsets=offsets, consumers=consumers,
             filter_data=fm, sub_guard=sub_guard, backfills=backfills, hold=hold,
@@ -226,7 +234,7 @@ class BrokerController:
             store=store, pool=pool, topics=topics, topics_changed=changed, appender=appender,
             divert=self.schedule.divert, max_reconsume_times=config.max_reconsume_times)
         processors: list[object] = [
-            self.send_processor, self.pull_processor, self.retry_processor, self.transactions,
+            self.send_processor, self.pull_processor, self.retry_processor, self.transactions, self.replies,
             ClientManageProcessor(consumers=consumers, topics=topics, topics_changed=changed, filter_data=fm,
                                   sub_guard=sub_guard, enable_property_filter=config.enable_property_filter,
                                   compiler=self.pull_processor.compiler),

@@ -25,6 +25,7 @@ from sluice.broker.filter_servers import FilterServerManager
 from sluice.broker.offset_reset import OffsetResetProcessor
 from sluice.broker.pull import PullProcessor
 from sluice.broker.queries import QueryProcessor
+from sluice.broker.reply import ReplyProcessor
 from sluice.broker.retry import RetryProcessor
 from sluice.broker.send import SendProcessor
 from sluice.broker.transactions import TransactionService
@@ -64,6 +65,9 @@ ROUTES: tuple[Route, ...] = (
     # Commits or rolls back a half message: PUB on its real topic (RocketMQ 5.x's validator reads the header's
     # topic; a 4.x header has none, so the handler checks the half's REAL_TOPIC: TransactionService.authorize).
     Route(R.END_TRANSACTION, PUB, TransactionService, "end_transaction"),
+    # A reply to a request message (ReplyMessageProcessor): PUB on the reply topic, as any send.
+    Route(R.SEND_REPLY_MESSAGE, PUB, ReplyProcessor, "handle"),
+    Route(R.SEND_REPLY_MESSAGE_V2, PUB, ReplyProcessor, "handle"),
     # A consumer's failed message stored again: RocketMQ asks PUB on the original topic (and SUB on %RETRY%).
     Route(R.CONSUMER_SEND_MSG_BACK, PUB, RetryProcessor, "handle"),
     # ---- consumers

@@ -111,7 +111,8 @@ def _batch_flag(request: RemotingCommand) -> bool:
 class SendProcessor:
     def __init__(self, *, topics: TopicConfigManager, topics_changed: Callable[[], None], appender: Appender,
                  dedup: DedupWindow, divert: Prepare, max_reconsume_times: int, store_host: tuple[str, int],
-                 max_message_size: int, reject_transactions: bool = False) -> None:
+                 max_message_size: int, reject_transactions: bool = False,
+                 cluster_name: str = "DefaultCluster") -> None:
         self.topics = topics
         self.topics_changed = topics_changed
         self.appender = appender
@@ -121,6 +122,7 @@ class SendProcessor:
         self.store_host = store_host
         self.max_message_size = max_message_size
         self.reject_transactions = reject_transactions  # rejectTransactionMessage
+        self.cluster_name = cluster_name
         self.refusals = RefusalLog(log, "send")
 
     def handle(self, conn: RemotingConnection, request: RemotingCommand) -> Any:
@@ -184,6 +186,11 @@ class SendProcessor:
                     self.topics_changed()
                 queue_id = 0
         props = P.decode_properties(h.properties) if h.properties else {}
+        if P.REPLY_TO_CLIENT in props and not batch:
+            # A request message: its replier builds the reply topic from CLUSTER (MessageUtil.createReplyMessage).
+            # RocketMQ's SendMessageProcessor puts it on every message; here only on requests, leaving every
+            # other record as its producer sent it.
+            props[P.CLUSTER] = self.cluster_name
         half = is_half(h.sys_flag, props)
         if half or h.sys_flag & TRANSACTION_MASK == FLAG_TRANSACTION_ROLLBACK:
             # A half message goes to the half queue (transactions.py); RocketMQ refuses it when the broker

@@ -14,12 +14,15 @@ if TYPE_CHECKING:
     from sluice.client.facade import Producer, PullConsumer
     from sluice.client.fault import MQFaultStrategy
     from sluice.client.instance import ClientConfig, ClientInstance
+    from sluice.client.lite_pull import AsyncLitePullConsumer, LitePullConsumer
     from sluice.client.options import ProducerOptions, PullConsumerOptions
     from sluice.client.producer import AsyncProducer
+    from sluice.client.reply import ReplyMessage, reply_to
     from sluice.client.pull_consumer import AsyncPullConsumer
     from sluice.client.push_consumer import AsyncPushConsumer, PushConsumer
     from sluice.client.push_options import (
-        ConsumeFromWhere, ConsumeOrderlyResult, ConsumeResult, MessageModel, PushConsumerOptions,
+        ConsumeFromWhere, ConsumeOrderlyResult, ConsumeResult, LitePullConsumerOptions, MessageModel,
+        PushConsumerOptions,
     )
     from sluice.client.results import MessageQueue, PullResult, PullStatus, SendResult, SendStatus
     from sluice.client.routing import QueueSelector, select_by_hash, select_by_random
@@ -35,6 +38,7 @@ __all__ = [
     "MessageSelector", "Producer", "ProducerOptions", "PullConsumer", "PullConsumerOptions", "PullResult",
     "PullStatus", "QueueSelector", "SendResult", "SendStatus", "select_by_hash", "select_by_random",
     "AsyncTransactionProducer", "LocalTransactionState", "TransactionProducer", "TransactionSendResult",
+    "ReplyMessage", "reply_to", "AsyncLitePullConsumer", "LitePullConsumer", "LitePullConsumerOptions",
 ]
 
 # public name -> (module, name there)
@@ -43,12 +47,14 @@ for _module, _names in {
     "facade": ("Producer", "PullConsumer"),
     "fault": ("MQFaultStrategy",),
     "instance": ("ClientConfig", "ClientInstance"),
+    "lite_pull": ("AsyncLitePullConsumer", "LitePullConsumer"),
     "options": ("ProducerOptions", "PullConsumerOptions"),
     "producer": ("AsyncProducer",),
+    "reply": ("ReplyMessage", "reply_to"),
     "pull_consumer": ("AsyncPullConsumer",),
     "push_consumer": ("AsyncPushConsumer", "PushConsumer"),
-    "push_options": ("ConsumeFromWhere", "ConsumeOrderlyResult", "ConsumeResult", "MessageModel",
-                     "PushConsumerOptions"),
+    "push_options": ("ConsumeFromWhere", "ConsumeOrderlyResult", "ConsumeResult", "LitePullConsumerOptions",
+                     "MessageModel", "PushConsumerOptions"),
     "results": ("MessageQueue", "PullResult", "PullStatus", "SendResult", "SendStatus"),
     "routing": ("QueueSelector", "select_by_hash", "select_by_random"),
     "selector": ("MessageSelector",),

@@ -57,6 +57,8 @@ class PreparedSend:
     flag: int
     msg_id: str  # UNIQ_KEY, or the batch's ids joined by commas
     batch: bool = False
+    #: A reply (MSG_TYPE=reply): sent as SEND_REPLY_MESSAGE(_V2) (MQClientAPIImpl.sendMessage's isReply).
+    reply: bool = False
 
 
 def _with_uniq_key(msg: Message) -> tuple[dict[str, str], str]:
@@ -153,6 +155,9 @@ def build_send_request(
               "false", "true" if prepared.batch else "false", mq.broker_name)
     if prepared.batch:
         code, names = RequestCode.SEND_BATCH_MESSAGE, _V2_NAMES
+    elif prepared.reply:
+        code, names = ((RequestCode.SEND_REPLY_MESSAGE_V2, _V2_NAMES) if v2
+                       else (RequestCode.SEND_REPLY_MESSAGE, _V1_NAMES))
     elif v2:
         code, names = RequestCode.SEND_MESSAGE_V2, _V2_NAMES
     else:

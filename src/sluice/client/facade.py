@@ -120,6 +120,10 @@ class Producer(_Facade):
         t = self._timeout(timeout)
         return self._run(self._impl.send(msg, timeout=t, selector=selector, arg=arg, queue=queue), t)
 
+    def request(self, msg: Message, timeout: float = 3.0) -> MessageExt:
+        """Send ``msg`` as a request and return its reply (see :meth:`AsyncProducer.request`)."""
+        return self._run(self._impl.request(msg, timeout), timeout)
+
     def send_async(self, msg: Message, *, timeout: float | None = None, selector: QueueSelector | None = None,
                    arg: Any = None, queue: MessageQueue | None = None,
                    callback: Callable[[SendResult | None, BaseException | None], None] | None = None,

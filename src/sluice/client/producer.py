@@ -10,6 +10,7 @@ one attempt: retrying elsewhere would break the order.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -18,10 +19,13 @@ from sluice.client.encoding import PreparedSend, build_send_request, parse_send_
 from sluice.client.fault import MQFaultStrategy, is_retriable
 from sluice.client.lifecycle import AsyncClient
 from sluice.client.options import ProducerOptions
+from sluice.client.reply import ReplyMessage, ReplyWaiters, new_correlation_id
 from sluice.client.results import MessageQueue, SendResult, SendStatus
 from sluice.client.routing import QueueSelector, TopicPublishInfo
-from sluice.errors import ClientError, InvalidParameterError, RemotingError, RemotingTimeoutError, SluiceError
-from sluice.message import Message
+from sluice.errors import (ClientError, InvalidParameterError, RemotingError, RemotingTimeoutError, RequestTimeoutError,
+                           SluiceError)
+from sluice.message import Message, MessageExt
+from sluice.protocol import properties as P
 
 __all__ = ["AsyncProducer"]
 
@@ -98,12 +102,53 @@ class AsyncProducer(AsyncClient):
         assert result is not None
         return result
 
+    async def request(self, msg: Message, timeout: float = 3.0) -> MessageExt:
+        """Send ``msg`` as a request and return the reply a consumer sent with ``sluice.reply_to``
+        (DefaultMQProducerImpl.request). ``timeout`` covers the send and the wait; RequestTimeoutError names
+        the correlation id when no reply came in time."""
+        if timeout <= 0:
+            raise InvalidParameterError(f"timeout must be positive, got {timeout}")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        inst = self.instance
+        prepared = self._prepare(msg)
+        correlation_id = new_correlation_id()
+        props = P.decode_properties(prepared.properties)
+        props[P.CORRELATION_ID] = correlation_id
+        props[P.REPLY_TO_CLIENT] = inst.client_id
+        props[P.TTL] = str(int(timeout * 1000))
+        prepared = dataclasses.replace(prepared, properties=P.encode_properties(props))
+        if prepared.topic not in inst.routes:
+            # prepareSendRequest: a broker seen for the first time must know this client before it pushes to it.
+            await self.publish_info(prepared.topic)
+            await inst.send_heartbeat_to_all()
+        waiters = ReplyWaiters.of(inst)
+        reply = waiters.expect(correlation_id)
+        try:
+            await self._dispatch(prepared, msg, max(deadline - loop.time(), 0.001), None, None, None, oneway=False)
+            try:
+                async with asyncio.timeout_at(deadline):
+                    return await reply
+            except TimeoutError:
+                raise RequestTimeoutError(
+                    f"send request message to <{prepared.topic}> OK, but wait reply message timeout, "
+                    f"{int(timeout * 1000)} ms (correlation id {correlation_id})",
+                    correlation_id=correlation_id) from None
+        finally:
+            waiters.forget(correlation_id)
+
     def _prepare(self, msg: Message) -> PreparedSend:
         if not isinstance(msg, Message):
             raise InvalidParameterError(f"send takes a sluice.Message, not {type(msg).__name__}")
         o = self.options
-        return prepare_message(msg, max_size=o.max_message_size, compress_over=o.compress_over,
-                               compress_level=o.compress_level)
+        prepared = prepare_message(msg, max_size=o.max_message_size, compress_over=o.compress_over,
+                                   compress_level=o.compress_level)
+        if isinstance(msg, ReplyMessage):  # reply_to's routing properties, which users may not set themselves
+            props = P.decode_properties(prepared.properties)
+            props.update(msg.reply_properties)
+            prepared = dataclasses.replace(prepared, properties=P.encode_properties(props),
+                                           reply=props.get(P.MSG_TYPE) == P.REPLY_MESSAGE_FLAG)
+        return prepared
 
     async def _dispatch(self, prepared: PreparedSend, msg: Message | None, timeout: float | None,
                         selector: QueueSelector | None, arg: Any, queue: MessageQueue | None,

@@ -1,4 +1,4 @@
-"""What a push consumer's listener returns, where a new group starts, and the push consumer's options.
+"""What a push consumer's listener returns, where a new group starts, the push and lite pull consumers' options.
 
 Every default is RocketMQ's value unless its comment says otherwise
 (client/src/main/java/org/apache/rocketmq/client/consumer/DefaultMQPushConsumer.java,
@@ -16,7 +16,7 @@ from sluice.errors import InvalidParameterError
 
 __all__ = [
     "AllocateStrategy", "ConsumeFromWhere", "ConsumeOrderlyResult", "ConsumeResult", "MessageModel",
-    "PushConsumerOptions", "parse_consume_timestamp",
+    "LitePullConsumerOptions", "PushConsumerOptions", "parse_consume_timestamp",
 ]
 
 
@@ -189,3 +189,33 @@ class PushConsumerOptions:
         if self.max_reconsume_times >= 0:
             return self.max_reconsume_times
         return 2**31 - 1 if orderly else 16
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LitePullConsumerOptions(PushConsumerOptions):
+    """The push consumer's options (model, consume_from_where, allocate_strategy, flow-control thresholds,
+    rebalance_interval, ...; the listener's are unused) with DefaultLitePullConsumer's defaults and its own."""
+
+    #: pullBatchSize: messages asked per pull, and at most per ``poll``.
+    pull_batch_size: int = 10
+    #: No backlog-driven growth of pulls: a poll returns one pulled batch, as Java's.
+    pull_batch_size_max: int = 10
+    #: brokerSuspendMaxTimeMillis: how long the broker may hold a pull that found nothing.
+    broker_suspend_max: float = 20.0
+    #: autoCommit: each poll commits what the previous polls returned.
+    auto_commit: bool = True
+    #: autoCommitIntervalMillis (5 s): how often auto-committed offsets are written to the broker.
+    auto_commit_interval: float = 5.0
+    #: pollTimeoutMillis (5 s): ``poll()``'s wait when it is given no timeout.
+    poll_timeout: float = 5.0
+    #: pullThresholdForAll: stop pulling while this many messages are cached over all queues.
+    pull_threshold_for_all: int = 10000
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.auto_commit_interval < 1.0:
+            raise InvalidParameterError("auto_commit_interval must be >= 1 s (RocketMQ's minimum)")
+        if self.poll_timeout < 0:
+            raise InvalidParameterError(f"poll_timeout must be >= 0, got {self.poll_timeout}")
+        if self.pull_threshold_for_all < 1:
+            raise InvalidParameterError(f"pull_threshold_for_all must be >= 1, got {self.pull_threshold_for_all}")

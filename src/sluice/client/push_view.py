@@ -1,7 +1,8 @@
 """What a push consumer's services use of their consumer, as a ``typing.Protocol``.
 
 The rebalancer, the consume services and the running-info report are built by
-:class:`sluice.client.push_consumer.AsyncPushConsumer` and call back into it.
+:class:`sluice.client.push_consumer.AsyncPushConsumer` and call back into it; the lite pull consumer
+(:class:`sluice.client.lite_pull.AsyncLitePullConsumer`) is one too, for its rebalancer and running info.
 They name it through :class:`PushConsumerView`, so none of them imports the
 module that builds them (no import circle), and what they may use is written down.
 """

@@ -1,5 +1,5 @@
-"""Rebalance: which queues a push consumer owns, and the service that re-decides it (RebalanceImpl,
-RebalanceService).
+"""Rebalance: which queues a push consumer (or a subscribing lite pull consumer, lite_pull.py) owns, and the
+service that re-decides it (RebalanceImpl, RebalanceService).
 
 Every ``rebalance_interval`` (20 s), and at once when a broker sends
 NOTIFY_CONSUMER_IDS_CHANGED, each push consumer of a client instance reads
@@ -369,7 +369,7 @@ class Rebalancer:
 
 
 class RebalanceService:
-    """One per client instance: runs every push consumer's rebalance on a timer and on notification."""
+    """One per client instance: runs every push and lite pull consumer's rebalance on a timer and on notification."""
 
     _services: weakref.WeakKeyDictionary[ClientInstance, RebalanceService] = weakref.WeakKeyDictionary()
 

@@ -52,6 +52,9 @@ class RequestCode(IntEnum):
     SEND_MESSAGE_V2 = 310
     SEND_BATCH_MESSAGE = 320
     QUERY_DATA_VERSION = 322
+    SEND_REPLY_MESSAGE = 324
+    SEND_REPLY_MESSAGE_V2 = 325
+    PUSH_REPLY_MESSAGE_TO_CLIENT = 326
     #: Sluice's own (no RocketMQ counterpart): a group's filter data, conflicts and filter metrics.
     GET_CONSUMER_FILTER_DATA = 20001
     #: Sluice's own: hand a group's backfill bitmap of one queue to the broker (broker/backfill.py).

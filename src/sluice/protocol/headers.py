@@ -105,6 +105,28 @@ class SendMessageResponseHeader(Header):
 
 
 @_HEADER
+class ReplyMessageRequestHeader(Header):
+    """PUSH_REPLY_MESSAGE_TO_CLIENT (326), broker to the requesting client: the reply's send header plus
+    where and when it was stored (ReplyMessageRequestHeader.java). Hosts are Java's
+    ``InetSocketAddress.toString()``: ``/127.0.0.1:10911``."""
+
+    producer_group: str
+    topic: str
+    default_topic: str = "TBW102"
+    default_topic_queue_nums: int = 4
+    queue_id: int
+    sys_flag: int = 0
+    born_timestamp: int = 0
+    flag: int = 0
+    properties: str | None = None
+    reconsume_times: int | None = None
+    unit_mode: bool = False
+    born_host: str
+    store_host: str
+    store_timestamp: int
+
+
+@_HEADER
 class ConsumerSendMsgBackRequestHeader(Header):
     offset: int
     group: str
