@@ -132,6 +132,28 @@ def test_a_denied_topic_is_refused_and_nothing_is_stored(cluster: object) -> Non
         ns.close()
 
 
+@pytest.mark.parametrize("code,fields", [
+    (RequestCode.SEND_MESSAGE_V2, {"producerGroup": "PG_raw", "topic": "TopicDeny", "defaultTopic": "TBW102",
+                                   "defaultTopicQueueNums": "4", "queueId": "0", "sysFlag": "0",
+                                   "bornTimestamp": "1", "flag": "0"}),
+    (RequestCode.SEND_MESSAGE, {"a": "PG_raw", "b": "TopicDeny", "c": "TBW102", "d": "4", "e": "0", "f": "0",
+                                "g": "1", "h": "0"}),
+])
+def test_a_send_naming_its_topic_the_other_way_is_still_checked(cluster: object, code: int,
+                                                                  fields: dict[str, str]) -> None:
+    """The send handler reads either header naming with any send code; the ACL checks the topic it will use."""
+    from sluice.acl.signature import sign_fields
+    ext = dict(fields)
+    sign_fields(USER, ext, b"sneaked")
+    client = SyncRemotingClient()
+    try:
+        resp = client.invoke(cluster.broker.addr, RemotingCommand(code, ext, b"sneaked"))  # type: ignore[attr-defined]
+    finally:
+        client.close()
+    assert resp.code == ResponseCode.NO_PERMISSION, (resp.code, resp.remark)
+    assert "no PUB permission for topic TopicDeny" in resp.remark
+
+
 def test_a_raw_refusal_is_no_permission(cluster: object) -> None:
     client = SyncRemotingClient()
     try:

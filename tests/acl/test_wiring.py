@@ -26,6 +26,11 @@ def need(code: R, fields: dict[str, str] | None = None, body: bytes = b""):  # t
 def test_what_broker_requests_ask() -> None:
     assert need(R.SEND_MESSAGE_V2, {"a": "PG", "b": "T"}).resources == {"T": PUB}
     assert need(R.SEND_MESSAGE, {"producerGroup": "PG", "topic": "T"}).resources == {"T": PUB}
+    # The send handler takes either naming with any send code: the topic it will write to is the one checked.
+    for code in (R.SEND_MESSAGE, R.SEND_MESSAGE_V2, R.SEND_BATCH_MESSAGE):
+        assert need(code, {"producerGroup": "PG", "topic": "Secret"}).resources == {"Secret": PUB}
+        assert need(code, {"a": "PG", "b": "Secret"}).resources == {"Secret": PUB}
+        assert need(code, {"producerGroup": "PG", "topic": "Secret", "a": "PG", "b": "T"}).resources == {"Secret": PUB}
     for code in (R.SEND_REPLY_MESSAGE, R.SEND_REPLY_MESSAGE_V2):  # a reply names its topic either way
         assert need(code, {"a": "PG", "b": "C_REPLY_TOPIC"}).resources == {"C_REPLY_TOPIC": PUB}
         assert need(code, {"producerGroup": "PG", "topic": "C_REPLY_TOPIC"}).resources == {"C_REPLY_TOPIC": PUB}

@@ -20,6 +20,7 @@ __all__ = ["need_of"]
 
 _PERM = {Permission.PUBLISH: PUB, Permission.SUBSCRIBE: SUB}
 _V2 = (int(R.SEND_MESSAGE_V2), int(R.SEND_BATCH_MESSAGE))
+_SENDS = (int(R.SEND_MESSAGE), *_V2)
 #: A reply's header may come in either naming with either reply code (ReplyProcessor accepts both): its topic
 #: is ``b`` or ``topic``, never unnamed (an unnamed topic would ask no permission at all).
 _REPLY = (int(R.SEND_REPLY_MESSAGE), int(R.SEND_REPLY_MESSAGE_V2))
@@ -43,8 +44,12 @@ def need_of(route: Route, request: RemotingCommand) -> Need:
     if code != _HEART_BEAT:
         if code in _REPLY:
             topic = ext.get("b") or ext.get("topic")
+        elif code in _SENDS:
+            # The topic the send handler will use (SendMessageRequestHeader.from_command): either naming comes
+            # with any send code, so the code alone must not decide where the permission is looked up.
+            topic = ext.get("b") if "producerGroup" not in ext and "a" in ext else ext.get("topic")
         else:
-            topic = ext.get("b") if code in _V2 else ext.get("originTopic") or ext.get("topic")
+            topic = ext.get("originTopic") or ext.get("topic")
         group = ext.get("consumerGroup") or ext.get("group")
         k = (code, topic, group)
         need = _NEEDS.get(k)
