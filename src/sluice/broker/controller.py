@@ -48,6 +48,7 @@ from sluice.broker.locks import RebalanceLockManager
 from sluice.broker.longpoll import HoldService
 from sluice.broker.offset_reset import OffsetResetProcessor
 from sluice.broker.offsets import ConsumerOffsetManager
+from sluice.broker.ops import OpsProcessor
 from sluice.broker.pool import BlockingPool
 from sluice.broker.pull import PullProcessor
 from sluice.broker.queries import QueryProcessor
@@ -55,6 +56,7 @@ from sluice.broker.requests import ROUTES, Route
 from sluice.broker.retry import RetryProcessor
 from sluice.broker.schedule import ScheduleService
 from sluice.broker.send import SendProcessor
+from sluice.broker.stats import BrokerStats
 from sluice.broker.sub_conflicts import SubscriptionGuard
 from sluice.broker.topics import TopicConfigManager
 from sluice.broker.transactions import TransactionService
@@ -126,6 +128,7 @@ class BrokerController:
     transactions: TransactionService  #: half messages, END_TRANSACTION, the check-back
     pull_processor: PullProcessor
     retry_processor: RetryProcessor
+    stats: BrokerStats  #: put and get counters with minute/hour/day TPS (VIEW_BROKER_STATS_DATA, consumeTps)
     #: code -> its row of requests.ROUTES, for every code registered with the server
     routes: dict[int, Route]
     server: RemotingServer
@@ -177,6 +180,8 @@ class BrokerController:
                                        wakes_per_turn=config.max_held_pull_wakes_per_turn)
         store.add_dispatcher(hold)
         self.appender = appender = Appender(store)
+        self.stats = BrokerStats(config.cluster_name)
+        appender.on_put = self.stats.on_put
         store.dispatch.drive_externally()  # every append happens on the loop, which dispatches after it
         self.dedup = DedupWindow(max_keys=config.dedup_window_keys, window_ms=int(config.dedup_window_seconds * 1000),
                                  prefixes=config.dedup_producer_group_prefixes)
@@ -222,6 +227,7 @@ class BrokerController:
             config=config, store=store, pool=pool, topics=topics, offsets=offsets, consumers=consumers,
             filter_data=fm, sub_guard=sub_guard, backfills=backfills, hold=hold,
             filter_servers=self.filter_servers.addresses, is_filter_server=self.filter_servers.is_filter_server)
+        self.pull_processor.on_get = self.stats.on_get
         self.retry_processor = RetryProcessor(
             store=store, pool=pool, topics=topics, topics_changed=changed, appender=appender,
             divert=self.schedule.divert, max_reconsume_times=config.max_reconsume_times)
@@ -231,9 +237,12 @@ class BrokerController:
                                   sub_guard=sub_guard, enable_property_filter=config.enable_property_filter,
                                   compiler=self.pull_processor.compiler),
             QueryProcessor(store=store, pool=pool, offsets=offsets),
-            AdminProcessor(cluster_name=config.cluster_name, broker_name=config.broker_name, store=store, pool=pool,
-                           topics=topics, topics_changed=changed, offsets=offsets, consumers=consumers,
-                           locks=self.locks, filter_data=fm, sub_guard=sub_guard, runtime_info=self.runtime_info),
+            admin := AdminProcessor(
+                cluster_name=config.cluster_name, broker_name=config.broker_name, store=store, pool=pool,
+                topics=topics, topics_changed=changed, offsets=offsets, consumers=consumers, locks=self.locks,
+                filter_data=fm, sub_guard=sub_guard, runtime_info=self.runtime_info, stats=self.stats),
+            OpsProcessor(broker_name=config.broker_name, address=self.address, store=store, pool=pool, topics=topics,
+                         offsets=offsets, consumers=consumers, stats=self.stats, admin=admin, live=lambda: self),
             OffsetResetProcessor(broker_name=config.broker_name, store=store, pool=pool, topics=topics,
                                  offsets=offsets, consumers=consumers),
             FilterAdminProcessor(filter_data=fm, consumers=consumers, sub_guard=sub_guard),
@@ -465,6 +474,7 @@ class BrokerController:
         await self.pool.run(self.offsets.persist)
 
     async def _expire_clients(self) -> None:
+        self.stats.drop_idle()
         conns = self.consumers.expired_connections()
         for cid in self.consumers.scan_expired():
             self.locks.release_client(cid)
