@@ -194,3 +194,17 @@ def test_clone_group_offset_and_skip_accumulated(world: dict[str, Any]) -> None:
     assert sum(e["offset"] for e in doc["offsetTable"]) == N + 1
     r = admin(ns, "skipAccumulatedMessage", "-g", "AdminOpsSkip", "-t", "NoSuchTopicHere")
     assert r.status == ExitStatus.NOT_FOUND
+
+
+def test_wipe_and_add_write_perm(world: dict[str, Any]) -> None:
+    ns = world["ns"]
+
+    def perm() -> int:
+        return ok(admin(ns, "topicRoute", "-t", TOPIC, "--json"))["queueDatas"][0]["perm"]
+    doc = ok(admin(ns, "wipeWritePerm", "-b", "broker-a", "--json"))
+    assert doc["namesrvs"][0]["topicCount"] >= 1
+    assert perm() & 2 == 0  # the namesrv routes the topic read-only now
+    doc = ok(admin(ns, "addWritePerm", "-b", "broker-a", "--json"))
+    assert doc["namesrvs"][0]["topicCount"] >= 1 and perm() & 2
+    r = admin(ns, "wipeWritePerm", "-b", "no-such-broker")
+    assert r.status == ExitStatus.NOT_FOUND and "no-such-broker" in r.stderr

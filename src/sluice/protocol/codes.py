@@ -42,6 +42,7 @@ class RequestCode(IntEnum):
     GET_TOPIC_STATS_INFO = 202
     GET_CONSUMER_CONNECTION_LIST = 203
     GET_PRODUCER_CONNECTION_LIST = 204
+    WIPE_WRITE_PERM_OF_BROKER = 205
     GET_ALL_TOPIC_LIST_FROM_NAMESERVER = 206
     DELETE_TOPIC_IN_BROKER = 215
     DELETE_TOPIC_IN_NAMESRV = 216
@@ -58,6 +59,7 @@ class RequestCode(IntEnum):
     SEND_MESSAGE_V2 = 310
     SEND_BATCH_MESSAGE = 320
     QUERY_DATA_VERSION = 322
+    ADD_WRITE_PERM_OF_BROKER = 327
     #: Sluice's own (no RocketMQ counterpart): a group's filter data, conflicts and filter metrics.
     GET_CONSUMER_FILTER_DATA = 20001
     #: Sluice's own: hand a group's backfill bitmap of one queue to the broker (broker/backfill.py).

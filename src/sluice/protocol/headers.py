@@ -383,6 +383,13 @@ class GetProducerConnectionListRequestHeader(Header):
 # ---------------------------------------------------------------------------------------------- namesrv
 
 @_HEADER
+class WipeWritePermOfBrokerRequestHeader(Header):
+    """WIPE_WRITE_PERM_OF_BROKER (205); ADD_WRITE_PERM_OF_BROKER (327) has the same field. The response's
+    ``wipeTopicCount`` / ``addTopicCount`` is the number of topics changed."""
+
+    broker_name: str
+
+@_HEADER
 class GetRouteInfoRequestHeader(Header):
     topic: str
 
