@@ -23,7 +23,7 @@ from sluice import Message, Producer, PushConsumer
 from sluice.client.push_options import ConsumeResult
 from sluice.protocol.offset_table import decode_queue_table
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 TOPIC, GROUP, PGROUP = "OpsTopic", "OpsGroup", "OpsProducer"
 N = 6
@@ -263,3 +263,18 @@ def test_consume_message_directly_runs_the_listener(world: dict[str, Any]) -> No
         assert world["seen"][before:] == [b"ops-2"]
     head, _ = call(world, 309, {"consumerGroup": "NoSuchGroup", "clientId": "x", "msgId": target.offset_msg_id})
     assert head["code"] == 1 and "not online" in head["remark"]
+
+
+def test_a_relay_to_a_client_that_never_answers_times_out(world: dict[str, Any]) -> None:
+    from sluice.protocol.bodies import ConsumerData, HeartbeatData, SubscriptionData, encode_body
+    hb = HeartbeatData(client_id="silent-client", consumer_data_set=[ConsumerData(
+        group_name="SilentGroup", consume_type="CONSUME_PASSIVELY",
+        subscription_data_set=[SubscriptionData(topic=TOPIC, sub_string="*")])])
+    silent = JavaWire(world["cluster"].broker.addr)  # heartbeats, then never reads what the broker sends it
+    try:
+        head, _ = silent.call(34, {}, encode_body(hb))
+        assert head["code"] == 0, head
+        head, _ = call(world, 307, {"consumerGroup": "SilentGroup", "clientId": "silent-client"})
+        assert head["code"] == 207 and "Timeout" in head["remark"]  # CONSUME_MSG_TIMEOUT, after 10 s
+    finally:
+        silent.close()

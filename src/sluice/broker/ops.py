@@ -11,7 +11,6 @@ Java caller and Sluice's list form otherwise (admin.py, docs/broker.md).
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -25,7 +24,7 @@ from sluice.broker.offsets import ConsumerOffsetManager
 from sluice.broker.pool import BlockingPool
 from sluice.broker.stats import STATS_NAMES, BrokerStats
 from sluice.broker.topics import TopicConfigManager
-from sluice.errors import InvalidParameterError, SluiceError
+from sluice.errors import InvalidParameterError, RemotingTimeoutError, SluiceError
 from sluice.protocol import headers as H
 from sluice.protocol.command import RemotingCommand
 from sluice.protocol.msgid import decode_offset_msg_id
@@ -169,12 +168,9 @@ class OpsProcessor:
         call = RemotingCommand.request(request.code, ext, body)
         try:
             answer = await ch.conn.request(call, CALL_CLIENT_TIMEOUT_S)
-        except (TimeoutError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, RemotingTimeoutError) as exc:
             raise SluiceError(f"consumer <{group}> <{client_id}> Timeout: {exc}", code=CONSUME_MSG_TIMEOUT) from None
         except SluiceError as exc:
-            if "timeout" in type(exc).__name__.lower():
-                raise SluiceError(f"consumer <{group}> <{client_id}> Timeout: {exc}",
-                                  code=CONSUME_MSG_TIMEOUT) from None
             raise SluiceError(f"invoke consumer <{group}> <{client_id}> Exception: {exc}") from None
         return request.make_response(answer.code, answer.remark, ext_fields=answer.ext_fields, body=answer.body)
 
