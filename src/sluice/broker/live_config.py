@@ -171,7 +171,11 @@ def apply_update(target: LiveTargets, props: Mapping[str, str]) -> dict[str, obj
         raise NoPermissionError(f"broker setting(s) {', '.join(fixed)} cannot change while the broker runs "
                                 f"(restart it with the new value); these can: {live}")
     changes = {s: _convert(s, v) for s, v in settings.items()}
-    new = dataclasses.replace(target.config, **changes).validate()  # refuses bad values before any change
+    try:
+        new = dataclasses.replace(target.config, **changes).validate()  # refuses bad values before any change
+    except InvalidParameterError as exc:
+        asked = ", ".join(f"{wire_name(k)}={v}" for k, v in settings.items())
+        raise InvalidParameterError(f"{asked} refused: {exc}") from None
     target.config = new
     for s, value in changes.items():
         LIVE[s](target, s, value)
