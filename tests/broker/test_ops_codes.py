@@ -12,12 +12,11 @@ import socket
 import struct
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
-from servers import Cluster, running_cluster, wait_for, wait_for_route
+from servers import running_cluster, wait_for, wait_for_route
 
 from sluice import Message, Producer, PushConsumer
 from sluice.client.push_options import ConsumeResult
