@@ -117,3 +117,18 @@ def test_an_unchanged_registration_restores_routes_deleted_here() -> None:
     assert rim.pick_topic_route_data("T") is None
     register(rim, "b1", "h1:10911", topics=wrapper(("T", 4), ("U", 2), counter=1))
     assert rim.pick_topic_route_data("T") is not None and rim.pick_topic_route_data("U") is not None
+
+
+def test_wipe_and_add_write_perm_of_a_broker() -> None:
+    rim = RouteInfoManager()
+    register(rim, "b1", "h1:10911", topics=wrapper(("T", 4), ("U", 2)))
+    register(rim, "b2", "h2:10911", topics=wrapper(("T", 8)))
+    assert rim.change_write_perm("b1", writable=False) == 2
+    perms = {q.broker_name: q.perm for q in rim.pick_topic_route_data("T").queue_datas}  # type: ignore[union-attr]
+    assert perms == {"b1": 4, "b2": 6}
+    # An unchanged registration keeps the wipe (RocketMQ's forced re-registration every 30 s does too).
+    register(rim, "b1", "h1:10911", topics=wrapper(("T", 4), ("U", 2)))
+    assert {q.perm for q in rim.pick_topic_route_data("U").queue_datas} == {4}  # type: ignore[union-attr]
+    assert rim.change_write_perm("b1", writable=True) == 2
+    assert {q.perm for q in rim.pick_topic_route_data("T").queue_datas} == {6}  # type: ignore[union-attr]
+    assert rim.change_write_perm("nobody", writable=False) == 0

@@ -1,4 +1,5 @@
-"""Cluster commands: clusterList, brokerStatus (GET_BROKER_CLUSTER_INFO from the namesrv, GET_BROKER_RUNTIME_INFO)."""
+"""Cluster commands: clusterList, brokerStatus (GET_BROKER_CLUSTER_INFO from the namesrv, GET_BROKER_RUNTIME_INFO),
+wipeWritePerm and addWritePerm (WIPE_WRITE_PERM_OF_BROKER / ADD_WRITE_PERM_OF_BROKER to every namesrv)."""
 from __future__ import annotations
 
 import click
@@ -8,6 +9,7 @@ from sluice.admin.core import admin_command
 from sluice.admin.output import Result, kv_table, table
 from sluice.admin.session import AdminSession, BrokerRef, settle
 from sluice.admin.status import ExitStatus
+from sluice.errors import NotFoundError, SluiceError
 from sluice.protocol.codes import RequestCode
 
 
@@ -53,3 +55,38 @@ async def broker_status(s: AdminSession, broker_addr: str | None, cluster: str |
               for b, info in res.ok]
     data = {b.addr: info for b, info in res.ok} if cluster else res.ok[0][1]
     return Result(data, tables, [], res.warnings, ExitStatus.PARTIAL if res.failed else ExitStatus.SUCCESS)
+
+
+async def _write_perm(s: AdminSession, broker_name: str, writable: bool) -> Result:
+    info = await s.cluster_info()
+    if broker_name not in info.broker_addr_table:
+        known = ", ".join(sorted(info.broker_addr_table)) or "none"
+        raise NotFoundError(f"broker {broker_name!r} is not registered with the namesrv (known: {known})")
+    outcomes = await s.instance.namesrv.change_write_perm(broker_name, writable=writable)
+    verb = "add" if writable else "wipe"
+    ok = [(addr, n) for addr, n in outcomes if not isinstance(n, SluiceError)]
+    failed = [f"namesrv {addr}: {e}" for addr, e in outcomes if isinstance(e, SluiceError)]
+    if not ok:
+        raise SluiceError(f"{verb} write perm of broker {broker_name} failed on every namesrv: " + "; ".join(failed))
+    rows = [(addr, "OK", n) for addr, n in ok] + [(addr, f"FAILED: {e}", "") for addr, e in outcomes
+                                                  if isinstance(e, SluiceError)]
+    return Result({"brokerName": broker_name, "namesrvs": [{"addr": a, "topicCount": n} for a, n in ok],
+                   "failed": failed},
+                  [table(None, ["Namesrv", "Result", "Topics"], rows, right=["Topics"])],
+                  [f"{verb} write perm of broker {broker_name}: " + ", ".join(f"{n} topic(s) on {a}" for a, n in ok)
+                   + ("" if writable else " (the broker takes no sends through these routes now)")],
+                  failed, ExitStatus.PARTIAL if failed else ExitStatus.SUCCESS)
+
+
+@admin_command("wipeWritePerm", aliases=["wipe-write-perm"])
+@click.option("-b", "--brokerName", "broker_name", required=True)
+async def wipe_write_perm(s: AdminSession, broker_name: str) -> Result:
+    """Take write permission from a broker in every namesrv's routes (drain it before maintenance)."""
+    return await _write_perm(s, broker_name, False)
+
+
+@admin_command("addWritePerm", aliases=["add-write-perm"])
+@click.option("-b", "--brokerName", "broker_name", required=True)
+async def add_write_perm(s: AdminSession, broker_name: str) -> Result:
+    """Give a broker its write permission back in every namesrv's routes."""
+    return await _write_perm(s, broker_name, True)

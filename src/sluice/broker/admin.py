@@ -17,6 +17,7 @@ from sluice.broker.filter_lag import consume_stats_extras
 from sluice.broker.locks import RebalanceLockManager
 from sluice.broker.offsets import ConsumerOffsetManager
 from sluice.broker.pool import BlockingPool
+from sluice.broker.stats import BrokerStats
 from sluice.broker.sub_conflicts import SubscriptionGuard
 from sluice.broker.topics import TopicConfig, TopicConfigManager
 from sluice.errors import SluiceError, TopicNotExistError
@@ -24,19 +25,31 @@ from sluice.protocol import headers as H
 from sluice.protocol.bodies import (LockBatchRequestBody, LockBatchResponseBody, MessageQueue,
                                     UnlockBatchRequestBody, decode_body, encode_body)
 from sluice.protocol.command import RemotingCommand
+from sluice.protocol.offset_table import fastjson_queue_table
 from sluice.store import MessageStore
 from sluice.transport.connection import RemotingConnection
 
-__all__ = ["AdminProcessor", "CONSUMER_NOT_ONLINE"]
+__all__ = ["AdminProcessor", "CONSUMER_NOT_ONLINE", "queue_table_body"]
 
 CONSUMER_NOT_ONLINE = 206  # ResponseCode.CONSUMER_NOT_ONLINE
+
+
+def queue_table_body(doc: dict, java: bool, key: str = "offsetTable") -> bytes:
+    """``doc`` with its queue table ``key`` in Sluice's list form, or for a Java caller (rocketmq-dashboard,
+    rocketmq-exporter, mqadmin: fastjson cannot read the list) in fastjson's MessageQueue-keyed form."""
+    if not java:
+        return orjson.dumps(doc)
+    rest = orjson.dumps({k: v for k, v in doc.items() if k != key})
+    return b'{"' + key.encode() + b'":' + fastjson_queue_table(doc[key]) + (b"," + rest[1:] if len(rest) > 2
+                                                                             else b"}")
 
 
 class AdminProcessor:
     def __init__(self, *, cluster_name: str, broker_name: str, store: MessageStore, pool: BlockingPool,
                  topics: TopicConfigManager, topics_changed: Callable[[], None], offsets: ConsumerOffsetManager,
                  consumers: ConsumerManager, locks: RebalanceLockManager, filter_data: ConsumerFilterManager,
-                 sub_guard: SubscriptionGuard, runtime_info: Callable[[], dict[str, object]]) -> None:
+                 sub_guard: SubscriptionGuard, runtime_info: Callable[[], dict[str, object]],
+                 stats: BrokerStats) -> None:
         self.cluster_name = cluster_name
         self.broker_name = broker_name
         self.store = store
@@ -49,6 +62,7 @@ class AdminProcessor:
         self.filter_data = filter_data
         self.sub_guard = sub_guard
         self._runtime_info = runtime_info
+        self.stats = stats
 
     # ---- topics ------------------------------------------------------------------------------------
     async def create_topic(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
@@ -83,7 +97,7 @@ class AdminProcessor:
         if cfg is None:
             raise TopicNotExistError(f"topic[{h.topic}] not exist")
         body = await self.pool.run(self._topic_stats, cfg)
-        return request.make_response(body=orjson.dumps(body))
+        return request.make_response(body=queue_table_body(body, request.language == "JAVA"))
 
     def _topic_stats(self, cfg: TopicConfig) -> dict:
         store, name = self.store, self.broker_name
@@ -111,29 +125,36 @@ class AdminProcessor:
         info = self.consumers.get(h.consumer_group)
         if not h.topic and info is not None:
             topics |= set(info.subscriptions)
-        body = await self.pool.run(self._consume_stats, h.consumer_group, sorted(topics))
-        return request.make_response(body=orjson.dumps(body))
+        # The stats are the event loop's (no locks): read here, not on the pool thread.
+        tps = sum(self.stats.consume_tps(h.consumer_group, t) for t in topics)  # RocketMQ: tpsGroupGetNums, summed
+        body = await self.pool.run(self._consume_stats, h.consumer_group, sorted(topics), tps)
+        return request.make_response(body=queue_table_body(body, request.language == "JAVA"))
 
-    def _consume_stats(self, group: str, topics: list[str]) -> dict:
+    def queue_entries(self, group: str, topic: str, cfg: TopicConfig) -> list[dict]:
+        """OffsetWrapper per queue of ``topic`` for ``group`` (plus Sluice's ``lag``), as flat entries."""
         store = self.store
         entries = []
-        total_lag = 0
+        committed = self.offsets.offsets_of(group, topic)
+        for qid in range(cfg.write_queue_nums):
+            hi = store.get_max_offset(topic, qid)
+            consumer = committed.get(qid, -1)
+            lag = max(0, hi - max(consumer, 0)) if consumer >= 0 else hi - store.get_min_offset(topic, qid)
+            last = self._store_time(topic, qid, consumer - 1) if consumer > 0 else 0
+            entries.append({"topic": topic, "brokerName": self.broker_name, "queueId": qid,
+                            "brokerOffset": hi, "consumerOffset": consumer, "lag": lag, "lastTimestamp": last})
+        return entries
+
+    def _consume_stats(self, group: str, topics: list[str], tps: float) -> dict:
+        entries = []
         for topic in topics:
             cfg = self.topics.get(topic)
             if cfg is None:
                 continue
-            committed = self.offsets.offsets_of(group, topic)
-            for qid in range(cfg.write_queue_nums):
-                hi = store.get_max_offset(topic, qid)
-                consumer = committed.get(qid, -1)
-                lag = max(0, hi - max(consumer, 0)) if consumer >= 0 else hi - store.get_min_offset(topic, qid)
-                total_lag += lag
-                last = self._store_time(topic, qid, consumer - 1) if consumer > 0 else 0
-                entries.append({"topic": topic, "brokerName": self.broker_name, "queueId": qid,
-                                "brokerOffset": hi, "consumerOffset": consumer, "lag": lag, "lastTimestamp": last})
+            entries += self.queue_entries(group, topic, cfg)
+        total_lag = sum(e["lag"] for e in entries)
         # Filter-aware lag per entry, filter metrics and subscription conflicts (broker/filter_lag.py).
-        return {"offsetTable": entries, "consumeTps": 0.0, "totalLag": total_lag,
-                **consume_stats_extras(store, self.consumers, self.filter_data, self.sub_guard, group, entries)}
+        return {"offsetTable": entries, "consumeTps": tps, "totalLag": total_lag,
+                **consume_stats_extras(self.store, self.consumers, self.filter_data, self.sub_guard, group, entries)}
 
     async def consumer_connections(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         h = H.GetConsumeStatsRequestHeader.from_command(request)

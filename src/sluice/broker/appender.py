@@ -81,6 +81,8 @@ class Appender:
         self.jobs = 0  # store calls
         self.requests = 0  # requests those calls wrote
         self.messages = 0  # messages written
+        #: Told of each store call (topic, messages, bytes of the log they took): the broker's stats.py.
+        self.on_put: Callable[[str, int, int], None] | None = None
 
     def put(self, topic: str, queue_id: int, payload: Payload, *, dedup: DedupWindow | None = None,
             sync: bool | None = None, prepare: Prepare | None = None) -> Stored | Awaitable[Stored]:
@@ -143,6 +145,9 @@ class Appender:
         else:
             results = store.put_encoded(topic, queue_id, payload, wait_durable=False)  # type: ignore[arg-type]
         self.messages += len(results)
+        if results and self.on_put is not None:
+            last = results[-1]
+            self.on_put(topic, len(results), last.commitlog_offset + last.size - results[0].commitlog_offset)
         return results
 
     def _dispatch(self) -> None:

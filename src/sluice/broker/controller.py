@@ -48,6 +48,7 @@ from sluice.broker.locks import RebalanceLockManager
 from sluice.broker.longpoll import HoldService
 from sluice.broker.offset_reset import OffsetResetProcessor
 from sluice.broker.offsets import ConsumerOffsetManager
+from sluice.broker.ops import OpsProcessor
 from sluice.broker.pool import BlockingPool
 from sluice.broker.pull import PullProcessor
 from sluice.broker.queries import QueryProcessor
@@ -56,6 +57,7 @@ from sluice.broker.retry import RetryProcessor
 from sluice.broker.schedule import ScheduleService
 from sluice.broker.reply import ReplyProcessor
 from sluice.broker.send import SendProcessor
+from sluice.broker.stats import BrokerStats
 from sluice.broker.sub_conflicts import SubscriptionGuard
 from sluice.broker.topics import TopicConfigManager
 from sluice.broker.transactions import TransactionService
@@ -128,6 +130,7 @@ class BrokerController:
     replies: ReplyProcessor  #: SEND_REPLY_MESSAGE(_V2): push to the requester, store in <cluster>_REPLY_TOPIC
     pull_processor: PullProcessor
     retry_processor: RetryProcessor
+    stats: BrokerStats  #: put and get counters with minute/hour/day TPS (VIEW_BROKER_STATS_DATA, consumeTps)
     #: code -> its row of requests.ROUTES, for every code registered with the server
     routes: dict[int, Route]
     server: RemotingServer
@@ -179,6 +182,8 @@ class BrokerController:
                                        wakes_per_turn=config.max_held_pull_wakes_per_turn)
         store.add_dispatcher(hold)
         self.appender = appender = Appender(store)
+        self.stats = BrokerStats(config.cluster_name)
+        appender.on_put = self.stats.on_put
         store.dispatch.drive_externally()  # every append happens on the loop, which dispatches after it
         self.dedup = DedupWindow(max_keys=config.dedup_window_keys, window_ms=int(config.dedup_window_seconds * 1000),
                                  prefixes=config.dedup_producer_group_prefixes)
@@ -230,6 +235,7 @@ class BrokerController:
             config=config, store=store, pool=pool, topics=topics, offsets=offsets, consumers=consumers,
             filter_data=fm, sub_guard=sub_guard, backfills=backfills, hold=hold,
             filter_servers=self.filter_servers.addresses, is_filter_server=self.filter_servers.is_filter_server)
+        self.pull_processor.on_get = self.stats.on_get
         self.retry_processor = RetryProcessor(
             store=store, pool=pool, topics=topics, topics_changed=changed, appender=appender,
             divert=self.schedule.divert, max_reconsume_times=config.max_reconsume_times)
@@ -239,9 +245,12 @@ class BrokerController:
                                   sub_guard=sub_guard, enable_property_filter=config.enable_property_filter,
                                   compiler=self.pull_processor.compiler),
             QueryProcessor(store=store, pool=pool, offsets=offsets),
-            AdminProcessor(cluster_name=config.cluster_name, broker_name=config.broker_name, store=store, pool=pool,
-                           topics=topics, topics_changed=changed, offsets=offsets, consumers=consumers,
-                           locks=self.locks, filter_data=fm, sub_guard=sub_guard, runtime_info=self.runtime_info),
+            admin := AdminProcessor(
+                cluster_name=config.cluster_name, broker_name=config.broker_name, store=store, pool=pool,
+                topics=topics, topics_changed=changed, offsets=offsets, consumers=consumers, locks=self.locks,
+                filter_data=fm, sub_guard=sub_guard, runtime_info=self.runtime_info, stats=self.stats),
+            OpsProcessor(broker_name=config.broker_name, address=self.address, store=store, pool=pool, topics=topics,
+                         offsets=offsets, consumers=consumers, stats=self.stats, admin=admin, live=lambda: self),
             OffsetResetProcessor(broker_name=config.broker_name, store=store, pool=pool, topics=topics,
                                  offsets=offsets, consumers=consumers),
             FilterAdminProcessor(filter_data=fm, consumers=consumers, sub_guard=sub_guard),
@@ -473,6 +482,7 @@ class BrokerController:
         await self.pool.run(self.offsets.persist)
 
     async def _expire_clients(self) -> None:
+        self.stats.drop_idle()
         conns = self.consumers.expired_connections()
         for cid in self.consumers.scan_expired():
             self.locks.release_client(cid)

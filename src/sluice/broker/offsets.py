@@ -44,6 +44,10 @@ class ConsumerOffsetManager:
         prefix = topic + SEP
         return {k[len(prefix):] for k in list(self._table) if k.startswith(prefix)}
 
+    def groups(self) -> set[str]:
+        """Every group with a committed offset."""
+        return {k.partition(SEP)[2] for k in list(self._table)}
+
     def topics_of_group(self, group: str) -> set[str]:
         suffix = SEP + group
         return {k[: -len(suffix)] for k in list(self._table) if k.endswith(suffix)}

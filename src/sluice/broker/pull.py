@@ -103,6 +103,8 @@ class PullProcessor:
         self.compiler = compiler or SelectorCompiler(
             max_per_client_per_minute=config.max_selector_compiles_per_client_per_minute)
         self.pulled_messages = 0
+        #: Told of each answered pull (topic, group, messages, bytes): the broker's stats.py.
+        self.on_get: Callable[[str, str, int, int], None] | None = None
 
     def _filter(self, h: PullMessageRequestHeader, sub: CompiledSubscription | None,
                 for_filter_server: bool = False) -> SelectorFilter | None:
@@ -236,7 +238,7 @@ class PullProcessor:
         code = pull_response_code(res.status, h.queue_offset)
         if code == _R.PULL_NOT_FOUND and h.sys_flag & FLAG_SUSPEND:
             return self._wait_and_answer(conn, request, h, max_msgs, mf, max_bytes, res)
-        return self._answer(request, res, code)
+        return self._answer(request, h, res, code)
 
     async def _wait_and_answer(self, conn: RemotingConnection, request: RemotingCommand,
                                h: PullMessageRequestHeader, max_msgs: int,
@@ -254,14 +256,15 @@ class PullProcessor:
             woke = await self.hold.hold(h.topic, h.queue_id, h.queue_offset, mf, max(0, timeout_ms) / 1000.0,
                                         conn)
             if woke == FULL:
-                return self._answer(request, res, code)
+                return self._answer(request, h, res, code)
             if woke > 0 and self.store.dispatch.reput_offset < woke:  # no thread hop when dispatch is there
                 await self.pool.run(self.store.dispatch.wait_for, woke, 1.0)
             res = await self._get(h, max_msgs, mf, max_bytes)
             code = pull_response_code(res.status, h.queue_offset)
-        return self._answer(request, res, code)
+        return self._answer(request, h, res, code)
 
-    def _answer(self, request: RemotingCommand, res: GetMessageResult, code: int) -> RemotingCommand:
+    def _answer(self, request: RemotingCommand, h: PullMessageRequestHeader, res: GetMessageResult,
+                code: int) -> RemotingCommand:
         fields = {"suggestWhichBrokerId": "0", "nextBeginOffset": str(res.next_begin_offset),
                   "minOffset": str(res.min_offset), "maxOffset": str(res.max_offset)}
         if code == _R.SUCCESS:
@@ -270,6 +273,8 @@ class PullProcessor:
                                   f"{len(res.data)} bytes, more than a {MAX_FRAME}-byte frame can carry",
                                   code=_R.SYSTEM_ERROR)
             self.pulled_messages += res.message_count
+            if self.on_get is not None:
+                self.on_get(h.topic, h.consumer_group, res.message_count, len(res.data))
             return request.make_response(code, ext_fields=fields, body=res.data)
         return request.make_response(code, _REMARKS.get(code), ext_fields=fields)
 

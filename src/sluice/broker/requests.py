@@ -23,6 +23,7 @@ from sluice.broker.client_manage import ClientManageProcessor
 from sluice.broker.filter_admin import FilterAdminProcessor
 from sluice.broker.filter_servers import FilterServerManager
 from sluice.broker.offset_reset import OffsetResetProcessor
+from sluice.broker.ops import OpsProcessor
 from sluice.broker.pull import PullProcessor
 from sluice.broker.queries import QueryProcessor
 from sluice.broker.reply import ReplyProcessor
@@ -102,6 +103,16 @@ ROUTES: tuple[Route, ...] = (
     Route(R.GET_TOPIC_STATS_INFO, ADMIN, AdminProcessor, "topic_stats"),
     Route(R.GET_CONSUME_STATS, ADMIN, AdminProcessor, "consume_stats"),
     Route(R.GET_CONSUMER_CONNECTION_LIST, ADMIN, AdminProcessor, "consumer_connections"),
+    # What rocketmq-dashboard and rocketmq-exporter read (ops.py); Permission.needAdminPerm lists 25 and 26,
+    # the others read who is connected and how fast (or relay to a consumer, 307/309): operators' requests.
+    Route(R.GET_BROKER_CONFIG, ADMIN, OpsProcessor, "get_broker_config"),
+    Route(R.UPDATE_BROKER_CONFIG, ADMIN, OpsProcessor, "update_broker_config"),
+    Route(R.VIEW_BROKER_STATS_DATA, ADMIN, OpsProcessor, "view_stats_data"),
+    Route(R.GET_BROKER_CONSUME_STATS, ADMIN, OpsProcessor, "broker_consume_stats"),
+    Route(R.QUERY_TOPIC_CONSUME_BY_WHO, ADMIN, OpsProcessor, "topic_consumed_by"),
+    Route(R.GET_PRODUCER_CONNECTION_LIST, ADMIN, OpsProcessor, "producer_connections"),
+    Route(R.GET_CONSUMER_RUNNING_INFO, ADMIN, OpsProcessor, "consumer_running_info"),
+    Route(R.CONSUME_MESSAGE_DIRECTLY, ADMIN, OpsProcessor, "consume_message_directly"),
     # Sluice's own: `sluice admin explain` (a group's filter data) and `sluice spark backfill` (changes
     # which messages a group's pulls skip).
     Route(R.GET_CONSUMER_FILTER_DATA, ADMIN, FilterAdminProcessor, "filter_data"),

@@ -8,8 +8,8 @@ module that builds them (no import circle), and what they may use is written dow
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from sluice.client.instance import ClientInstance
@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from sluice.client.process_queue import ProcessQueue
     from sluice.client.push_options import PushConsumerOptions
     from sluice.client.results import MessageQueue
+    from sluice.message import MessageExt
     from sluice.protocol.bodies import ConsumerData
 
 __all__ = ["PushConsumerView", "QueueTable"]
@@ -47,6 +48,10 @@ class PushConsumerView(Protocol):
 
     @property
     def rebalancer(self) -> QueueTable: ...
+
+    @property
+    def listener(self) -> Callable[[list[MessageExt]], Any] | None:
+        """The registered message listener (CONSUME_MESSAGE_DIRECTLY calls it)."""
 
     @property
     def orderly(self) -> bool:

@@ -27,7 +27,11 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from sluice.client.allocate import STRATEGIES
+from sluice.client.broker_api import decode_messages
+from sluice.client.consume_directly import consume_directly
 from sluice.client.push_options import ConsumeFromWhere, MessageModel
 from sluice.client.process_queue import ProcessQueue
 from sluice.client.push_requests import consumer_id_list, lock_batch, unlock_batch
@@ -382,6 +386,7 @@ class RebalanceService:
         inst.remoting.register(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, self._on_notify)
         inst.remoting.register(RequestCode.RESET_CONSUMER_CLIENT_OFFSET, self._on_reset_offset)
         inst.remoting.register(RequestCode.GET_CONSUMER_RUNNING_INFO, self._on_running_info)
+        inst.remoting.register(RequestCode.CONSUME_MESSAGE_DIRECTLY, self._on_consume_directly)
 
     @classmethod
     def of(cls, inst: ClientInstance) -> RebalanceService:
@@ -445,6 +450,18 @@ class RebalanceService:
         if consumer is None or not consumer.running:
             raise ClientError(f"The Consumer Group <{h.consumer_group}> not exist in this consumer")
         return request.make_response(body=encode_running_info(*consumer_running_info(consumer)))
+
+    async def _on_consume_directly(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
+        """CONSUME_MESSAGE_DIRECTLY (ClientRemotingProcessor.consumeMessageDirectly): client/consume_directly.py."""
+        h = H.ConsumeMessageDirectlyResultRequestHeader.from_command(request)
+        consumer = self.consumers.get(h.consumer_group)
+        if consumer is None or not consumer.running:
+            raise ClientError(f"The Consumer Group <{h.consumer_group}> not exist in this consumer")
+        msgs = decode_messages(request.body)
+        if len(msgs) != 1:
+            raise ClientError(f"CONSUME_MESSAGE_DIRECTLY carries {len(msgs)} messages; it takes one")
+        result = await consume_directly(consumer, msgs[0])
+        return request.make_response(body=orjson.dumps(result))
 
     async def _run(self) -> None:
         while self.consumers:

@@ -155,6 +155,15 @@ class NamesrvClient:
             if isinstance(result, SluiceError):
                 raise result
 
+    async def change_write_perm(self, broker_name: str, *, writable: bool) -> list[tuple[str, int | SluiceError]]:
+        """WIPE_WRITE_PERM_OF_BROKER (or ADD_WRITE_PERM_OF_BROKER with ``writable``) on every namesrv: each one's
+        count of topics changed, or its error."""
+        code = RequestCode.ADD_WRITE_PERM_OF_BROKER if writable else RequestCode.WIPE_WRITE_PERM_OF_BROKER
+        field = "addTopicCount" if writable else "wipeTopicCount"
+        req = RemotingCommand.request(code, H.WipeWritePermOfBrokerRequestHeader(broker_name=broker_name).to_ext())
+        return [(addr, r if isinstance(r, SluiceError) else int(r.ext_fields.get(field, 0)))
+                for addr, r in await self._broadcast(req)]
+
     async def put_kv(self, namespace: str, key: str, value: str) -> None:
         req = RemotingCommand.request(RequestCode.PUT_KV_CONFIG,
                                       H.PutKVConfigRequestHeader(namespace=namespace, key=key, value=value).to_ext())

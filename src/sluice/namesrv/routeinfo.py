@@ -16,11 +16,12 @@ The server runs everything on one event loop, so no locking is needed.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from sluice.protocol.bodies import (
-    MASTER_ID, BrokerData, ClusterInfo, DataVersion, QueueData, TopicConfig, TopicConfigSerializeWrapper,
+    MASTER_ID, PERM_WRITE, BrokerData, ClusterInfo, DataVersion, QueueData, TopicConfig, TopicConfigSerializeWrapper,
     TopicList, TopicRouteData,
 )
 
@@ -113,6 +114,21 @@ class RouteInfoManager:
             write_queue_nums=config.write_queue_nums, perm=config.perm, topic_syn_flag=config.topic_sys_flag,
         )
         self.topic_queue_table.setdefault(topic, {})[broker_name] = queue
+
+    def change_write_perm(self, broker_name: str, *, writable: bool) -> int:
+        """Take write permission from (or give it back to) every topic of ``broker_name`` in this namesrv's
+        routes (RouteInfoManager.wipeWritePermOfBroker / addWritePermOfBroker); the number of topics changed.
+        The broker's next registration keeps it unless its topic table changed (see register_broker)."""
+        changed = 0
+        for queues in self.topic_queue_table.values():
+            q = queues.get(broker_name)
+            if q is None:
+                continue
+            perm = (q.perm | PERM_WRITE) if writable else (q.perm & ~PERM_WRITE)
+            if perm != q.perm:
+                queues[broker_name] = dataclasses.replace(q, perm=perm)
+            changed += 1
+        return changed
 
     def is_topic_config_changed(self, broker_addr: str, version: DataVersion) -> bool:
         """QUERY_DATA_VERSION: does the broker's version differ from what we hold?"""

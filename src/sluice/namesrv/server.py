@@ -41,7 +41,8 @@ __all__ = ["NamesrvConfig", "NamesrvServer", "run_namesrv", "ADMIN_CODES"]
 #: Writes: with ACL on they need an admin account or a white address. Route and KV reads need nothing.
 ADMIN_CODES = frozenset(int(c) for c in (
     RequestCode.REGISTER_BROKER, RequestCode.UNREGISTER_BROKER, RequestCode.DELETE_TOPIC_IN_NAMESRV,
-    RequestCode.PUT_KV_CONFIG, RequestCode.DELETE_KV_CONFIG))
+    RequestCode.PUT_KV_CONFIG, RequestCode.DELETE_KV_CONFIG, RequestCode.WIPE_WRITE_PERM_OF_BROKER,
+    RequestCode.ADD_WRITE_PERM_OF_BROKER))
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,8 @@ class NamesrvServer:
             RequestCode.GET_KV_CONFIG: self._get_kv,
             RequestCode.DELETE_KV_CONFIG: self._delete_kv,
             RequestCode.QUERY_DATA_VERSION: self._query_data_version,
+            RequestCode.WIPE_WRITE_PERM_OF_BROKER: self._wipe_write_perm,
+            RequestCode.ADD_WRITE_PERM_OF_BROKER: self._add_write_perm,
         }
         for code, handler in handlers.items():
             if self.acl is not None and code in ADMIN_CODES:
@@ -200,6 +203,18 @@ class NamesrvServer:
         topic = H.DeleteTopicRequestHeader.from_command(req).topic
         self.routes.delete_topic(topic)
         return req.make_response()
+
+    async def _wipe_write_perm(self, conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
+        name = H.WipeWritePermOfBrokerRequestHeader.from_command(req).broker_name
+        count = self.routes.change_write_perm(name, writable=False)
+        log.info("write permission of broker %s wiped on %d topic(s), asked by %s", name, count, conn.peer)
+        return req.make_response(ext_fields={"wipeTopicCount": count})
+
+    async def _add_write_perm(self, conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
+        name = H.WipeWritePermOfBrokerRequestHeader.from_command(req).broker_name
+        count = self.routes.change_write_perm(name, writable=True)
+        log.info("write permission of broker %s given back on %d topic(s), asked by %s", name, count, conn.peer)
+        return req.make_response(ext_fields={"addTopicCount": count})
 
     async def _put_kv(self, conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
         h = H.PutKVConfigRequestHeader.from_command(req)

@@ -318,6 +318,9 @@ class ConsumeMessageDirectlyResultRequestHeader(Header):
     client_id: str | None = None
     msg_id: str | None = None
     broker_name: str | None = None
+    topic: str | None = None
+    topic_sys_flag: int | None = None
+    group_sys_flag: int | None = None
 
 
 @_HEADER
@@ -370,7 +373,43 @@ class GetConsumeStatsRequestHeader(Header):
     topic: str | None = None
 
 
+@_HEADER
+class ViewBrokerStatsDataRequestHeader(Header):
+    """VIEW_BROKER_STATS_DATA (315): one statistic (TOPIC_PUT_NUMS, GROUP_GET_NUMS ...) of one key."""
+
+    stats_name: str
+    stats_key: str
+
+
+@_HEADER
+class GetConsumeStatsInBrokerHeader(Header):
+    """GET_BROKER_CONSUME_STATS (317); ``isOrder`` on the wire."""
+
+    is_order: bool = False
+
+
+@_HEADER
+class QueryTopicConsumeByWhoRequestHeader(Header):
+    """QUERY_TOPIC_CONSUME_BY_WHO (300)."""
+
+    topic: str
+
+
+@_HEADER
+class GetProducerConnectionListRequestHeader(Header):
+    """GET_PRODUCER_CONNECTION_LIST (204)."""
+
+    producer_group: str
+
+
 # ---------------------------------------------------------------------------------------------- namesrv
+
+@_HEADER
+class WipeWritePermOfBrokerRequestHeader(Header):
+    """WIPE_WRITE_PERM_OF_BROKER (205); ADD_WRITE_PERM_OF_BROKER (327) has the same field. The response's
+    ``wipeTopicCount`` / ``addTopicCount`` is the number of topics changed."""
+
+    broker_name: str
 
 @_HEADER
 class GetRouteInfoRequestHeader(Header):

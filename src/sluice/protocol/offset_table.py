@@ -21,7 +21,8 @@ import orjson
 from sluice.errors import InvalidParameterError
 from sluice.protocol.bodies import MessageQueue, loads_lenient
 
-__all__ = ["decode_offset_table", "decode_queue_table", "encode_fastjson_offset_table"]
+__all__ = ["decode_offset_table", "decode_queue_table", "encode_fastjson_offset_table", "fastjson_queue_table",
+           "loads_fastjson"]
 
 # A flat JSON object in key position: after "{" or "," and before ":". Topic and broker names cannot
 # hold braces, so a MessageQueue key never nests.
@@ -37,8 +38,28 @@ def encode_fastjson_offset_table(offsets: Mapping[MessageQueue, int]) -> bytes:
     return b'{"offsetTable":{' + b",".join(items) + b"}}"
 
 
+def fastjson_queue_table(entries: list[Mapping[str, Any]]) -> bytes:
+    """Flat entries (``topic``, ``brokerName``, ``queueId`` plus the value's fields) as fastjson writes a
+    ``Map<MessageQueue, V>``: the object ``{"offsetTable": ...}`` of TopicStatsTable or ConsumeStats, what
+    Java's fastjson (rocketmq-dashboard, rocketmq-exporter) parses; :func:`decode_queue_table` reads it."""
+    items = []
+    for e in entries:
+        key = orjson.dumps({"brokerName": e["brokerName"], "queueId": e["queueId"], "topic": e["topic"]})
+        value = {k: v for k, v in e.items() if k not in ("topic", "brokerName", "queueId")}
+        items.append(key + b":" + orjson.dumps(value))
+    return b"{" + b",".join(items) + b"}"
+
+
 def _quote_key(match: re.Match[bytes]) -> bytes:
     return match.group(1) + orjson.dumps(match.group(2).decode("utf-8")) + match.group(3)
+
+
+def loads_fastjson(data: bytes) -> Any:
+    """A JSON body that may hold fastjson's object keys anywhere (ConsumeStatsList nests ConsumeStats)."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return loads_lenient(_OBJECT_KEY.sub(_quote_key, data))
 
 
 def decode_queue_table(data: bytes | str, key: str = "offsetTable") -> tuple[dict[str, Any], list[dict[str, Any]]]:
