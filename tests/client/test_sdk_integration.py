@@ -12,7 +12,7 @@ from sluice import (
     AsyncProducer, AsyncPullConsumer, Message, MessageExt, MessageQueue, MessageSelector, Producer, PullConsumer,
     PullStatus, SendStatus, select_by_hash,
 )
-from sluice.errors import BrokerResponseError, ClientError, MessageIllegalError, SelectorSyntaxError, TopicNotExistError
+from sluice.errors import BrokerResponseError, ClientError, MessageIdKindError, MessageIllegalError, SelectorSyntaxError, TopicNotExistError
 from sluice.protocol.bodies import ConsumerListBody, decode_body
 from sluice.protocol.codes import RequestCode, ResponseCode
 from sluice.protocol.command import RemotingCommand
@@ -134,6 +134,10 @@ def test_view_and_query_message(cluster: Cluster, topic: str):
         assert c.query_message(topic, "nope", 32, 0, now + 60_000) == []
         uniq = c.query_message(topic, r2.msg_id, 32, 0, now + 60_000, unique_key=True)
         assert [x.body for x in uniq] == [b"two"]
+        # A client msgId where the offset msgId belongs: named, with the lookup that takes it (was OverflowError).
+        with pytest.raises(MessageIdKindError, match="client msgId \\(UNIQ_KEY") as info:
+            c.view_message(r2.msg_id)
+        assert info.value.kind == "msgId (UNIQ_KEY)"
 
 
 def test_ordered_sends_keep_key_order(cluster: Cluster, topic: str):
