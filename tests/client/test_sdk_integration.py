@@ -99,6 +99,26 @@ def test_tag_and_sql_pulls(cluster: Cluster, topic: str):
             c.pull(c.fetch_message_queues(topic)[0], MessageSelector.by_sql("a >"), 0)
 
 
+def test_pull_consumer_changes_its_selector_after_a_heartbeat(cluster: Cluster, topic: str):
+    # Issue #16: pull TagA, heartbeat (the broker holds TagA for this client), pull TagB. The pull carries its
+    # own subscription (FLAG_SUBSCRIPTION), which RocketMQ uses: one client never conflicts with itself.
+    with Producer("PG_resel", cluster.ns) as p:
+        for tag in ("TagA", "TagB", "TagA", "TagB"):
+            p.send(Message(topic, tag.encode(), tags=tag))
+    with PullConsumer("CG_resel", cluster.ns) as c:
+        assert [m.body for m in pull_all(c, topic, "TagA", expect=2)] == [b"TagA", b"TagA"]
+        c._run(c.async_consumer.instance.send_heartbeat_to_all(), 10)
+        assert [m.body for m in pull_all(c, topic, "TagB", expect=2)] == [b"TagB", b"TagB"]
+        c._run(c.async_consumer.instance.send_heartbeat_to_all(), 10)  # the new selector is the group's now
+        assert len(pull_all(c, topic, "TagA", expect=2)) == 2
+        # Another member of the group, subscribed by heartbeat to TagA, still refuses a third client's TagB pull
+        # (Sluice's conflict guard between clients is unchanged).
+        with PullConsumer("CG_resel", cluster.ns, instance_name="other") as c2:
+            with pytest.raises(BrokerResponseError, match="subscription conflict") as info:
+                c2.pull(c2.fetch_message_queues(topic)[0], "TagC", 0)
+            assert info.value.code == ResponseCode.SUBSCRIPTION_NOT_LATEST
+
+
 def test_offsets_committed_and_read_back(cluster: Cluster, topic: str):
     with Producer("PG_off", cluster.ns) as p:
         results = [p.send(Message(topic, b"x"), queue=MessageQueue(topic=topic, broker_name="broker-a", queue_id=0))

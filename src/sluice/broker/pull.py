@@ -105,14 +105,17 @@ class PullProcessor:
         self.pulled_messages = 0
 
     def _filter(self, h: PullMessageRequestHeader, sub: CompiledSubscription | None,
-                for_filter_server: bool = False) -> SelectorFilter | None:
+                for_filter_server: bool = False, conn: RemotingConnection | None = None) -> SelectorFilter | None:
         """The pull's filter (None: everything passes), with the group's Bloom data where it applies.
 
         A pull carrying its subscription (flag 0x4, every real client) is checked against the group's
         (sub_conflicts.py) and uses the group's registered filter data when the expression is the same;
         otherwise the subscription comes from the group's heartbeat, or after a broker restart from the
         restored filter data. Version checks as RocketMQ's PullMessageProcessor. ``sub`` is the pull's
-        compiled inline subscription (flag 0x4).
+        compiled inline subscription (flag 0x4). Members whose heartbeats come on the pull's own
+        connection (``conn``) are the puller itself: a pull consumer that changed its selector since its
+        last heartbeat is not in conflict with itself, and its pull uses its own subscription, as RocketMQ's
+        PullMessageProcessor does with hasSubscriptionFlag.
         """
         config = self.config
         fm = self.filter_data
@@ -121,8 +124,8 @@ class PullProcessor:
         fd = fm.get(topic, group)
         if sub is not None:
             if not for_filter_server:
-                self.sub_guard.check_pull(group, topic, sub.expression_type, sub.expression, h.sub_version,
-                                          info.channels if info is not None else ())
+                others = () if info is None else [cid for cid, ch in info.channels.items() if ch.conn is not conn]
+                self.sub_guard.check_pull(group, topic, sub.expression_type, sub.expression, h.sub_version, others)
             base = sub.filter
         else:
             sub = info.subscriptions.get(topic) if info is not None else None
@@ -220,7 +223,7 @@ class PullProcessor:
               sub: CompiledSubscription | None) -> Any:
         # %RETRY%<group>: filtered by the group's subscriptions of the original topics
         mf = retry_filter(self.consumers, h.consumer_group, h.topic,
-                          self._filter(h, sub, sub is not None and self.is_filter_server(conn)))
+                          self._filter(h, sub, sub is not None and self.is_filter_server(conn), conn))
         if mf is not None:  # records evaluated per pull (store/pull_read.py stops there): this pull's own filter
             mf.max_evaluations = self.config.max_evaluations_per_pull
         if h.sys_flag & FLAG_COMMIT_OFFSET:
