@@ -115,7 +115,8 @@ class PullProcessor:
         compiled inline subscription (flag 0x4). Members whose heartbeats come on the pull's own
         connection (``conn``) are the puller itself: a pull consumer that changed its selector since its
         last heartbeat is not in conflict with itself, and its pull uses its own subscription, as RocketMQ's
-        PullMessageProcessor does with hasSubscriptionFlag.
+        PullMessageProcessor does with hasSubscriptionFlag (except in a class-filter group: only its filter
+        servers pull it, since the broker cannot run the class).
         """
         config = self.config
         fm = self.filter_data
@@ -124,8 +125,11 @@ class PullProcessor:
         fd = fm.get(topic, group)
         if sub is not None:
             if not for_filter_server:
-                others = () if info is None else [cid for cid, ch in info.channels.items() if ch.conn is not conn]
-                self.sub_guard.check_pull(group, topic, sub.expression_type, sub.expression, h.sub_version, others)
+                members: Any = () if info is None else info.channels
+                held = self.sub_guard.group_subscription(group, topic)
+                if members and (held is None or held[0] != CLASS_FILTER):  # never unfiltered from a class group
+                    members = [cid for cid, ch in info.channels.items() if ch.conn is not conn]
+                self.sub_guard.check_pull(group, topic, sub.expression_type, sub.expression, h.sub_version, members)
             base = sub.filter
         else:
             sub = info.subscriptions.get(topic) if info is not None else None
