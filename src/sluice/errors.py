@@ -228,3 +228,9 @@ class MessageIdKindError(InvalidParameterError):
     def __init__(self, message: str, *, kind: str) -> None:
         super().__init__(message)
         self.kind = kind
+
+
+class SubscriptionGroupNotExistError(SluiceError):
+    """A consumer group the broker has no subscription group for, with auto-creation off."""
+
+    code = ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST

@@ -7,7 +7,8 @@ as its class name (never a tag expression; the filter servers run it, and a memb
 last class error is kept for consumerProgress), compiles SQL92 subscriptions — new ones off the
 event loop, bounded per connection (selector_compile.py); one bad
 expression refuses the whole heartbeat with SUBSCRIPTION_PARSE_FAILED — and
-creates the group's ``%RETRY%`` topic. A member subscribing differently from its
+creates the group's subscription group (subgroups.py, when auto-creation allows) and its ``%RETRY%``
+topic with the group's retryQueueNums. A member subscribing differently from its
 group is refused (sub_conflicts.py); accepted subscriptions become the group's
 consumer filter data (filter_data.py). UNREGISTER_CLIENT (35),
 GET_CONSUMER_LIST_BY_GROUP (38) and CHECK_CLIENT_CONFIG (46) complete the set.
@@ -21,6 +22,7 @@ from sluice.broker.filter_data import ConsumerFilterManager
 from sluice.broker.filtering import CLASS_FILTER, CompiledSubscription, class_subscription
 from sluice.broker.selector_compile import SelectorCompiler
 from sluice.broker.sub_conflicts import SubscriptionGuard
+from sluice.broker.subgroups import SubscriptionGroupManager
 from sluice.broker.topics import TopicConfigManager, retry_topic
 from sluice.errors import InvalidParameterError, SluiceError
 from sluice.protocol.bodies import (ConsumerData, ConsumerListBody, HeartbeatData, SubscriptionData, decode_body,
@@ -39,12 +41,14 @@ CLIENT_ID = "client_id"  # key in RemotingConnection.attributes
 class ClientManageProcessor:
     def __init__(self, *, consumers: ConsumerManager, topics: TopicConfigManager, topics_changed: Callable[[], None],
                  filter_data: ConsumerFilterManager, sub_guard: SubscriptionGuard,
-                 enable_property_filter: bool, compiler: SelectorCompiler | None = None) -> None:
+                 enable_property_filter: bool, compiler: SelectorCompiler | None = None,
+                 subgroups: SubscriptionGroupManager | None = None) -> None:
         self.consumers = consumers
         self.topics = topics
         self.topics_changed = topics_changed
         self.filter_data = filter_data
         self.sub_guard = sub_guard
+        self.subgroups = subgroups
         self.enable_property_filter = enable_property_filter
         self.compiler = compiler or SelectorCompiler(max_per_client_per_minute=600)
 
@@ -80,9 +84,12 @@ class ClientManageProcessor:
         conn.attributes[CLIENT_ID] = hb.client_id
         created = False
         for cd, subs in compiled:
+            # RocketMQ's heartBeat: the group's config (auto-created) decides the retry topic's queues; a group
+            # unknown with auto-creation off still registers (its pulls are refused), without a retry topic.
+            sg = self.subgroups.find(cd.group_name) if self.subgroups is not None else None
             rt = retry_topic(cd.group_name)
-            if topics.get(rt) is None:
-                topics.create_retry_or_dlq(rt, 1)
+            if (sg is not None or self.subgroups is None) and topics.get(rt) is None:
+                topics.create_retry_or_dlq(rt, max(1, sg.retry_queue_nums if sg is not None else 1))
                 created = True
             consumers.register_consumer(
                 cd.group_name, hb.client_id, conn, language=request.language, version=request.version,

@@ -53,6 +53,14 @@ class ConsumerOffsetManager:
             if self._table.pop(self._key(topic, group), None) is not None:
                 self._dirty = True
 
+    def remove_group(self, group: str) -> None:
+        """Every committed offset of ``group`` (DELETE_SUBSCRIPTIONGROUP with removeOffset)."""
+        suffix = SEP + group
+        with self._lock:
+            for key in [k for k in self._table if k.endswith(suffix)]:
+                del self._table[key]
+                self._dirty = True
+
     def clamp(self, topic: str, queue_id: int, min_offset: int) -> None:
         """After retention moved a queue's minimum, committed offsets below it move up too."""
         with self._lock:

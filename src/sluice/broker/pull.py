@@ -35,8 +35,9 @@ from sluice.broker.pool import BlockingPool
 from sluice.broker.retry import retry_filter
 from sluice.broker.selector_compile import SelectorCompiler
 from sluice.broker.sub_conflicts import SubscriptionGuard
+from sluice.broker.subgroups import SubscriptionGroupManager
 from sluice.broker.topics import TopicConfigManager
-from sluice.errors import FilterClassError, FilterError, SluiceError, TopicNotExistError
+from sluice.errors import FilterClassError, FilterError, NoPermissionError, SluiceError, TopicNotExistError
 from sluice.protocol.codes import ResponseCode
 from sluice.protocol.command import RemotingCommand
 from sluice.protocol.headers import PullMessageRequestHeader
@@ -78,7 +79,7 @@ class PullProcessor:
     def __init__(self, *, config: BrokerConfig, store: MessageStore, pool: BlockingPool, topics: TopicConfigManager,
                  offsets: ConsumerOffsetManager, consumers: ConsumerManager, filter_data: ConsumerFilterManager,
                  sub_guard: SubscriptionGuard, backfills: BackfillManager, hold: HoldService,
-                 compiler: SelectorCompiler | None = None,
+                 subgroups: SubscriptionGroupManager | None = None, compiler: SelectorCompiler | None = None,
                  filter_servers: Callable[[], list[str]] | None = None,
                  is_filter_server: Callable[[RemotingConnection], bool] | None = None) -> None:
         self.config = config
@@ -97,6 +98,7 @@ class PullProcessor:
         self.sub_guard = sub_guard
         self.backfills = backfills
         self.hold = hold
+        self.subgroups = subgroups
         #: Inline subscriptions, compiled once (clients send the same one with every pull; the result is
         #: shared and never changed, a pull filters with its own copy, SelectorFilter.for_pull); new SQL92
         #: ones compile off the event loop (broker/selector_compile.py).
@@ -188,6 +190,8 @@ class PullProcessor:
         """Answered at once when the store has an answer (no task: pulls are the hottest request); a pull
         to be held, or one read on the thread pool, returns the coroutine that finishes it."""
         h = PullMessageRequestHeader.from_command(request)
+        if self.subgroups is not None:
+            self._check_group(h.consumer_group)
         if h.sys_flag & FLAG_CLASS_FILTER:
             raise self._class_filter_refusal(h)
         topics = self.topics
@@ -205,6 +209,19 @@ class PullProcessor:
             if sub is None:  # a new SQL92 expression: compiled off the loop while this pull waits
                 return self._compile_and_pull(conn, request, h)
         return self._pull(conn, request, h, sub)
+
+    def _check_group(self, group: str) -> None:
+        """The group's subscription group allows this pull (PullMessageProcessor, its remarks): it exists (an
+        unknown one is served with the defaults, created by heartbeats), consumeEnable, and
+        consumeBroadcastEnable for a broadcasting group."""
+        assert self.subgroups is not None
+        sg = self.subgroups.require(group, create=False)
+        if not sg.consume_enable:
+            raise NoPermissionError(f"subscription group no permission, {group}")
+        if not sg.consume_broadcast_enable:
+            info = self.consumers.get(group)
+            if info is not None and info.message_model == "BROADCASTING":
+                raise NoPermissionError(f"the consumer group[{group}] can not consume by broadcast way")
 
     def _class_filter_refusal(self, h: PullMessageRequestHeader) -> FilterClassError:
         servers = sorted(self.filter_servers())
