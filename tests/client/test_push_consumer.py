@@ -134,6 +134,26 @@ def test_new_group_starts_exactly_where_asked(cluster: Cluster, where: str) -> N
             cons.shutdown()
 
 
+def test_consumer_started_before_its_topic_exists_gets_what_is_sent_then(cluster: Cluster) -> None:
+    # RocketMQ's quickstart order (issue #16): the consumer first, with the default CONSUME_FROM_LAST_OFFSET;
+    # the topic is created by the first send. Its first rebalance comes after the sends, and the broker starts
+    # the new group where it subscribed, so nothing sent after is skipped.
+    topic, group = unique("FirstT"), unique("cg")
+    sink = Sink()
+    cons = start_consumer(cluster, group, topic, sink, poll_namesrv_interval=0.5, rebalance_interval=1.0,
+                          instance_name=unique("early"))
+    try:
+        with _producer(cluster) as p:
+            sent = {f"m{i}" for i in range(20)}
+            for body in sorted(sent):
+                p.send(Message(topic, body.encode()))
+        wait_for(lambda: set(sink.bodies()) >= sent, 30, "every message sent after the consumer started")
+        time.sleep(0.3)
+        assert sorted(sink.bodies()) == sorted(sent)
+    finally:
+        cons.shutdown()
+
+
 def test_retry_ladder_then_dead_letter_keeps_identity(cluster: Cluster) -> None:
     topic, group = unique("RetryT"), unique("cg")
     with _producer(cluster) as p:

@@ -233,10 +233,10 @@ class BrokerController:
         processors: list[object] = [
             self.send_processor, self.pull_processor, self.retry_processor, self.transactions,
             ClientManageProcessor(consumers=consumers, topics=topics, topics_changed=changed, filter_data=fm,
-                                  sub_guard=sub_guard, subgroups=subgroups,
+                                  sub_guard=sub_guard, subgroups=subgroups, offsets=offsets,
                                   enable_property_filter=config.enable_property_filter,
                                   compiler=self.pull_processor.compiler),
-            QueryProcessor(store=store, pool=pool, offsets=offsets),
+            QueryProcessor(store=store, pool=pool, offsets=offsets, consumers=consumers),
             AdminProcessor(cluster_name=config.cluster_name, broker_name=config.broker_name, store=store, pool=pool,
                            topics=topics, topics_changed=changed, offsets=offsets, consumers=consumers,
                            locks=self.locks, filter_data=fm, sub_guard=sub_guard, runtime_info=self.runtime_info),
