@@ -35,7 +35,7 @@ from sluice.broker.pool import BlockingPool
 from sluice.broker.retry import retry_filter
 from sluice.broker.selector_compile import SelectorCompiler
 from sluice.broker.sub_conflicts import SubscriptionGuard
-from sluice.broker.subgroups import SubscriptionGroupManager
+from sluice.broker.subgroups import SubscriptionGroupManager, not_exist
 from sluice.broker.topics import TopicConfigManager
 from sluice.errors import FilterClassError, FilterError, NoPermissionError, SluiceError, TopicNotExistError
 from sluice.protocol.codes import ResponseCode
@@ -214,8 +214,13 @@ class PullProcessor:
         """The group's subscription group allows this pull (PullMessageProcessor, its remarks): it exists (an
         unknown one is served with the defaults, created by heartbeats), consumeEnable, and
         consumeBroadcastEnable for a broadcasting group."""
-        assert self.subgroups is not None
-        sg = self.subgroups.require(group, create=False)
+        subgroups = self.subgroups
+        assert subgroups is not None
+        sg = subgroups.get(group)
+        if sg is None:  # the defaults allow everything (no config is built per pull)
+            if not subgroups.serves_unknown(group):
+                raise not_exist(group)
+            return
         if not sg.consume_enable:
             raise NoPermissionError(f"subscription group no permission, {group}")
         if not sg.consume_broadcast_enable:

@@ -41,7 +41,7 @@ from sluice.protocol.headers import DeleteSubscriptionGroupRequestHeader
 from sluice.transport.connection import RemotingConnection
 
 __all__ = ["SubscriptionGroupConfig", "SubscriptionGroupManager", "SubscriptionGroupProcessor", "SYSTEM_GROUPS",
-           "FIELDS", "check_group"]
+           "FIELDS", "check_group", "not_exist"]
 
 log = logging.getLogger(__name__)
 
@@ -212,7 +212,7 @@ class SubscriptionGroupManager:
         cfg = self._groups.get(group)
         if cfg is not None:
             return cfg
-        if not (self.auto_create or group.startswith(SYS_GROUP_PREFIX)):
+        if not self.serves_unknown(group):
             return None
         # Not validated: RocketMQ creates whatever name a client uses (its retry topic is checked where made).
         cfg = SubscriptionGroupConfig(group, retry_max_times=self.default_retry_max_times)
@@ -226,14 +226,22 @@ class SubscriptionGroupManager:
             self._persist()
         return cfg
 
+    def serves_unknown(self, group: str) -> bool:
+        """Whether a group without a config is served with the defaults (auto-creation on, or a system group)."""
+        return self.auto_create or group.startswith(SYS_GROUP_PREFIX)
+
     def require(self, group: str, *, create: bool = True) -> SubscriptionGroupConfig:
         """``find``, raising RocketMQ's SUBSCRIPTION_GROUP_NOT_EXIST answer for an unknown group."""
         cfg = self.find(group, create=create)
         if cfg is None:
-            raise SubscriptionGroupNotExistError(
-                f"subscription group [{group}] does not exist, and auto_create_subscription_group is off; create "
-                f"it with `sluice admin updateSubGroup -g {group}`")
+            raise not_exist(group)
         return cfg
+
+
+def not_exist(group: str) -> SubscriptionGroupNotExistError:
+    return SubscriptionGroupNotExistError(
+        f"subscription group [{group}] does not exist, and auto_create_subscription_group is off; create "
+        f"it with `sluice admin updateSubGroup -g {group}`")
 
 
 class SubscriptionGroupProcessor:
