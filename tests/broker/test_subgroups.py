@@ -64,6 +64,8 @@ def test_auto_creation(tmp_path: Path):
     ({"groupName": "G", "brokerId": 1.5}, "brokerId must be an integer"),
     ({"groupName": "G", "retryMaxTime": 3}, r"unknown SubscriptionGroupConfig field\(s\) \['retryMaxTime'\]"),
     ({"groupName": "bad group!"}, "characters outside"),
+    ({"groupName": "trailing\n"}, "characters outside"),
+    ({"groupName": 5}, "groupName must be a string"),
     ({"groupName": ""}, "empty"),
     ([1], "JSON object"),
 ])

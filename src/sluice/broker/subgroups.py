@@ -51,7 +51,7 @@ SYSTEM_GROUPS = ("TOOLS_CONSUMER", "FILTERSRV_CONSUMER", "SELF_TEST_C_GROUP", "C
 #: MixAll.CID_RMQ_SYS_PREFIX: such groups are created even with auto-creation off (isSysConsumerGroup).
 SYS_GROUP_PREFIX = "CID_RMQ_SYS_"
 #: Validators.CHARACTER_MAX_LENGTH and VALID_PATTERN_STR, as mqadmin checks group names.
-_GROUP_RE = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+_GROUP_RE = re.compile(r"[%|a-zA-Z0-9_-]+")
 _MAX_NAME = 255
 
 
@@ -93,8 +93,8 @@ class SubscriptionGroupConfig:
             elif want is int and isinstance(v, str) and re.fullmatch(r"-?\d+", v):
                 v = int(v)
             if type(v) is not want:
-                raise InvalidParameterError(f"SubscriptionGroupConfig.{wire} must be "
-                                            f"{'true or false' if want is bool else 'an integer'}, got {v!r}")
+                kind = {bool: "true or false", int: "an integer", str: "a string"}[want]
+                raise InvalidParameterError(f"SubscriptionGroupConfig.{wire} must be {kind}, got {v!r}")
             kw[name] = v
         if "group_name" not in kw:
             raise InvalidParameterError("SubscriptionGroupConfig needs groupName")
@@ -134,7 +134,7 @@ def check_group(group: str) -> str:
         raise InvalidParameterError("the consumer group name is empty")
     if len(group) > _MAX_NAME:
         raise InvalidParameterError(f"the consumer group name is longer than {_MAX_NAME} characters")
-    if not _GROUP_RE.match(group):
+    if not _GROUP_RE.fullmatch(group):
         raise InvalidParameterError(f"the consumer group name {group!r} contains characters outside "
                                     "[%|a-zA-Z0-9_-]")
     return group
