@@ -230,3 +230,18 @@ class FilterClassFailedError(FilterClassError):
     worker died): SYSTEM_ERROR, which clients answer by pulling the same offset again later."""
 
     code = ResponseCode.SYSTEM_ERROR
+
+
+class MessageIdKindError(InvalidParameterError):
+    """An id of the wrong kind for the lookup: a producer's msgId (UNIQ_KEY) where an offset msgId (store host,
+    port, commit-log offset) belongs. Both are 32 hex characters for IPv4; ``kind`` says which one was given."""
+
+    def __init__(self, message: str, *, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class SubscriptionGroupNotExistError(SluiceError):
+    """A consumer group the broker has no subscription group for, with auto-creation off."""
+
+    code = ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST

@@ -134,6 +134,35 @@ def test_delete_topic(cluster: Cluster, topic: str) -> None:
     assert topic not in {e["topic"] for e in cluster.admin("topicList", "--json").json["topics"]}
 
 
+def test_update_and_delete_sub_group(cluster: Cluster, topic: str) -> None:
+    make_topic(cluster, topic, queues=1)
+    send(cluster, topic, 2)
+    group = f"CG_sub_{topic[-8:]}"
+    r = cluster.admin("updateSubGroup", "-c", "DefaultCluster", "-g", group, "-s", "false", "-r", "3", "-q", "2",
+                      "-w", "0", "-a", "false", "--json")
+    assert r.status is ExitStatus.SUCCESS, r.stderr
+    assert r.json["config"] == {"groupName": group, "consumeEnable": False, "consumeFromMinEnable": True,
+                                "consumeBroadcastEnable": True, "retryQueueNums": 2, "retryMaxTimes": 3,
+                                "brokerId": 0, "whichBrokerWhenConsumeSlowly": 0,
+                                "notifyConsumerIdsChangedEnable": False}
+    assert sorted(b["brokerName"] for b in r.json["brokers"]) == ["broker-a", "broker-b"]
+    queues = []
+    with PullConsumer(group, namesrv=cluster.ns) as c:
+        queues = c.fetch_message_queues(topic)
+        with pytest.raises(Exception, match="subscription group no permission") as info:
+            c.pull(queues[0], "*", 0)
+        assert info.value.code == 16  # NO_PERMISSION
+        # back on, on one broker: its queues deliver again
+        addr = next(b["addr"] for b in r.json["brokers"] if b["brokerName"] == queues[0].broker_name)
+        assert cluster.admin("updateSubGroup", "-b", addr, "-g", group).status is ExitStatus.SUCCESS
+        assert c.pull(queues[0], "*", 0).status in (PullStatus.FOUND, PullStatus.NO_NEW_MSG)
+    bad = cluster.admin("updateSubGroup", "-c", "DefaultCluster", "-g", group, "-q", "2000")
+    assert bad.status is ExitStatus.USAGE
+    assert cluster.admin("updateSubGroup", "-g", group).status is ExitStatus.USAGE  # neither -b nor -c
+    d = cluster.admin("deleteSubGroup", "-c", "DefaultCluster", "-g", group, "--json")
+    assert d.status is ExitStatus.SUCCESS and sorted(d.json["brokers"]) == ["broker-a", "broker-b"]
+
+
 # ------------------------------------------------------------------------------------------ messages
 
 def test_send_and_query_by_key_id_and_unique_key(cluster: Cluster, topic: str) -> None:

@@ -62,8 +62,10 @@ def test_conflicting_subscriptions_name_both_expressions(make_broker):
     bad = rpc.heartbeat("c2", "G", [sub_data("T", "TagA", "TAG", version=v - 1)])
     assert bad.code == R.SUBSCRIPTION_NOT_LATEST
     assert "a > 5" in bad.remark and "TagA" in bad.remark and "c1" in bad.remark and "c2" in bad.remark
-    pulled = rpc.pull("T", sub="TagA", expr_type="TAG", sub_version=v - 1)
+    # c2's pull comes on c2's own connection (one on which c1 heartbeats is c1's: never a conflict with itself)
+    pulled = b.rpc().pull("T", sub="TagA", expr_type="TAG", sub_version=v - 1)
     assert pulled.code == R.SUBSCRIPTION_NOT_LATEST and "a > 5" in pulled.remark and "TagA" in pulled.remark
+    assert rpc.pull("T", sub="TagA", expr_type="TAG", sub_version=v - 1).code == R.PULL_RETRY_IMMEDIATELY
     stats = rpc.consume_stats("G", "T")
     assert {c["refusedExpression"] for c in stats["subscriptionConflicts"]} == {"TagA"}
     assert stats["subscriptionConflicts"][0]["keptExpression"] == "a > 5"

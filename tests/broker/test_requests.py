@@ -43,7 +43,8 @@ def test_permissions_follow_rocketmq_plain_acl() -> None:
                  R.UPDATE_CONSUMER_OFFSET):
         assert perm[code] is Permission.SUBSCRIBE, code
     for code in (R.UPDATE_AND_CREATE_TOPIC, R.DELETE_TOPIC_IN_BROKER, R.INVOKE_BROKER_TO_RESET_OFFSET,
-                 R.PUT_FILTER_BACKFILL):
+                 R.PUT_FILTER_BACKFILL, R.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, R.DELETE_SUBSCRIPTIONGROUP,
+                 R.GET_ALL_SUBSCRIPTIONGROUP_CONFIG):
         assert perm[code] is Permission.ADMIN, code
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -112,6 +113,7 @@ class Target:
     retry_processor: Part = dataclasses.field(default_factory=Part)
     transactions: Part = dataclasses.field(default_factory=Part)
     pull_processor: Part = dataclasses.field(default_factory=Part)
+    subgroups: Part = dataclasses.field(default_factory=Part)
 
 
 def test_properties_show_rocketmq_names_and_hide_the_secret() -> None:
@@ -127,8 +129,7 @@ def test_update_reaches_the_parts_that_read_the_setting() -> None:
                                                "transactionCheckMax=2\nmaxTransferCountOnMessageInMemory=7\n"))
     assert changes == {"max_reconsume_times": 4, "auto_create_topic": False, "transaction_check_max": 2,
                        "max_transfer_count": 7}
-    assert t.config.max_reconsume_times == 4 and t.send_processor.max_reconsume_times == 4  # type: ignore[attr-defined]
-    assert t.retry_processor.max_reconsume_times == 4  # type: ignore[attr-defined]
+    assert t.config.max_reconsume_times == 4 and t.subgroups.default_retry_max_times == 4  # type: ignore[attr-defined]
     assert t.topics.auto_create is False and t.transactions.check_max == 2  # type: ignore[attr-defined]
     assert t.pull_processor.config.max_transfer_count == 7  # type: ignore[attr-defined]
 
@@ -152,3 +153,12 @@ def test_every_live_setting_exists_and_has_a_wire_name() -> None:
     names = {f.name for f in dataclasses.fields(BrokerConfig)}
     assert set(LIVE) <= names
     assert len({wire_name(n) for n in names}) == len(names)
+
+
+def test_a_live_max_reconsume_times_is_the_retry_limit_of_groups_created_afterwards(tmp_path: Path) -> None:
+    from sluice.broker.subgroups import SubscriptionGroupManager
+    t = Target(subgroups=SubscriptionGroupManager(tmp_path))  # type: ignore[arg-type]
+    before = t.subgroups.require("EarlyGroup")  # type: ignore[attr-defined]
+    apply_update(t, parse_properties("maxReconsumeTimes=4\n"))
+    assert t.subgroups.require("LateGroup").retry_max_times == 4  # type: ignore[attr-defined]
+    assert before.retry_max_times == 16  # a group's own setting is its own (updateSubGroup -r)

@@ -7,6 +7,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import orjson
 import pytest
 from push_support import Cluster, cluster, start_consumer, unique, wait_for  # noqa: F401 (a fixture)
 
@@ -15,7 +16,10 @@ from sluice import (
     select_by_hash,
 )
 from sluice.client.results import MessageQueue
-from sluice.errors import ClientError, InvalidParameterError
+from sluice.errors import ClientError, InvalidParameterError, SluiceError
+from sluice.protocol.codes import RequestCode
+from sluice.protocol.command import RemotingCommand
+from sluice.transport.blocking import SyncRemotingClient
 from sluice.protocol import properties as P
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -134,6 +138,26 @@ def test_new_group_starts_exactly_where_asked(cluster: Cluster, where: str) -> N
             cons.shutdown()
 
 
+def test_consumer_started_before_its_topic_exists_gets_what_is_sent_then(cluster: Cluster) -> None:
+    # RocketMQ's quickstart order (issue #16): the consumer first, with the default CONSUME_FROM_LAST_OFFSET;
+    # the topic is created by the first send. Its first rebalance comes after the sends, and the broker starts
+    # the new group where it subscribed, so nothing sent after is skipped.
+    topic, group = unique("FirstT"), unique("cg")
+    sink = Sink()
+    cons = start_consumer(cluster, group, topic, sink, poll_namesrv_interval=0.5, rebalance_interval=1.0,
+                          instance_name=unique("early"))
+    try:
+        with _producer(cluster) as p:
+            sent = {f"m{i}" for i in range(20)}
+            for body in sorted(sent):
+                p.send(Message(topic, body.encode()))
+        wait_for(lambda: set(sink.bodies()) >= sent, 30, "every message sent after the consumer started")
+        time.sleep(0.3)
+        assert sorted(sink.bodies()) == sorted(sent)
+    finally:
+        cons.shutdown()
+
+
 def test_retry_ladder_then_dead_letter_keeps_identity(cluster: Cluster) -> None:
     topic, group = unique("RetryT"), unique("cg")
     with _producer(cluster) as p:
@@ -170,6 +194,42 @@ def test_retry_ladder_then_dead_letter_keeps_identity(cluster: Cluster) -> None:
             assert dead.properties[P.DLQ_ORIGIN_TOPIC] == topic
             assert dead.properties["color"] == "red"
             assert dead.reconsume_times == 4
+
+
+def test_the_groups_retry_max_times_sends_to_the_dlq(cluster: Cluster) -> None:
+    # The subscription group's retryMaxTimes decides (the consumer's max_reconsume_times is left at -1, so its
+    # send-backs name no limit): 1 retry, then the dead letter.
+    topic, group = unique("SubGrpT"), unique("cg")
+    with SyncRemotingClient() as rc:
+        resp = rc.invoke(cluster.broker.addr, RemotingCommand.request(
+            RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, {},
+            orjson.dumps({"groupName": group, "retryMaxTimes": 1})), 5.0)
+        assert resp.code == 0, resp.remark
+    with _producer(cluster) as p:
+        _create_topic(p, topic)
+        sink = Sink(fail=frozenset({"bad"}))
+        cons = start_consumer(cluster, group, topic, sink)
+        try:
+            wait_for(lambda: len([q for q in cons.owned_queues() if q.topic == topic]) == 8, 10, "8 queues owned")
+            p.send(Message(topic, b"bad"))
+            wait_for(lambda: sink.bodies().count("bad") >= 2, 30, "the original and 1 retry")
+            with PullConsumer(unique("inspect"), namesrv=cluster.ns) as pc:
+                dlq = f"%DLQ%{group}"
+                wait_for(lambda: wait_route_ok(pc, dlq), 20, "the dead-letter topic")
+                [mq] = pc.fetch_message_queues(dlq)
+                dead = wait_for(lambda: pc.pull(mq, "*", 0, 32).msg_found_list, 20, "the dead letter")
+                assert [m.body for m in dead] == [b"bad"] and dead[0].reconsume_times == 2
+            time.sleep(1.0)  # a third delivery would come within this (the shrunk levels are <= 1 s)
+            assert sink.bodies().count("bad") == 2
+        finally:
+            cons.shutdown()
+
+
+def wait_route_ok(pc: PullConsumer, topic: str) -> bool:
+    try:
+        return bool(pc.fetch_message_queues(topic))
+    except SluiceError:
+        return False
 
 
 @pytest.mark.parametrize("first,second,kind", [

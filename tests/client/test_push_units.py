@@ -176,6 +176,9 @@ def test_options_validate_and_default_like_rocketmq() -> None:
         (32, 1000, 100, 2000, 20, 1)
     assert o.effective_max_reconsume(False) == 16 and o.effective_max_reconsume(True) == 2**31 - 1
     assert PushConsumerOptions(max_reconsume_times=3).effective_max_reconsume(True) == 3
+    # A send-back names no limit unless one was set (the group's retryMaxTimes decides); orderly names its own.
+    assert (o.send_back_max_reconsume(False), o.send_back_max_reconsume(True)) == (None, 2**31 - 1)
+    assert PushConsumerOptions(max_reconsume_times=0).send_back_max_reconsume(False) == 0
     for bad in ({"message_model": "X"}, {"consume_from_where": "X"}, {"pull_batch_size": 0},
                 {"consume_message_batch_max_size": 0}, {"broker_suspend_max": 40.0}, {"rebalance_interval": 0.5},
                 {"max_reconsume_times": -2}, {"allocate_strategy": "NOPE"}, {"consume_timestamp": "2024"}):

@@ -12,7 +12,7 @@ from sluice import (
     AsyncProducer, AsyncPullConsumer, Message, MessageExt, MessageQueue, MessageSelector, Producer, PullConsumer,
     PullStatus, SendStatus, select_by_hash,
 )
-from sluice.errors import BrokerResponseError, ClientError, MessageIllegalError, SelectorSyntaxError, TopicNotExistError
+from sluice.errors import BrokerResponseError, ClientError, MessageIdKindError, MessageIllegalError, SelectorSyntaxError, TopicNotExistError
 from sluice.protocol.bodies import ConsumerListBody, decode_body
 from sluice.protocol.codes import RequestCode, ResponseCode
 from sluice.protocol.command import RemotingCommand
@@ -99,6 +99,26 @@ def test_tag_and_sql_pulls(cluster: Cluster, topic: str):
             c.pull(c.fetch_message_queues(topic)[0], MessageSelector.by_sql("a >"), 0)
 
 
+def test_pull_consumer_changes_its_selector_after_a_heartbeat(cluster: Cluster, topic: str):
+    # Issue #16: pull TagA, heartbeat (the broker holds TagA for this client), pull TagB. The pull carries its
+    # own subscription (FLAG_SUBSCRIPTION), which RocketMQ uses: one client never conflicts with itself.
+    with Producer("PG_resel", cluster.ns) as p:
+        for tag in ("TagA", "TagB", "TagA", "TagB"):
+            p.send(Message(topic, tag.encode(), tags=tag))
+    with PullConsumer("CG_resel", cluster.ns) as c:
+        assert [m.body for m in pull_all(c, topic, "TagA", expect=2)] == [b"TagA", b"TagA"]
+        c._run(c.async_consumer.instance.send_heartbeat_to_all(), 10)
+        assert [m.body for m in pull_all(c, topic, "TagB", expect=2)] == [b"TagB", b"TagB"]
+        c._run(c.async_consumer.instance.send_heartbeat_to_all(), 10)  # the new selector is the group's now
+        assert len(pull_all(c, topic, "TagA", expect=2)) == 2
+        # Another member of the group, subscribed by heartbeat to TagA, still refuses a third client's TagB pull
+        # (Sluice's conflict guard between clients is unchanged).
+        with PullConsumer("CG_resel", cluster.ns, instance_name="other") as c2:
+            with pytest.raises(BrokerResponseError, match="subscription conflict") as info:
+                c2.pull(c2.fetch_message_queues(topic)[0], "TagC", 0)
+            assert info.value.code == ResponseCode.SUBSCRIPTION_NOT_LATEST
+
+
 def test_offsets_committed_and_read_back(cluster: Cluster, topic: str):
     with Producer("PG_off", cluster.ns) as p:
         results = [p.send(Message(topic, b"x"), queue=MessageQueue(topic=topic, broker_name="broker-a", queue_id=0))
@@ -134,6 +154,10 @@ def test_view_and_query_message(cluster: Cluster, topic: str):
         assert c.query_message(topic, "nope", 32, 0, now + 60_000) == []
         uniq = c.query_message(topic, r2.msg_id, 32, 0, now + 60_000, unique_key=True)
         assert [x.body for x in uniq] == [b"two"]
+        # A client msgId where the offset msgId belongs: named, with the lookup that takes it (was OverflowError).
+        with pytest.raises(MessageIdKindError, match="client msgId \\(UNIQ_KEY") as info:
+            c.view_message(r2.msg_id)
+        assert info.value.kind == "msgId (UNIQ_KEY)"
 
 
 def test_ordered_sends_keep_key_order(cluster: Cluster, topic: str):

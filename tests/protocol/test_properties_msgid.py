@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from sluice import Message
-from sluice.errors import InvalidParameterError, MessageIllegalError
+from sluice.errors import InvalidParameterError, MessageIdKindError, MessageIllegalError
 from sluice.protocol import msgid
 from sluice.protocol import properties as P
 
@@ -57,6 +57,21 @@ def test_offset_msg_id_known_value():
 def test_bad_msg_ids(bad):
     with pytest.raises(InvalidParameterError):
         msgid.decode_offset_msg_id(bad)
+
+
+@given(st.integers(0, 2**63 - 1), st.integers(1, 65535))
+def test_offset_msg_id_checked_for_a_lookup(offset, port):
+    mid = msgid.create_offset_msg_id("10.1.2.3", port, offset)
+    assert msgid.check_offset_msg_id(mid) == msgid.decode_offset_msg_id(mid)
+
+
+@given(st.integers(1, 0xFFFF))
+def test_unique_id_named_when_an_offset_id_is_expected(pid):
+    # Same 32 hex characters; the pid sits where an offset id's port is, making it no TCP port.
+    uid = msgid.UniqueIdGenerator(ip=bytes([10, 0, 0, 7]), pid=pid).next_id()
+    with pytest.raises(MessageIdKindError, match="UNIQ_KEY.*unique_key=True") as info:
+        msgid.check_offset_msg_id(uid)
+    assert info.value.kind == "msgId (UNIQ_KEY)" and isinstance(info.value, InvalidParameterError)
 
 
 def test_message_properties_and_validation():

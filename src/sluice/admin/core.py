@@ -38,7 +38,8 @@ from sluice.transport.tls import ClientTls
 __all__ = ["FAMILIES", "AdminEnv", "admin_command", "admin_group", "cli_command", "current_env", "main"]
 
 #: Modules of sluice.admin that define commands; a new family is one module and one name here.
-FAMILIES = ("topics", "cluster", "consumers", "messages", "deadletters", "explain", "backfill", "brokers", "queues")
+FAMILIES = ("topics", "cluster", "consumers", "messages", "deadletters", "explain", "backfill", "brokers", "queues",
+            "subgroups")
 #: Where the namesrv address comes from when -n is not given, in this order.
 NAMESRV_ENV = ("SLUICE_NAMESRV", "NAMESRV_ADDR")
 #: Where the ACL account comes from when --access-key / --secret-key are not given.

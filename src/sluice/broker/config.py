@@ -58,6 +58,9 @@ class BrokerConfig:
     flush: str = "async"
     #: On by default, as in RocketMQ's quick start (autoCreateTopicEnable).
     auto_create_topic: bool = True
+    #: A heartbeat or send-back of an unknown consumer group creates its subscription group
+    #: (autoCreateSubscriptionGroup, on in RocketMQ); off, such groups must be made with updateSubGroup first.
+    auto_create_subscription_group: bool = True
     #: Queues of the auto-create topic TBW102 (RocketMQ's defaultTopicQueueNums on the broker is 8).
     default_topic_queue_nums: int = 8
     #: RocketMQ's enablePropertyFilter is false; Sluice filters by SQL92 out of the box.
@@ -112,7 +115,8 @@ class BrokerConfig:
     commitlog_file_size: int = 1024 * 1024 * 1024
     #: Keep commit-log segments this long (fileReservedTime).
     retention_hours: float = 72.0
-    #: Attempts before a message goes to %DLQ% (retryMaxTimes).
+    #: Attempts before a message goes to %DLQ%: the retryMaxTimes of auto-created subscription groups
+    #: (RocketMQ's SubscriptionGroupConfig default, 16); a group's own retryMaxTimes wins (updateSubGroup -r).
     max_reconsume_times: int = 16
     #: The 18 delay levels (messageDelayLevel).
     message_delay_level: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"

@@ -58,6 +58,7 @@ from sluice.broker.schedule import ScheduleService
 from sluice.broker.reply import ReplyProcessor
 from sluice.broker.send import SendProcessor
 from sluice.broker.stats import BrokerStats
+from sluice.broker.subgroups import SubscriptionGroupManager, SubscriptionGroupProcessor
 from sluice.broker.sub_conflicts import SubscriptionGuard
 from sluice.broker.topics import TopicConfigManager
 from sluice.broker.transactions import TransactionService
@@ -113,6 +114,7 @@ class BrokerController:
     pool: BlockingPool  #: blocking store calls, off the loop
     topics: TopicConfigManager
     offsets: ConsumerOffsetManager
+    subgroups: SubscriptionGroupManager  #: subscription groups (subscriptionGroup.json)
     locks: RebalanceLockManager
     consumers: ConsumerManager
     filter_data: ConsumerFilterManager
@@ -163,6 +165,9 @@ class BrokerController:
                                                   default_queue_nums=config.default_topic_queue_nums,
                                                   max_auto_created=config.max_auto_created_topics)
         self.offsets = offsets = ConsumerOffsetManager(root / "config")
+        self.subgroups = subgroups = SubscriptionGroupManager(
+            root / "config", auto_create=config.auto_create_subscription_group,
+            default_retry_max_times=config.max_reconsume_times)
         self.locks = RebalanceLockManager(config.rebalance_lock_max_live_ms)
         self.consumers = consumers = ConsumerManager(channel_expiry_s=CHANNEL_EXPIRY_S,
                                                      on_change=self._consumer_ids_changed)
@@ -217,7 +222,7 @@ class BrokerController:
             if config.filter_server_nums > 0 else None
         self.send_processor = SendProcessor(
             topics=topics, topics_changed=changed, appender=appender, dedup=self.dedup, divert=self.schedule.divert,
-            max_reconsume_times=config.max_reconsume_times, store_host=store.config.store_host,
+            subgroups=subgroups, store_host=store.config.store_host,
             max_message_size=store.config.max_message_size, reject_transactions=config.reject_transaction_message,
             cluster_name=config.cluster_name)
         # Transactional messages (transactions.py): END_TRANSACTION and the check-back to producers.
@@ -233,18 +238,19 @@ class BrokerController:
             store_replies=config.store_reply_message_enable)
         self.pull_processor = PullProcessor(
             config=config, store=store, pool=pool, topics=topics, offsets=offsets, consumers=consumers,
-            filter_data=fm, sub_guard=sub_guard, backfills=backfills, hold=hold,
+            filter_data=fm, sub_guard=sub_guard, backfills=backfills, hold=hold, subgroups=subgroups,
             filter_servers=self.filter_servers.addresses, is_filter_server=self.filter_servers.is_filter_server)
         self.pull_processor.on_get = self.stats.on_get
         self.retry_processor = RetryProcessor(
             store=store, pool=pool, topics=topics, topics_changed=changed, appender=appender,
-            divert=self.schedule.divert, max_reconsume_times=config.max_reconsume_times)
+            divert=self.schedule.divert, subgroups=subgroups)
         processors: list[object] = [
             self.send_processor, self.pull_processor, self.retry_processor, self.transactions, self.replies,
             ClientManageProcessor(consumers=consumers, topics=topics, topics_changed=changed, filter_data=fm,
-                                  sub_guard=sub_guard, enable_property_filter=config.enable_property_filter,
+                                  sub_guard=sub_guard, subgroups=subgroups, offsets=offsets,
+                                  enable_property_filter=config.enable_property_filter,
                                   compiler=self.pull_processor.compiler),
-            QueryProcessor(store=store, pool=pool, offsets=offsets),
+            QueryProcessor(store=store, pool=pool, offsets=offsets, consumers=consumers),
             admin := AdminProcessor(
                 cluster_name=config.cluster_name, broker_name=config.broker_name, store=store, pool=pool,
                 topics=topics, topics_changed=changed, offsets=offsets, consumers=consumers, locks=self.locks,
@@ -255,6 +261,7 @@ class BrokerController:
                                  offsets=offsets, consumers=consumers),
             FilterAdminProcessor(filter_data=fm, consumers=consumers, sub_guard=sub_guard),
             BackfillProcessor(backfills=backfills, pool=pool),
+            SubscriptionGroupProcessor(subgroups=subgroups, remove_offsets=offsets.remove_group),
             self.filter_servers,
         ]
         by_class = {type(p): p for p in processors}
@@ -536,6 +543,9 @@ class BrokerController:
         if self.consumers.get(group) is None:
             self.filter_data.unregister(group)  # the last member left: its filter data is dead from now
         if self._loop is None or self._stopping:
+            return
+        sg = self.subgroups.get(group)
+        if sg is not None and not sg.notify_consumer_ids_changed_enable:  # the group's own setting
             return
         req = RemotingCommand.request(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, {"consumerGroup": group}, oneway=True)
         for conn in {id(c): c for c in conns}.values():

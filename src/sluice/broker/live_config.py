@@ -61,6 +61,7 @@ class LiveTargets(Protocol):
     topics: Any
     send_processor: Any
     retry_processor: Any
+    subgroups: Any
     transactions: Any
     pull_processor: Any
 
@@ -80,8 +81,8 @@ def _setter(*where: tuple[str, str]) -> Callable[[LiveTargets, str, object], Non
 LIVE: dict[str, Callable[[LiveTargets, str, object], None]] = {
     "auto_create_topic": _setter(("topics", "auto_create")),
     "max_auto_created_topics": _setter(("topics", "max_auto_created")),
-    "max_reconsume_times": _setter(("send_processor", "max_reconsume_times"),
-                                   ("retry_processor", "max_reconsume_times")),
+    # The retryMaxTimes of subscription groups auto-created from now on (a group's own is updateSubGroup -r).
+    "max_reconsume_times": _setter(("subgroups", "default_retry_max_times")),
     "reject_transaction_message": _setter(("send_processor", "reject_transactions")),
     "transaction_timeout_ms": _setter(("transactions", "timeout_ms")),
     "transaction_check_interval_ms": _setter(("transactions", "check_interval_ms")),

@@ -3,6 +3,10 @@
 Writes are cheap dict updates; a background call to ``persist()`` (every few
 seconds and at shutdown) writes the table atomically, as RocketMQ's
 ConsumerOffsetManager does.
+
+Beside RocketMQ's ``offsetTable`` the file keeps ``subscribedAt`` (Sluice's):
+when each push consumer group first subscribed each topic (epoch ms), so a
+new group's start offset can be "where it subscribed" (broker/queries.py).
 """
 from __future__ import annotations
 
@@ -19,10 +23,12 @@ class ConsumerOffsetManager:
         self._path = config_dir / "consumerOffset.json"
         self._lock = threading.Lock()
         self._table: dict[str, dict[int, int]] = {}
+        self._subscribed: dict[str, int] = {}  # "topic@group" -> when the group first subscribed, epoch ms
         self._dirty = False
         data = read_json(self._path, default={}) or {}
         for key, queues in data.get("offsetTable", {}).items():
             self._table[key] = {int(q): int(o) for q, o in queues.items()}
+        self._subscribed = {k: int(v) for k, v in (data.get("subscribedAt") or {}).items()}
 
     @staticmethod
     def _key(topic: str, group: str) -> str:
@@ -52,9 +58,34 @@ class ConsumerOffsetManager:
         suffix = SEP + group
         return {k[: -len(suffix)] for k in list(self._table) if k.endswith(suffix)}
 
+    def note_subscribed(self, group: str, topic: str, when_ms: int) -> None:
+        """Record when ``group`` first subscribed ``topic`` (kept from the first call on)."""
+        key = self._key(topic, group)
+        if key in self._subscribed:
+            return
+        with self._lock:
+            self._subscribed.setdefault(key, when_ms)
+            self._dirty = True
+
+    def subscribed_at(self, group: str, topic: str) -> int | None:
+        return self._subscribed.get(self._key(topic, group))
+
     def remove(self, group: str, topic: str) -> None:
         with self._lock:
-            if self._table.pop(self._key(topic, group), None) is not None:
+            key = self._key(topic, group)
+            had = (self._table.pop(key, None), self._subscribed.pop(key, None))
+            if had != (None, None):
+                self._dirty = True
+
+    def remove_group(self, group: str) -> None:
+        """Every committed offset of ``group`` (DELETE_SUBSCRIPTIONGROUP with removeOffset)."""
+        suffix = SEP + group
+        with self._lock:
+            for key in [k for k in self._table if k.endswith(suffix)]:
+                del self._table[key]
+                self._dirty = True
+            for key in [k for k in self._subscribed if k.endswith(suffix)]:
+                del self._subscribed[key]
                 self._dirty = True
 
     def clamp(self, topic: str, queue_id: int, min_offset: int) -> None:
@@ -71,5 +102,6 @@ class ConsumerOffsetManager:
             if not (self._dirty or force):
                 return
             snapshot = {k: {str(q): o for q, o in v.items()} for k, v in self._table.items()}
+            subscribed = dict(self._subscribed)
             self._dirty = False
-        write_json_atomic(self._path, {"offsetTable": snapshot})
+        write_json_atomic(self._path, {"offsetTable": snapshot, "subscribedAt": subscribed})

@@ -35,8 +35,9 @@ from sluice.broker.pool import BlockingPool
 from sluice.broker.retry import retry_filter
 from sluice.broker.selector_compile import SelectorCompiler
 from sluice.broker.sub_conflicts import SubscriptionGuard
+from sluice.broker.subgroups import SubscriptionGroupManager, not_exist
 from sluice.broker.topics import TopicConfigManager
-from sluice.errors import FilterClassError, FilterError, SluiceError, TopicNotExistError
+from sluice.errors import FilterClassError, FilterError, NoPermissionError, SluiceError, TopicNotExistError
 from sluice.protocol.codes import ResponseCode
 from sluice.protocol.command import RemotingCommand
 from sluice.protocol.headers import PullMessageRequestHeader
@@ -78,7 +79,7 @@ class PullProcessor:
     def __init__(self, *, config: BrokerConfig, store: MessageStore, pool: BlockingPool, topics: TopicConfigManager,
                  offsets: ConsumerOffsetManager, consumers: ConsumerManager, filter_data: ConsumerFilterManager,
                  sub_guard: SubscriptionGuard, backfills: BackfillManager, hold: HoldService,
-                 compiler: SelectorCompiler | None = None,
+                 subgroups: SubscriptionGroupManager | None = None, compiler: SelectorCompiler | None = None,
                  filter_servers: Callable[[], list[str]] | None = None,
                  is_filter_server: Callable[[RemotingConnection], bool] | None = None) -> None:
         self.config = config
@@ -97,6 +98,7 @@ class PullProcessor:
         self.sub_guard = sub_guard
         self.backfills = backfills
         self.hold = hold
+        self.subgroups = subgroups
         #: Inline subscriptions, compiled once (clients send the same one with every pull; the result is
         #: shared and never changed, a pull filters with its own copy, SelectorFilter.for_pull); new SQL92
         #: ones compile off the event loop (broker/selector_compile.py).
@@ -107,14 +109,18 @@ class PullProcessor:
         self.on_get: Callable[[str, str, int, int], None] | None = None
 
     def _filter(self, h: PullMessageRequestHeader, sub: CompiledSubscription | None,
-                for_filter_server: bool = False) -> SelectorFilter | None:
+                for_filter_server: bool = False, conn: RemotingConnection | None = None) -> SelectorFilter | None:
         """The pull's filter (None: everything passes), with the group's Bloom data where it applies.
 
         A pull carrying its subscription (flag 0x4, every real client) is checked against the group's
         (sub_conflicts.py) and uses the group's registered filter data when the expression is the same;
         otherwise the subscription comes from the group's heartbeat, or after a broker restart from the
         restored filter data. Version checks as RocketMQ's PullMessageProcessor. ``sub`` is the pull's
-        compiled inline subscription (flag 0x4).
+        compiled inline subscription (flag 0x4). Members whose heartbeats come on the pull's own
+        connection (``conn``) are the puller itself: a pull consumer that changed its selector since its
+        last heartbeat is not in conflict with itself, and its pull uses its own subscription, as RocketMQ's
+        PullMessageProcessor does with hasSubscriptionFlag (except in a class-filter group: only its filter
+        servers pull it, since the broker cannot run the class).
         """
         config = self.config
         fm = self.filter_data
@@ -123,8 +129,11 @@ class PullProcessor:
         fd = fm.get(topic, group)
         if sub is not None:
             if not for_filter_server:
-                self.sub_guard.check_pull(group, topic, sub.expression_type, sub.expression, h.sub_version,
-                                          info.channels if info is not None else ())
+                members: Any = () if info is None else info.channels
+                held = self.sub_guard.group_subscription(group, topic)
+                if members and (held is None or held[0] != CLASS_FILTER):  # never unfiltered from a class group
+                    members = [cid for cid, ch in info.channels.items() if ch.conn is not conn]
+                self.sub_guard.check_pull(group, topic, sub.expression_type, sub.expression, h.sub_version, members)
             base = sub.filter
         else:
             sub = info.subscriptions.get(topic) if info is not None else None
@@ -183,6 +192,8 @@ class PullProcessor:
         """Answered at once when the store has an answer (no task: pulls are the hottest request); a pull
         to be held, or one read on the thread pool, returns the coroutine that finishes it."""
         h = PullMessageRequestHeader.from_command(request)
+        if self.subgroups is not None:
+            self._check_group(h.consumer_group)
         if h.sys_flag & FLAG_CLASS_FILTER:
             raise self._class_filter_refusal(h)
         topics = self.topics
@@ -200,6 +211,24 @@ class PullProcessor:
             if sub is None:  # a new SQL92 expression: compiled off the loop while this pull waits
                 return self._compile_and_pull(conn, request, h)
         return self._pull(conn, request, h, sub)
+
+    def _check_group(self, group: str) -> None:
+        """The group's subscription group allows this pull (PullMessageProcessor, its remarks): it exists (an
+        unknown one is served with the defaults, created by heartbeats), consumeEnable, and
+        consumeBroadcastEnable for a broadcasting group."""
+        subgroups = self.subgroups
+        assert subgroups is not None
+        sg = subgroups.get(group)
+        if sg is None:  # the defaults allow everything (no config is built per pull)
+            if not subgroups.serves_unknown(group):
+                raise not_exist(group)
+            return
+        if not sg.consume_enable:
+            raise NoPermissionError(f"subscription group no permission, {group}")
+        if not sg.consume_broadcast_enable:
+            info = self.consumers.get(group)
+            if info is not None and info.message_model == "BROADCASTING":
+                raise NoPermissionError(f"the consumer group[{group}] can not consume by broadcast way")
 
     def _class_filter_refusal(self, h: PullMessageRequestHeader) -> FilterClassError:
         servers = sorted(self.filter_servers())
@@ -222,7 +251,7 @@ class PullProcessor:
               sub: CompiledSubscription | None) -> Any:
         # %RETRY%<group>: filtered by the group's subscriptions of the original topics
         mf = retry_filter(self.consumers, h.consumer_group, h.topic,
-                          self._filter(h, sub, sub is not None and self.is_filter_server(conn)))
+                          self._filter(h, sub, sub is not None and self.is_filter_server(conn), conn))
         if mf is not None:  # records evaluated per pull (store/pull_read.py stops there): this pull's own filter
             mf.max_evaluations = self.config.max_evaluations_per_pull
         if h.sys_flag & FLAG_COMMIT_OFFSET:

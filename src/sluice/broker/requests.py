@@ -29,6 +29,7 @@ from sluice.broker.queries import QueryProcessor
 from sluice.broker.reply import ReplyProcessor
 from sluice.broker.retry import RetryProcessor
 from sluice.broker.send import SendProcessor
+from sluice.broker.subgroups import SubscriptionGroupProcessor
 from sluice.broker.transactions import TransactionService
 from sluice.protocol.codes import RequestCode as R
 
@@ -94,6 +95,11 @@ ROUTES: tuple[Route, ...] = (
     # ---- administration
     Route(R.UPDATE_AND_CREATE_TOPIC, ADMIN, AdminProcessor, "create_topic"),
     Route(R.DELETE_TOPIC_IN_BROKER, ADMIN, AdminProcessor, "delete_topic"),
+    # Subscription groups (Permission.needAdminPerm lists 200 and 207); the listing reads every group's settings,
+    # an operator's view like GET_ALL_TOPIC_CONFIG (RocketMQ leaves it unchecked).
+    Route(R.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, ADMIN, SubscriptionGroupProcessor, "update"),
+    Route(R.DELETE_SUBSCRIPTIONGROUP, ADMIN, SubscriptionGroupProcessor, "delete"),
+    Route(R.GET_ALL_SUBSCRIPTIONGROUP_CONFIG, ADMIN, SubscriptionGroupProcessor, "get_all"),
     # Moves a group's committed offsets for every member (RocketMQ leaves it unchecked).
     Route(R.INVOKE_BROKER_TO_RESET_OFFSET, ADMIN, OffsetResetProcessor, "reset_offset"),
     # The introspection behind `sluice admin` (mqadmin's topicList, brokerStatus, topicStatus,

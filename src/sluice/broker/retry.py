@@ -6,12 +6,15 @@ keys, tags, properties, UNIQ_KEY (so the same message id), born time and host
 — with RETRY_TOPIC (the original topic), ORIGIN_MESSAGE_ID and reconsume times
 + 1:
 
-* to ``%RETRY%<group>`` (1 queue, perm 6), delayed by level ``3 + reconsume
-  times`` when the consumer asked for level 0 (capped at the last level), or
+* to ``%RETRY%<group>`` (the group's retryQueueNums queues, perm 6), delayed by
+  level ``3 + reconsume times`` when the consumer asked for level 0 (capped at
+  the last level), or
 * to ``%DLQ%<group>`` (1 queue, perm 6: readable, so dead letters can be
   inspected and resent) once the message was already consumed
-  ``maxReconsumeTimes`` times (the header's value, else the broker's
-  ``max_reconsume_times``) or when the consumer asks for a negative level.
+  ``maxReconsumeTimes`` times (the header's value, as RocketMQ takes it from
+  clients since 3.4.9, else the subscription group's retryMaxTimes), when the
+  consumer asks for a negative level, or when the group has retryQueueNums 0
+  (RocketMQ drops the message then; Sluice keeps it as a dead letter).
   Dead letters also carry DLQ_ORIGIN_TOPIC and DLQ_ORIGIN_MESSAGE_ID.
 
 A pull of ``%RETRY%<group>`` is filtered like the original topics
@@ -30,6 +33,7 @@ import numpy as np
 from sluice.broker.appender import Appender, Prepare, stored
 from sluice.broker.consumers import ConsumerManager
 from sluice.broker.pool import BlockingPool
+from sluice.broker.subgroups import SubscriptionGroupManager
 from sluice.broker.topics import RETRY_PREFIX, TopicConfigManager, dlq_topic, retry_topic
 from sluice.errors import SluiceError
 from sluice.protocol import properties as P
@@ -52,14 +56,14 @@ BASE_RETRY_LEVEL = 3
 class RetryProcessor:
     def __init__(self, *, store: MessageStore, pool: BlockingPool, topics: TopicConfigManager,
                  topics_changed: Callable[[], None], appender: Appender, divert: Prepare,
-                 max_reconsume_times: int) -> None:
+                 subgroups: SubscriptionGroupManager) -> None:
         self.store = store  # read only: the message sent back
         self.pool = pool
         self.topics = topics
         self.topics_changed = topics_changed
         self.appender = appender
         self.divert = divert  # the retry's delay level (ScheduleService.divert)
-        self.max_reconsume_times = max_reconsume_times
+        self.subgroups = subgroups  # the group's retryMaxTimes and retryQueueNums
         self.retried = 0
         self.dead_lettered = 0
 
@@ -67,6 +71,7 @@ class RetryProcessor:
         h = ConsumerSendMsgBackRequestHeader.from_command(request)
         rt = retry_topic(h.group)
         check_topic(rt)  # a group name that cannot make a topic name is refused here
+        sg = self.subgroups.require(h.group)  # SUBSCRIPTION_GROUP_NOT_EXIST unless it exists or is auto-created
         data = await self.pool.run(self.store.read_record, h.offset)
         if data is None:
             raise SluiceError(f"look message by offset failed, {h.offset}")
@@ -76,9 +81,9 @@ class RetryProcessor:
         offset_id = create_offset_msg_id(rec.store_host[0], rec.store_host[1], rec.physical_offset)
         props.setdefault(P.ORIGIN_MESSAGE_ID, h.origin_msg_id or props.get(P.UNIQ_KEY) or offset_id)
         props.pop(P.DELAY, None)
-        limit = h.max_reconsume_times if h.max_reconsume_times is not None else self.max_reconsume_times
+        limit = h.max_reconsume_times if h.max_reconsume_times is not None else sg.retry_max_times
         created = False
-        if rec.reconsume_times >= limit or h.delay_level < 0:
+        if rec.reconsume_times >= limit or h.delay_level < 0 or sg.retry_queue_nums <= 0:
             topic = dlq_topic(h.group)
             props[P.DLQ_ORIGIN_TOPIC] = props[P.RETRY_TOPIC]
             props[P.DLQ_ORIGIN_MESSAGE_ID] = props.get(P.UNIQ_KEY) or props[P.ORIGIN_MESSAGE_ID]
@@ -89,7 +94,7 @@ class RetryProcessor:
             self.retried += 1
         cfg = self.topics.get(topic)
         if cfg is None:
-            cfg = self.topics.create_retry_or_dlq(topic, 1)
+            cfg = self.topics.create_retry_or_dlq(topic, sg.retry_queue_nums if topic == rt else 1)
             created = True
         queue_id = random.randrange(cfg.write_queue_nums)
         msg = StoreMessage(topic, rec.body, queue_id, props, rec.flag, rec.sysflag, rec.born_timestamp, rec.born_host,

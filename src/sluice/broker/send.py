@@ -34,6 +34,7 @@ from sluice.broker.appender import Appender, Payload, Prepare, Stored
 from sluice.broker.dedup import DedupWindow
 from sluice.broker.refusal_log import RefusalLog
 from sluice.broker.schedule import TIMER_TOPIC
+from sluice.broker.subgroups import SubscriptionGroupManager
 from sluice.broker.transactions import HALF_TOPIC, ensure_topics, is_half, to_half
 from sluice.broker.topics import AUTO_CREATE_TOPIC, RETRY_PREFIX, SCHEDULE_TOPIC, TopicConfigManager, dlq_topic
 from sluice.errors import (InvalidParameterError, MessageIllegalError, NoPermissionError, QueueIdIllegalError,
@@ -110,15 +111,15 @@ def _batch_flag(request: RemotingCommand) -> bool:
 
 class SendProcessor:
     def __init__(self, *, topics: TopicConfigManager, topics_changed: Callable[[], None], appender: Appender,
-                 dedup: DedupWindow, divert: Prepare, max_reconsume_times: int, store_host: tuple[str, int],
-                 max_message_size: int, reject_transactions: bool = False,
+                 dedup: DedupWindow, divert: Prepare, subgroups: SubscriptionGroupManager,
+                 store_host: tuple[str, int], max_message_size: int, reject_transactions: bool = False,
                  cluster_name: str = "DefaultCluster") -> None:
         self.topics = topics
         self.topics_changed = topics_changed
         self.appender = appender
         self.dedup = dedup
         self.divert = divert  # delayed messages to their schedule queue (ScheduleService.divert)
-        self.max_reconsume_times = max_reconsume_times
+        self.subgroups = subgroups  # a send to %RETRY%<group>: the group's retryMaxTimes
         self.store_host = store_host
         self.max_message_size = max_message_size
         self.reject_transactions = reject_transactions  # rejectTransactionMessage
@@ -178,7 +179,9 @@ class SendProcessor:
                                       f"{cfg.write_queue_nums} write and {cfg.read_queue_nums} read queues")
         reconsume = h.reconsume_times or 0
         if topic.startswith(RETRY_PREFIX):
-            limit = h.max_reconsume_times if h.max_reconsume_times is not None else self.max_reconsume_times
+            # SendMessageProcessor.handleRetryAndDLQ: the header's limit, else the group's retryMaxTimes
+            limit = h.max_reconsume_times if h.max_reconsume_times is not None else \
+                self.subgroups.require(topic[len(RETRY_PREFIX):]).retry_max_times
             if reconsume > limit:
                 topic = dlq_topic(topic[len(RETRY_PREFIX):])
                 if topics.get(topic) is None:

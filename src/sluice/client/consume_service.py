@@ -147,7 +147,7 @@ class _Service:
         c = self.consumer
         try:
             await send_message_back(c.instance.api, msg, c.group, delay_level=delay_level,
-                                    max_reconsume_times=c.options.effective_max_reconsume(orderly),
+                                    max_reconsume_times=c.options.send_back_max_reconsume(orderly),
                                     timeout=c.options.request_timeout)
             return True
         except SluiceError as exc:

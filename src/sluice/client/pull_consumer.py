@@ -33,7 +33,7 @@ from sluice.protocol import properties as P
 from sluice.protocol.bodies import ConsumerData, SubscriptionData
 from sluice.protocol.codes import RequestCode, ResponseCode
 from sluice.protocol.command import RemotingCommand, error_for_response
-from sluice.protocol.msgid import decode_offset_msg_id
+from sluice.protocol.msgid import check_offset_msg_id
 
 __all__ = ["AsyncPullConsumer", "process_pull_response"]
 
@@ -260,8 +260,9 @@ class AsyncPullConsumer(AsyncClient):
     # ------------------------------------------------------------------------------ lookups
 
     async def view_message(self, offset_msg_id: str, topic: str | None = None) -> MessageExt:
-        """The message with this offset message id (SendResult.offset_msg_id), from the broker it names."""
-        where = decode_offset_msg_id(offset_msg_id)
+        """The message with this offset message id (SendResult.offset_msg_id), from the broker it names.
+        A producer's msgId (UNIQ_KEY) raises MessageIdKindError naming the lookup that takes it."""
+        where = check_offset_msg_id(offset_msg_id)
         body = await self.instance.api.view_message(where.address, where.offset, self.options.request_timeout,
                                                     topic)
         msgs = decode_messages(body, check_crc=self.options.check_crc)

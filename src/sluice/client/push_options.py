@@ -190,6 +190,12 @@ class PushConsumerOptions:
             return self.max_reconsume_times
         return 2**31 - 1 if orderly else 16
 
+    def send_back_max_reconsume(self, orderly: bool) -> int | None:
+        """The limit a send-back names: None for a concurrent consumer left at -1, so the broker applies the
+        subscription group's retryMaxTimes (`sluice admin updateSubGroup -r`); the Java client sends its 16."""
+        if self.max_reconsume_times < 0 and not orderly:
+            return None
+        return self.effective_max_reconsume(orderly)
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LitePullConsumerOptions(PushConsumerOptions):

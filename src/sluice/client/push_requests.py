@@ -54,10 +54,10 @@ def store_addr(msg: MessageExt) -> str:
 
 
 async def send_message_back(api: BrokerAPI, msg: MessageExt, group: str, *, delay_level: int,
-                            max_reconsume_times: int, timeout: float) -> None:
+                            max_reconsume_times: int | None, timeout: float) -> None:
     """CONSUMER_SEND_MSG_BACK: the broker copies the stored message into %RETRY%<group> (delayed by
-    ``delay_level``, 0 = 3 + reconsume times) or, past ``max_reconsume_times`` or with a negative level,
-    into %DLQ%<group>. ``msg.topic`` is the original topic (the consumer restored it)."""
+    ``delay_level``, 0 = 3 + reconsume times) or, past ``max_reconsume_times`` (None: the group's
+    retryMaxTimes) or with a negative level, into %DLQ%<group>. ``msg.topic`` is the original topic (the consumer restored it)."""
     header = H.ConsumerSendMsgBackRequestHeader(
         offset=msg.commitlog_offset, group=group, delay_level=delay_level, origin_msg_id=msg.msg_id,
         origin_topic=msg.topic, max_reconsume_times=max_reconsume_times)

@@ -363,6 +363,14 @@ class DeleteTopicRequestHeader(Header):
 
 
 @_HEADER
+class DeleteSubscriptionGroupRequestHeader(Header):
+    """DELETE_SUBSCRIPTIONGROUP (207); ``removeOffset`` (RocketMQ 4.9) also drops the group's committed offsets."""
+
+    group_name: str
+    remove_offset: bool = False
+
+
+@_HEADER
 class GetTopicStatsInfoRequestHeader(Header):
     topic: str
 

@@ -16,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from sluice.errors import InvalidParameterError
+from sluice.errors import InvalidParameterError, MessageIdKindError
 
 
 def _local_ip() -> bytes:
@@ -162,6 +162,21 @@ def decode_offset_msg_id(msg_id: str) -> OffsetMsgId:
     ip_len = 4 if len(raw) == 16 else 16
     port, offset = struct.unpack(">iq", raw[ip_len:])
     return OffsetMsgId(str(ipaddress.ip_address(raw[:ip_len])), port, offset)
+
+
+def check_offset_msg_id(msg_id: str) -> OffsetMsgId:
+    """``decode_offset_msg_id`` for a lookup by offset msgId: an id whose port field is no TCP port
+    (1..65535) or whose offset is negative is not a broker's id. Both kinds have the same length; in a
+    producer's msgId (UNIQ_KEY) the port's place holds the pid and class-loader hash, so it is named as one."""
+    where = decode_offset_msg_id(msg_id)
+    if not 1 <= where.port <= 0xFFFF or where.offset < 0:
+        raise MessageIdKindError(
+            f"{msg_id!r} is not an offset msgId (SendResult.offset_msg_id: broker address and commit-log offset; "
+            f"its port field would be {where.port}, its offset {where.offset}); it has the shape of a client "
+            "msgId (UNIQ_KEY, SendResult.msg_id, made by the producer): look that up by unique key, "
+            "query_message(topic, msg_id, ..., unique_key=True) or `sluice admin queryMsgByUniqueKey -t TOPIC "
+            f"-i {msg_id}`", kind="msgId (UNIQ_KEY)")
+    return where
 
 
 def _unhex(msg_id: str, sizes: tuple[int, ...]) -> bytes:
