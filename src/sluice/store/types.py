@@ -189,7 +189,8 @@ class TagCodeFilter(MessageFilter):
     record_verdicts: object | None = None
 
     def judge(self, values: tuple[str | None, ...]) -> int:
-        raise NotImplementedError("a TagCodeFilter decides with match_record; set record_keys to use judge")
+        # The store asks judge only of filters that name record_keys; this one names none.
+        raise TypeError("a TagCodeFilter decides with match_record and names no record_keys: judge does not apply")
 
     def settle(self, indexes: np.ndarray, verdicts: np.ndarray) -> None:
         return None
