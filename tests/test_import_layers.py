@@ -34,6 +34,7 @@ SRC = Path(sluice.__file__).resolve().parent
 _TOP = {"cli", "demo", "embedded", "__main__", "bench"}
 RANK = {
     "errors": 0, "format": 0, "persist": 0, "ratelog": 0, "speedups": 0, "_speedups": 0,
+    "logsetup": 0, "metrics_http": 0,
     "protocol": 1, "message": 2, "transport": 3, "store": 4, "filter": 4, "acl": 4, "namesrv": 5, "client": 5,
     "broker": 6, "filtersrv": 6, "admin": 7, "spark": 7, **dict.fromkeys(_TOP, 8),
 }

@@ -201,3 +201,21 @@ def test_rebuild_walks_several_segments(make_broker, tmp_path: Path) -> None:
     assert _ids(b2.send_batch("R", late)) == ids_late
     assert _ids(b2.send_batch("R", early)) == ids_early
     assert b2.broker.dedup.rebuilt == 80
+
+
+def test_replays_log_one_info_line_a_minute_not_one_per_request(make_broker, monkeypatch, caplog) -> None:
+    import logging
+
+    from sluice.broker import dedup
+    from sluice.ratelog import RateLimitedLog
+
+    monkeypatch.setattr(dedup, "_replay_log", RateLimitedLog(dedup.log, 60.0))  # a fresh minute
+    b = make_broker()
+    rows = _rows(5)
+    b.send_batch("Quiet", rows)
+    with caplog.at_level(logging.DEBUG, logger="sluice.broker.dedup"):
+        for _ in range(4):
+            assert b.send_batch("Quiet", rows).code == 0
+    replays = [r for r in caplog.records if r.name == "sluice.broker.dedup" and "already stored" in r.getMessage()]
+    assert [r.levelno for r in replays].count(logging.INFO) == 1  # the rest are DEBUG
+    assert [r.levelno for r in replays].count(logging.DEBUG) == 4

@@ -71,13 +71,13 @@ class AdminProcessor:
             raise SluiceError(f"the topic[{h.topic}] is conflict with the cluster name")
         self.topics.update(TopicConfig(
             h.topic, h.read_queue_nums, h.write_queue_nums, h.perm, h.topic_filter_type,
-            h.topic_sys_flag or 0, h.order))
+            h.topic_sys_flag or 0, h.order), by=conn.peer)
         self.topics_changed()
         return request.make_response()
 
     async def delete_topic(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         h = H.DeleteTopicRequestHeader.from_command(request)
-        self.topics.delete(h.topic)
+        self.topics.delete(h.topic, by=conn.peer)
         for group in self.offsets.groups_of_topic(h.topic):
             self.offsets.remove(group, h.topic)
         self.topics_changed()
@@ -143,6 +143,11 @@ class AdminProcessor:
             entries.append({"topic": topic, "brokerName": self.broker_name, "queueId": qid,
                             "brokerOffset": hi, "consumerOffset": consumer, "lag": lag, "lastTimestamp": last})
         return entries
+
+    def consume_stats_of(self, group: str, topics: list[str], tps: float) -> dict:
+        """GET_CONSUME_STATS's body for ``group`` over ``topics`` (blocking: reads consume queues; a pool
+        thread's job): per-queue entries with lag and filtered lag, and the totals (metrics.py reads it too)."""
+        return self._consume_stats(group, topics, tps)
 
     def _consume_stats(self, group: str, topics: list[str], tps: float) -> dict:
         entries = []

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -44,6 +45,7 @@ from sluice.store.encode import EncodedBatch
 
 if TYPE_CHECKING:
     from sluice.broker.dedup import DedupWindow
+    from sluice.broker.metrics import PutLatency
 
 __all__ = ["Appender", "Payload", "Stored", "stored"]
 
@@ -83,6 +85,8 @@ class Appender:
         self.messages = 0  # messages written
         #: Told of each store call (topic, messages, bytes of the log they took): the broker's stats.py.
         self.on_put: Callable[[str, int, int], None] | None = None
+        #: The put latency histogram (metrics.py): one observation per store call; None unless metrics are served.
+        self.latency: PutLatency | None = None
 
     def put(self, topic: str, queue_id: int, payload: Payload, *, dedup: DedupWindow | None = None,
             sync: bool | None = None, prepare: Prepare | None = None) -> Stored | Awaitable[Stored]:
@@ -140,10 +144,14 @@ class Appender:
             self._dispatch_scheduled = True
             asyncio.get_running_loop().call_soon(self._dispatch)
         store = self.store
+        latency = self.latency
+        t0 = time.perf_counter() if latency is not None else 0.0
         if type(payload) is list:
             results = store.put_messages(payload, wait_durable=False)
         else:
             results = store.put_encoded(topic, queue_id, payload, wait_durable=False)  # type: ignore[arg-type]
+        if latency is not None:
+            latency.observe(time.perf_counter() - t0)
         self.messages += len(results)
         if results and self.on_put is not None:
             last = results[-1]

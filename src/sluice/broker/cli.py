@@ -1,8 +1,9 @@
 """``sluice broker``: run a broker until SIGTERM/SIGINT, then stop gracefully.
 
 Flags win over the TOML file given with ``--config`` (BrokerConfig.load).
-Logs go to stderr. Exit status 0 after a graceful stop, 1 when the broker
-cannot start (bad settings, store locked or damaged, port taken).
+Logs go to stderr, and to a rotated DIR/broker.log with ``--log-dir``. Exit status
+0 after a graceful stop, 1 when the broker cannot start (bad settings, store
+locked or damaged, port taken, metrics port taken).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import click
 
 from sluice.broker.config import BrokerConfig
 from sluice.errors import SluiceError
+from sluice.logsetup import LEVELS, configure_logging
 
 log = logging.getLogger("sluice.broker")
 
@@ -71,20 +73,27 @@ async def run_broker(config: BrokerConfig) -> None:
 @click.option("--namesrv-tls/--no-namesrv-tls", default=None, help="Register with the namesrvs over TLS [default: off].")
 @click.option("--namesrv-tls-ca", metavar="PEM", help="CA file the namesrvs' certificates are checked with.")
 @click.option("--tls-client-ca", metavar="PEM", help="Mutual TLS: TLS clients need a certificate this CA signed.")
+@click.option("--metrics-listen", metavar="HOST:PORT", help="Serve Prometheus metrics at http://HOST:PORT/metrics.")
+@click.option("--log-level", type=click.Choice(list(LEVELS), case_sensitive=False),
+              help="Root log level [default: INFO, or $SLUICE_LOG_LEVEL].")
+@click.option("--log-dir", metavar="DIR",
+              help="Also log to DIR/broker.log, rotated by size (log_max_bytes, log_backups).")
 def broker_command(config_path: Path | None, listen: str | None, namesrv: str | None, store: str | None,
                    broker_name: str | None, cluster_name: str | None, flush: str | None,
                    auto_create_topic: bool | None, acl: str | None = None, tls_mode: str | None = None,
                    tls_cert: str | None = None, tls_key: str | None = None, namesrv_tls: bool | None = None,
-                   namesrv_tls_ca: str | None = None, tls_client_ca: str | None = None) -> None:
+                   namesrv_tls_ca: str | None = None, tls_client_ca: str | None = None,
+                   metrics_listen: str | None = None, log_level: str | None = None, log_dir: str | None = None) -> None:
     """Run a broker: stores messages, serves sends and (long-polling) pulls, registers with namesrvs."""
-    level = os.environ.get("SLUICE_LOG_LEVEL", "INFO").upper()
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = BrokerConfig.load(config_path, listen=listen, namesrv=namesrv, store=store,
                                    broker_name=broker_name, cluster_name=cluster_name, flush=flush,
                                    auto_create_topic=auto_create_topic, acl=acl, tls_mode=tls_mode,
                                    tls_cert=tls_cert, tls_key=tls_key, namesrv_tls=namesrv_tls,
-                                   namesrv_tls_ca=namesrv_tls_ca, tls_client_ca=tls_client_ca)
+                                   namesrv_tls_ca=namesrv_tls_ca, tls_client_ca=tls_client_ca,
+                                   metrics_listen=metrics_listen, log_level=log_level, log_dir=log_dir)
+        configure_logging(config.log_level or os.environ.get("SLUICE_LOG_LEVEL", "INFO"), name="broker",
+                          log_dir=config.log_dir or None, max_bytes=config.log_max_bytes, backups=config.log_backups)
     except SluiceError as exc:
         raise click.UsageError(str(exc)) from None
     try:

@@ -11,6 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from sluice.errors import InvalidParameterError
+from sluice.logsetup import DEFAULT_BACKUPS as DEFAULT_LOG_BACKUPS
+from sluice.logsetup import DEFAULT_MAX_BYTES as DEFAULT_LOG_MAX_BYTES
+from sluice.logsetup import check_level
+from sluice.metrics_http import parse_metrics_listen
 from sluice.store.config import MAX_FRAME, PULL_BODY_CEILING
 from sluice.transport.limits import DEFAULT_FRAME_BUDGET, DEFAULT_MAX_CONNECTIONS
 from sluice.transport.tls import ClientTls, check_tls_mode
@@ -38,7 +42,7 @@ def parse_namesrv_list(text: str | None) -> list[str]:
 
 #: Settings that name a file: relative in a TOML file, they are resolved against that file's folder (a flag's
 #: relative path stays relative to the working directory, as any command-line path).
-_FILE_SETTINGS = ("acl", "filter_class_repository", "tls_cert", "tls_key", "tls_client_ca", "namesrv_tls_ca",
+_FILE_SETTINGS = ("acl", "log_dir", "filter_class_repository", "tls_cert", "tls_key", "tls_client_ca", "namesrv_tls_ca",
                   "namesrv_tls_cert", "namesrv_tls_key")
 
 
@@ -225,6 +229,16 @@ class BrokerConfig:
     #: Wall time a filter class may take on one batch before its worker is killed: within the consumer's
     #: pull timeout (RocketMQ clients wait 30 s on a suspended pull, 15 s of which the broker may hold it).
     filter_batch_deadline_ms: int = 5000
+    #: Serve Prometheus text at http://HOST:PORT/metrics (metrics.py); empty: no endpoint, and the hot path
+    #: pays nothing for metrics. Bound exactly as given: 127.0.0.1 keeps it local.
+    metrics_listen: str = ""
+    #: Root log level (DEBUG, INFO, WARNING, ERROR); the SLUICE_LOG_LEVEL environment variable when unset.
+    log_level: str = ""
+    #: A directory for broker.log, rotated by size (logsetup.py); empty: stderr only, as before.
+    log_dir: str = ""
+    #: Bytes of broker.log before it rotates, and how many old files are kept: 64 MiB x 10 bounds the directory.
+    log_max_bytes: int = DEFAULT_LOG_MAX_BYTES
+    log_backups: int = DEFAULT_LOG_BACKUPS
 
     @property
     def host_port(self) -> tuple[str, int]:
@@ -287,6 +301,12 @@ class BrokerConfig:
         if self.transaction_timeout_ms < 0 or self.transaction_check_interval_ms < 1 or self.transaction_check_max < 1:
             raise InvalidParameterError("transaction_timeout_ms must not be negative; transaction_check_interval_ms "
                                         "and transaction_check_max must be positive")
+        if self.metrics_listen:
+            parse_metrics_listen(self.metrics_listen)
+        if self.log_level:
+            object.__setattr__(self, "log_level", check_level(self.log_level))
+        if self.log_max_bytes < 1 or self.log_backups < 0:
+            raise InvalidParameterError("log_max_bytes must be positive and log_backups not negative")
         if not 1 <= self.max_error_rate_of_bloom_filter < 100:
             raise InvalidParameterError("max_error_rate_of_bloom_filter must be 1..99 (percent)")
         return self

@@ -23,7 +23,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sluice import __version__
 from sluice.acl.guard import AclGuard
@@ -73,6 +73,9 @@ from sluice.transport.client import RemotingClient
 from sluice.transport.connection import RemotingConnection, RequestHandler
 from sluice.transport.server import RemotingServer
 from sluice.transport.tls import server_tls
+
+if TYPE_CHECKING:
+    from sluice.metrics_http import MetricsServer
 
 __all__ = ["BrokerController"]
 
@@ -133,6 +136,8 @@ class BrokerController:
     pull_processor: PullProcessor
     retry_processor: RetryProcessor
     stats: BrokerStats  #: put and get counters with minute/hour/day TPS (VIEW_BROKER_STATS_DATA, consumeTps)
+    admin: AdminProcessor  #: topics, offsets, consume stats (the metrics' lag reuses its consumerProgress figures)
+    metrics: MetricsServer | None  #: /metrics on ``metrics_listen``; None without it
     #: code -> its row of requests.ROUTES, for every code registered with the server
     routes: dict[int, Route]
     server: RemotingServer
@@ -264,6 +269,7 @@ class BrokerController:
             SubscriptionGroupProcessor(subgroups=subgroups, remove_offsets=offsets.remove_group),
             self.filter_servers,
         ]
+        self.admin = admin
         by_class = {type(p): p for p in processors}
         self.routes = {}
         for route in ROUTES:
@@ -273,6 +279,15 @@ class BrokerController:
             self.server.register(route.code, self._guard(handler))
             self.routes[int(route.code)] = route
         self.server.on_connection_close(self._connection_closed)
+        # Metrics (metrics.py): gathered at scrape time; the only hot-path cost is the put latency histogram.
+        self.metrics = None
+        if config.metrics_listen:  # prometheus_client is loaded only then
+            from sluice.broker.metrics import BrokerCollector, PutLatency
+            from sluice.metrics_http import MetricsServer
+
+            appender.latency = PutLatency()
+            self._metrics_collector = BrokerCollector(self)
+            self.metrics = MetricsServer(config.metrics_listen, [self._metrics_collector])
         self.started_at = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -370,7 +385,8 @@ class BrokerController:
         fm.install_compiled(await self.pull_processor.compiler.run(fm.compile_restored))
         await self.pool.run(self.store.start)
         rep = self.store.recovery_report
-        log.info("store %s open in %.2f s (%s)", self.config.store, time.monotonic() - t0, rep)
+        log.info("store %s open in %.2f s: %s", self.config.store, time.monotonic() - t0,
+                 rep.describe() if rep is not None else "no recovery report")
         await self.pool.run(self.backfills.load)
         await self.transactions.load()  # undecided half messages, before END_TRANSACTION can arrive
         self.hold.start()
@@ -378,6 +394,10 @@ class BrokerController:
         self._tasks.append(self._loop.create_task(self._rebuild_dedup(), name="dedup-rebuild"))
         await self.server.start()
         self.started_at = time.time()
+        if self.metrics is not None:  # after the store opened; a taken port fails the start (cli.py exits 1)
+            self._metrics_collector.bind(self._loop)
+            self.metrics.start()
+            log.info("metrics at http://%s:%d/metrics", self.metrics.host, self.metrics.port)
         self._tasks += [
             self._loop.create_task(self._every(self.config.persist_offsets_interval_ms / 1000.0, self._persist_offsets),
                                    name="persist-offsets"),
@@ -405,6 +425,8 @@ class BrokerController:
         self._stopped = True
         self._stopping = True
         log.info("broker %s stopping", self.config.broker_name)
+        if self.metrics is not None:
+            self.metrics.close()
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable
 from typing import NamedTuple
 
 from sluice.protocol import properties as P
+from sluice.ratelog import RateLimitedLog
 from sluice.protocol.msgid import create_offset_msg_id
 from sluice.format import ParsedRecord
 from sluice.store.commitlog import CommitLog
@@ -36,6 +37,9 @@ from sluice.store import MessageStore, PutResult, StoreMessage
 __all__ = ["DedupWindow", "Original", "DEDUP_PROPERTY"]
 
 log = logging.getLogger(__name__)
+#: Replays come in floods (a Spark batch retried sends every row again): one INFO line a minute says so, with
+#: how many more were left out; each one is at DEBUG.
+_replay_log = RateLimitedLog(log, 60.0)
 
 #: Marks a stored message whose UNIQ_KEY went through the check (found again by the restart rebuild).
 DEDUP_PROPERTY = "SLUICE_DEDUP"
@@ -129,8 +133,11 @@ class DedupWindow:
                 out[i] = out[first_in_request[k]]
         self.duplicates += dups
         if dups:
-            log.info("send to %s: %d of %d messages were already stored (replay), answered with the originals",
-                     topic, dups, len(msgs))
+            log.debug("send to %s: %d of %d messages were already stored (replay), answered with the originals",
+                      topic, dups, len(msgs))
+            _replay_log.log(logging.INFO, "send to %s: %d of %d messages were already stored (replay), answered "
+                            "with the originals (%d duplicates in all)", topic, dups, len(msgs),
+                            self.duplicates)
         return out  # type: ignore[return-value]
 
     def _record(self, topic: str, key: str, o: Original) -> None:

@@ -168,7 +168,8 @@ class SendProcessor:
         topics = self.topics
         cfg = topics.get(topic)
         if cfg is None:
-            cfg = topics.get_or_create_for_send(topic, h.default_topic, h.default_topic_queue_nums)
+            cfg = topics.get_or_create_for_send(topic, h.default_topic, h.default_topic_queue_nums,
+                                                 by=conn.peer)
             self.topics_changed()  # clients find the new topic's route through the namesrvs
         topics.check_writable(cfg)
         queue_id = h.queue_id

@@ -134,28 +134,36 @@ class TopicConfigManager:
         with self._lock:
             return list(self._topics.values())
 
-    def update(self, cfg: TopicConfig) -> TopicConfig:
-        """Create or replace a topic (UPDATE_AND_CREATE_TOPIC)."""
+    def update(self, cfg: TopicConfig, *, by: str | None = None) -> TopicConfig:
+        """Create or replace a topic (UPDATE_AND_CREATE_TOPIC); ``by`` names who asked, for the log."""
         check_topic(cfg.topic_name)
         if not (1 <= cfg.read_queue_nums <= 1024 and 1 <= cfg.write_queue_nums <= 1024):
             raise InvalidParameterError(
                 f"queue numbers must be 1..1024, got read={cfg.read_queue_nums} write={cfg.write_queue_nums}")
         with self._lock:
+            old = self._topics.get(cfg.topic_name)
             self._topics[cfg.topic_name] = cfg
             self.auto_created.discard(cfg.topic_name)  # adopted by an admin: no longer counted
             self._persist()
+        if old is None:
+            log.info("topic %s created%s: %s", cfg.topic_name, _by(by), _describe(cfg))
+        elif old != cfg:
+            log.info("topic %s updated%s: %s (was %s)", cfg.topic_name, _by(by), _describe(cfg), _describe(old))
         return cfg
 
-    def delete(self, topic: str) -> bool:
+    def delete(self, topic: str, *, by: str | None = None) -> bool:
         with self._lock:
             if self._topics.pop(topic, None) is None:
                 return False
             self.auto_created.discard(topic)
             self._persist()
-            return True
+        log.info("topic %s deleted%s", topic, _by(by))
+        return True
 
-    def get_or_create_for_send(self, topic: str, default_topic: str | None, queue_nums: int) -> TopicConfig:
-        """The config a send goes to, creating it from the default topic when auto-creation allows."""
+    def get_or_create_for_send(self, topic: str, default_topic: str | None, queue_nums: int,
+                               *, by: str | None = None) -> TopicConfig:
+        """The config a send goes to, creating it from the default topic when auto-creation allows; ``by``
+        names the sender, for the log."""
         cfg = self._topics.get(topic)
         if cfg is not None:
             return cfg
@@ -165,7 +173,7 @@ class TopicConfigManager:
             if cfg is not None:
                 return cfg
             if topic.startswith(RETRY_PREFIX) or topic.startswith(DLQ_PREFIX):
-                return self._create_system(topic, 1)
+                return self._create_system(topic, 1, by)
             default = self._topics.get(default_topic or AUTO_CREATE_TOPIC)
             if not self.auto_create or default is None or not default.perm & PERM_INHERIT:
                 raise TopicNotExistError(
@@ -189,16 +197,19 @@ class TopicConfigManager:
             self._topics[topic] = cfg
             self.auto_created.add(topic)
             self._persist()
-            return cfg
+        log.info("topic %s auto-created on a send%s from %s: %s", topic, _by(by), default_topic or AUTO_CREATE_TOPIC,
+                 _describe(cfg))
+        return cfg
 
     def create_retry_or_dlq(self, topic: str, queue_nums: int = 1) -> TopicConfig:
         with self._lock:
             return self._topics.get(topic) or self._create_system(topic, queue_nums)
 
-    def _create_system(self, topic: str, queue_nums: int) -> TopicConfig:
+    def _create_system(self, topic: str, queue_nums: int, by: str | None = None) -> TopicConfig:
         cfg = TopicConfig(topic, queue_nums, queue_nums, PERM_READ | PERM_WRITE)
         self._topics[topic] = cfg
         self._persist()
+        log.info("topic %s auto-created%s: %s", topic, _by(by), _describe(cfg))
         return cfg
 
     def check_writable(self, cfg: TopicConfig) -> None:
@@ -208,6 +219,15 @@ class TopicConfigManager:
     def check_readable(self, cfg: TopicConfig) -> None:
         if not cfg.readable:
             raise NoPermissionError(f"topic {cfg.topic_name!r} is not readable (perm={cfg.perm})")
+
+
+def _by(who: str | None) -> str:
+    return f" by {who}" if who else ""
+
+
+def _describe(cfg: TopicConfig) -> str:
+    return (f"{cfg.write_queue_nums} write / {cfg.read_queue_nums} read queues, perm {cfg.perm}"
+            + (", order" if cfg.order else ""))
 
 
 __all__ = ["TopicConfig", "TopicConfigManager", "retry_topic", "dlq_topic"]

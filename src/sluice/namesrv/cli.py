@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -10,13 +9,15 @@ from typing import Any
 import click
 
 from sluice.errors import SluiceError
+from sluice.logsetup import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES, LEVELS, configure_logging
 from sluice.namesrv.server import NamesrvConfig, run_namesrv
 
 _CONFIG_KEYS = {"listen": str, "scan_interval": float, "broker_expiry": float, "max_frame_size": int, "log_level": str,
                 "frame_budget": int, "max_connections": int, "idle_timeout": float, "kv_max_entries": int,
                 "kv_max_key_bytes": int, "kv_max_value_bytes": int,
                 "acl": str, "tls_mode": str, "tls_cert": str, "tls_key": str,
-                "tls_client_ca": str}
+                "tls_client_ca": str, "metrics_listen": str, "log_dir": str, "log_max_bytes": int,
+                "log_backups": int}
 
 
 def load_config_file(path: Path) -> dict[str, Any]:
@@ -38,7 +39,7 @@ def load_config_file(path: Path) -> dict[str, Any]:
         except (TypeError, ValueError):
             raise click.BadParameter(f"{path}: {key} = {value!r} is not a valid {_CONFIG_KEYS[key].__name__}",
                                      param_hint="--config") from None
-    for key in ("acl", "tls_cert", "tls_key", "tls_client_ca"):  # a file beside the config, not in the cwd
+    for key in ("acl", "tls_cert", "tls_key", "tls_client_ca", "log_dir"):  # a file beside the config, not in the cwd
         if out.get(key) and not Path(out[key]).is_absolute():
             out[key] = str(path.absolute().parent / out[key])
     return out
@@ -47,7 +48,7 @@ def load_config_file(path: Path) -> dict[str, Any]:
 @click.command("namesrv")
 @click.option("--listen", metavar="HOST:PORT", help="Address to listen on [default: 127.0.0.1:9876].")
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="TOML file with listen, scan_interval, broker_expiry, max_frame_size, log_level; flags win.")
+              help="TOML file with any of the settings below (snake_case), log_max_bytes, log_backups; flags win.")
 @click.option("--scan-interval", type=float, help="Seconds between scans for silent brokers [default: 5].")
 @click.option("--broker-expiry", type=float, help="Seconds without registration before a broker is dropped [default: 120].")
 @click.option("--max-frame-size", type=int, help="Largest accepted frame in bytes [default: 16 MiB].")
@@ -60,15 +61,22 @@ def load_config_file(path: Path) -> dict[str, Any]:
 @click.option("--tls-cert", metavar="PEM", help="The server's certificate chain (for permissive and enforcing).")
 @click.option("--tls-key", metavar="PEM", help="The certificate's private key.")
 @click.option("--tls-client-ca", metavar="PEM", help="Mutual TLS: TLS clients need a certificate this CA signed.")
-@click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
-def namesrv_command(config_path: Path | None, log_level: str | None, **flags: Any) -> None:
+@click.option("--metrics-listen", metavar="HOST:PORT", help="Serve Prometheus metrics at http://HOST:PORT/metrics.")
+@click.option("--log-level", type=click.Choice(list(LEVELS), case_sensitive=False))
+@click.option("--log-dir", metavar="DIR",
+              help="Also log to DIR/namesrv.log, rotated by size (log_max_bytes, log_backups).")
+def namesrv_command(config_path: Path | None, log_level: str | None, log_dir: str | None, **flags: Any) -> None:
     """Run a name server: brokers register here, clients ask it for topic routes."""
     settings = load_config_file(config_path) if config_path else {}
     settings.update({k: v for k, v in flags.items() if v is not None})
-    level = (log_level or settings.pop("log_level", None) or "INFO").upper()
+    level = log_level or settings.pop("log_level", None) or "INFO"
     settings.pop("log_level", None)
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_dir = log_dir or settings.pop("log_dir", None)
+    settings.pop("log_dir", None)
+    max_bytes = settings.pop("log_max_bytes", DEFAULT_MAX_BYTES)
+    backups = settings.pop("log_backups", DEFAULT_BACKUPS)
     try:
+        configure_logging(level, name="namesrv", log_dir=log_dir, max_bytes=max_bytes, backups=backups)
         config = NamesrvConfig(**settings)
     except SluiceError as exc:
         raise click.UsageError(str(exc)) from None

@@ -25,6 +25,7 @@ from typing import Any
 from sluice.acl.guard import AclGuard
 from sluice.acl.policy import Need
 from sluice.errors import InvalidParameterError, TopicNotExistError
+from sluice.metrics_http import MetricsServer, parse_metrics_listen
 from sluice.namesrv.routeinfo import RouteInfoManager
 from sluice.protocol import headers as H
 from sluice.protocol.bodies import DataVersion, RegisterBrokerBody, decode_body, encode_body
@@ -78,9 +79,13 @@ class NamesrvConfig:
     tls_key: str = ""
     #: Mutual TLS: TLS clients (brokers included) must present a certificate this CA file signed; empty: none asked.
     tls_client_ca: str = ""
+    #: Serve Prometheus text at http://HOST:PORT/metrics (namesrv/metrics.py); empty: none.
+    metrics_listen: str = ""
 
     def __post_init__(self) -> None:
         split_addr(self.listen)
+        if self.metrics_listen:
+            parse_metrics_listen(self.metrics_listen)
         if self.scan_interval <= 0 or self.broker_expiry <= 0:
             raise InvalidParameterError("scan_interval and broker_expiry must be positive")
         if self.frame_budget < 1 or self.max_connections < 1 or self.idle_timeout < 0:
@@ -118,11 +123,19 @@ class NamesrvServer:
             RequestCode.WIPE_WRITE_PERM_OF_BROKER: self._wipe_write_perm,
             RequestCode.ADD_WRITE_PERM_OF_BROKER: self._add_write_perm,
         }
+        #: request code -> requests handled (sluice_namesrv_requests_total)
+        self.request_counts: dict[int, int] = {}
         for code, handler in handlers.items():
             if self.acl is not None and code in ADMIN_CODES:
                 handler = self._admin_only(self.acl, code, handler)
-            self.server.register(code, handler)
+            self.server.register(code, self._counted(int(code), handler))
         self.server.on_connection_close(self._connection_closed)
+        self.metrics: MetricsServer | None = None
+        if c.metrics_listen:  # prometheus_client is loaded only then
+            from sluice.namesrv.metrics import NamesrvCollector
+
+            self._collector = NamesrvCollector(self)
+            self.metrics = MetricsServer(c.metrics_listen, [self._collector])
 
     @property
     def address(self) -> str:
@@ -139,13 +152,32 @@ class NamesrvServer:
             return await result if inspect.isawaitable(result) else result
         return checked
 
+    def _counted(self, code: int, handler: Any) -> Any:
+        counts = self.request_counts
+        counts[code] = 0
+
+        def counted(conn: RemotingConnection, req: RemotingCommand) -> Any:
+            counts[code] += 1
+            return handler(conn, req)  # the handler's coroutine: the dispatcher awaits it
+        return counted
+
     async def start(self) -> None:
         await self.server.start()
+        if self.metrics is not None:
+            self._collector.bind(asyncio.get_running_loop())
+            try:
+                self.metrics.start()
+            except BaseException:
+                await self.server.close()
+                raise
+            log.info("metrics at http://%s:%d/metrics", self.metrics.host, self.metrics.port)
         self._scan_task = asyncio.get_running_loop().create_task(self._scan_loop(), name="namesrv-scan")
         log.info("namesrv serving on %s (broker expiry %gs, scan every %gs)",
                  self.address, self.config.broker_expiry, self.config.scan_interval)
 
     async def close(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
         if self._scan_task is not None:
             self._scan_task.cancel()
             await asyncio.gather(self._scan_task, return_exceptions=True)

@@ -47,6 +47,25 @@ class RecoveryReport:
     queues_truncated: dict[str, int] = field(default_factory=dict)
     reput_from: int = 0
 
+    def describe(self) -> str:
+        """One line for the start-up log: how the store was closed and what recovery did about it."""
+        if not self.abnormal:
+            head = f"clean shutdown, commit log ends at {self.end_offset}"
+        else:
+            head = f"unclean shutdown, commit log scanned from {self.scanned_from}, ends at {self.end_offset}"
+        parts = [head]
+        if self.error:
+            parts.append(f"stopped at a bad record: {self.error}")
+        if self.cut_bytes:
+            parts.append(f"{self.cut_bytes} torn bytes cut (saved to {self.tail_file})")
+        if self.queues_truncated:
+            n = sum(self.queues_truncated.values())
+            parts.append(f"{n} consume-queue units that disagreed with the log dropped in {len(self.queues_truncated)} "
+                         "queue(s)")
+        if self.reput_from < self.end_offset:
+            parts.append(f"dispatch replays from {self.reput_from} ({self.end_offset - self.reput_from} bytes)")
+        return "; ".join(parts)
+
 
 class Recovery:
     """Recovery at start and the whole-store check, over the store's files (the commit log is the truth)."""
