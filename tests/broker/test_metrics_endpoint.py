@@ -95,6 +95,7 @@ def test_sends_pulls_lag_and_filters_show_in_the_broker_metrics(cluster: Cluster
     assert value(after, "sluice_group_filtered_diff", group=group, topic=topic) == 3
     labels = next(dict(ls) for (n, ls), _ in after.items() if n == "rocketmq_group_diff" and ("group", group) in ls)
     assert labels["msgModel"] == "1" and "countOfOnlineConsumers" in labels
+    assert not any(n == "rocketmq_group_diff" and dict(ls)["topic"].startswith("%") for (n, ls), _ in after.items())
 
 
 def test_the_namesrv_metrics(cluster: Cluster, ports: tuple[int, int]) -> None:

@@ -9,6 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client.core import GaugeMetricFamily
 
+from broker_support import BrokerHandle, sub_data
+
 from sluice.broker.config import BrokerConfig
 from sluice.broker.metrics import PUT_LATENCY_BOUNDS, PutLatency
 from sluice.errors import InvalidParameterError, SluiceError
@@ -71,3 +73,20 @@ def test_the_endpoint_binds_exactly_the_address_and_refuses_a_taken_port() -> No
             taken.start()
     finally:
         m.close()
+
+
+def test_an_in_process_scrape_splits_retry_lag_and_counts_the_backlog(make_broker) -> None:
+    b = make_broker(handle=BrokerHandle, metrics_listen="127.0.0.1:0")
+    rpc = b.rpc()
+    assert rpc.heartbeat("c1", "G", [sub_data("T"), sub_data("%RETRY%G")]).code == 0
+    for _ in range(3):
+        rpc.send("T", b"x")
+    b.broker.store.wait_dispatched()
+    with urllib.request.urlopen(f"http://127.0.0.1:{b.broker.metrics.port}/metrics", timeout=15) as r:
+        text = r.read().decode()
+    # No committed offset: the lag is the whole queue, as consumerProgress counts it; one consumer online.
+    assert 'rocketmq_group_diff{countOfOnlineConsumers="1",group="G",msgModel="1",topic="T"} 3.0' in text
+    assert 'rocketmq_group_retrydiff{countOfOnlineConsumers="1",group="G",msgModel="1",topic="%RETRY%G"} 0.0' in text
+    assert 'topic="%RETRY%G"' not in "".join(x for x in text.splitlines() if x.startswith("rocketmq_group_diff"))
+    assert 'sluice_group_filtered_diff{group="G",topic="T"} 3.0' in text  # '*' matches every message
+    assert 'sluice_topic_put_messages_total{broker="broker-a",cluster="DefaultCluster",topic="T"} 3.0' in text

@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 from sluice import __version__
 from sluice.broker.stats import (BROKER_GET_NUMS, BROKER_PUT_NUMS, GROUP_GET_NUMS, GROUP_GET_SIZE, TOPIC_PUT_NUMS,
                                  TOPIC_PUT_SIZE)
+from sluice.broker.topics import DLQ_PREFIX, RETRY_PREFIX
 from sluice.metrics_http import gather_on_loop
 
 __all__ = ["PutLatency", "BrokerCollector", "PUT_LATENCY_BOUNDS"]
@@ -153,9 +154,14 @@ class BrokerCollector(Collector):
             return [(g, online, model, admin.consume_stats_of(g, topics, 0.0)) for g, topics, online, model in plan]
 
         bodies = await b.pool.run(count)
+        diff_labels = ["group", "topic", "countOfOnlineConsumers", "msgModel"]
         diff = GaugeMetricFamily("rocketmq_group_diff", "Messages between the group's committed offsets and the "
-                                 "queues' ends (consumerProgress's Diff)",
-                                 labels=["group", "topic", "countOfOnlineConsumers", "msgModel"])
+                                 "queues' ends (consumerProgress's Diff)", labels=diff_labels)
+        # rocketmq-exporter's addGroupDiffMetric: retry and dead-letter topics have families of their own.
+        retry_diff = GaugeMetricFamily("rocketmq_group_retrydiff", "The same for the group's %RETRY% topic",
+                                       labels=diff_labels)
+        dlq_diff = GaugeMetricFamily("rocketmq_group_dlqdiff", "The same for the group's %DLQ% topic",
+                                     labels=diff_labels)
         fdiff = GaugeMetricFamily("sluice_group_filtered_diff", "Of those, the messages the group's subscription "
                                   "matches (consumerProgress's filtered lag; a lower bound when not exact)",
                                   labels=["group", "topic"])
@@ -173,11 +179,12 @@ class BrokerCollector(Collector):
                     filtered[t] = filtered.get(t, 0) + e["filteredLag"]
                     exact[t] = exact.get(t, True) and e["filteredLagExact"]
             for t, n in lag.items():
-                diff.add_metric([group, t, online, model], n)
+                fam = retry_diff if t.startswith(RETRY_PREFIX) else dlq_diff if t.startswith(DLQ_PREFIX) else diff
+                fam.add_metric([group, t, online, model], n)
             for t, n in filtered.items():
                 fdiff.add_metric([group, t], n)
                 fexact.add_metric([group, t], 1.0 if exact[t] else 0.0)
-        return [diff, fdiff, fexact]
+        return [diff, retry_diff, dlq_diff, fdiff, fexact]
 
     # ---- the store --------------------------------------------------------------------------------------
     def _runtime_labels(self) -> tuple[list[str], list[str]]:
