@@ -18,7 +18,8 @@ JAVA_BODY = (
     + b"\x01TagA\x01order-1 order-2\x01127.0.0.1:10911\x0111\x014\x010\x01" + OFFSET_ID.encode() + b"\x01true\x02"
     b"SubBefore\x011700000000200\x01DefaultRegion\x01CG_orders\x01REQ1\x01" + MSG_ID.encode()
     + b"\x010\x01order-1 order-2\x02"
-    b"SubAfter\x01REQ1\x01" + MSG_ID.encode() + b"\x017\x01false\x01order-1 order-2\x014\x011700000000200\x01CG_orders\x02"
+    b"SubAfter\x01REQ1\x01" + MSG_ID.encode()
+    + b"\x017\x01false\x01order-1 order-2\x014\x011700000000200\x01CG_orders\x02"
 )
 
 
