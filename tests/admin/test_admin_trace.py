@@ -92,6 +92,26 @@ def test_producer_and_push_consumer_traces_show_the_path(cluster: Cluster) -> No
     assert "success" in lines[pub_row] and "success" in lines[sub_rows[1]]
 
 
+def test_lite_pull_polls_are_traced(cluster: Cluster) -> None:
+    from sluice import LitePullConsumer
+    topic = _name("LiteTraced")
+    cluster.admin("updateTopic", "-t", topic, "-c", "DefaultCluster", "-r", "1", "-w", "1")
+    wait_for_route(cluster.ns, topic)
+    with Producer("PG_lite", cluster.ns) as p:  # an untraced producer: only the consumer's records
+        msg_id = p.send(Message(topic, b"polled")).msg_id
+    with LitePullConsumer("CG_lite", cluster.ns, enable_trace=True,
+                          consume_from_where="CONSUME_FROM_FIRST_OFFSET") as c:
+        c.subscribe(topic, "*")
+        got: list = []
+        wait_for(lambda: got.extend(c.poll(timeout=1.0)) or got, what="the lite pull consumer to poll the message")
+    assert [m.msg_id for m in got] == [msg_id]
+    wait_for(lambda: cluster.admin("queryMsgTraceById", "-i", msg_id).status is ExitStatus.SUCCESS,
+             what="the traces to be queryable")
+    traces = cluster.admin("queryMsgTraceById", "-i", msg_id, "--json").json["traces"]
+    assert [(t["type"], t["group"], t["status"]) for t in traces] == [
+        ("SubBefore", "CG_lite", None), ("SubAfter", "CG_lite", "success")]
+
+
 def test_without_trace_nothing_goes_to_the_trace_topic(cluster: Cluster) -> None:
     topic = _name("Untraced")
     cluster.admin("updateTopic", "-t", topic, "-c", "DefaultCluster", "-r", "1", "-w", "1")
