@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import queue
 from collections.abc import Iterator
 from typing import Any
 
@@ -48,12 +47,7 @@ def _dispatcher(**kw: Any) -> TraceDispatcher:
 
 
 def _queued(d: TraceDispatcher) -> list:
-    out = []
-    while True:
-        try:
-            out.append(d._queue.get_nowait())
-        except queue.Empty:
-            return out
+    return d._take()
 
 
 def test_a_full_queue_drops_counts_and_logs_once(caplog: pytest.LogCaptureFixture) -> None:
@@ -113,6 +107,24 @@ def test_records_are_packed_by_topic_into_bounded_messages_keyed_by_msg_id() -> 
     assert sorted(seen) == [f"ID{i:03d}" for i in range(100)]
 
 
+def test_a_half_full_queue_wakes_the_sender_and_shutdown_flushes() -> None:
+    async def run() -> tuple[int, int]:
+        rec = _Recorder()
+        d = TraceDispatcher(rec, "RMQ_SYS_TRACE_TOPIC", queue_size=4, flush_interval=3600.0)  # no timed rounds
+        await d.start()
+        d.sub_before("CG", [_ext("A")])  # a quarter full: waits for the (hour-long) round
+        await asyncio.sleep(0)
+        first = len(rec.sent)
+        d.sub_before("CG", [_ext("B")])  # half full: sent without waiting for the round
+        while not rec.sent:
+            await asyncio.sleep(0.01)
+        d.sub_before("CG", [_ext("C")])
+        await d.shutdown()  # what is still queued goes before the sender stops
+        return first, sum(len(decode_traces(m.body)) for m in rec.sent)
+
+    assert asyncio.run(run()) == (0, 3)
+
+
 def test_trace_options_are_checked() -> None:
     with pytest.raises(InvalidParameterError, match="trace_topic"):
         AsyncProducer("G", "127.0.0.1:1", enable_trace=True, trace_topic="no spaces")
@@ -135,9 +147,9 @@ def test_a_full_trace_queue_never_holds_up_sends(cluster: Cluster) -> None:
             trace = p.trace
             assert trace is not None and trace._task is not None
             trace._task.cancel()  # nothing drains the queue any more
-            trace._queue = queue.Queue(1)
+            trace._max = 1
             statuses = [(await p.send(Message(topic, b"m%d" % i))).status.value for i in range(5)]
-            return statuses, trace.dropped, trace._queue.qsize()
+            return statuses, trace.dropped, len(trace._queue)
 
     statuses, dropped, queued = asyncio.run(run())
     assert statuses == ["SEND_OK"] * 5

@@ -11,19 +11,19 @@ hook/SendMessageTraceHookImpl.java, hook/ConsumeMessageTraceHookImpl.java):
   messages whose ``TRACE_ON`` property is ``false`` are left out;
 - records go into a bounded queue that never blocks: when it is full the record is dropped, counted in
   :attr:`TraceDispatcher.dropped`, and logged at most once a minute. A task on the client's loop takes
-  what is queued every ``flush_interval`` seconds and sends it with an inner producer (group
-  ``_INNER_TRACE_PRODUCER``, a client instance of its own) as messages of the trace topic whose keys are
-  the traced msgIds and keys, grouped by the traced topic and packed up to 118,000 bytes, as
-  AsyncTraceDispatcher.flushData packs them. ``shutdown`` sends what is still queued.
+  what is queued every ``flush_interval`` seconds, or as soon as the queue is half full, and sends it with
+  an inner producer (group ``_INNER_TRACE_PRODUCER``, a client instance of its own) as messages of the
+  trace topic whose keys are the traced msgIds and keys: per 100 records, grouped by the traced topic and
+  packed up to 118,000 bytes, as AsyncTraceDispatcher.flushData packs them, all sent at once. ``shutdown`` sends what is still queued.
 
-The queue is a ``queue.Queue`` because listener calls (and so SubBefore / SubAfter) run on the consumer's
-thread pool; appending is one non-blocking put.
+Listener calls (and so SubBefore / SubAfter) run on the consumer's thread pool: the queue is a deque,
+whose append is atomic, and appending never waits (one thread-safe wake-up when it reaches half full).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-import queue
+import collections
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -43,9 +43,13 @@ __all__ = ["TraceDispatcher", "TraceSender"]
 
 log = logging.getLogger(__name__)
 
-#: AsyncTraceDispatcher: traceContextQueue holds 1024 records, a batch takes at most 100, and a trace message
-#: stays under maxMsgSize - 10 * 1000 = 118,000 bytes.
-QUEUE_SIZE = 1024
+#: Records queued at most. AsyncTraceDispatcher's traceContextQueue holds 1024, but its worker moves them on at
+#: once, in batches of 100, into an executor queue of 2048 batches its sender threads work off: it holds about
+#: 200,000 before dropping. Here the one queue is what waits for the sender; 16384 rides out a consumer catching
+#: up on a backlog (two records per listener call) in a few MB.
+QUEUE_SIZE = 16384
+#: A trace message carries the records of at most 100 (AsyncTraceDispatcher's batchSize) and stays under
+#: maxMsgSize - 10 * 1000 = 118,000 bytes.
 BATCH_SIZE = 100
 MAX_MESSAGE_SIZE = 118_000
 #: Drops and send failures are logged at most this often.
@@ -74,7 +78,10 @@ class TraceDispatcher:
         self.topic = topic
         self.flush_interval = flush_interval
         self._sender = sender
-        self._queue: queue.Queue[TraceContext] = queue.Queue(queue_size)
+        # A deque's append and popleft are atomic under the GIL, without the locks of queue.Queue; the bound
+        # is checked before appending, so threads racing past it overshoot it by at most one record each.
+        self._queue: collections.deque[TraceContext] = collections.deque()
+        self._max = queue_size
         self._producer: TraceSender | None = None
         self._task: asyncio.Task[None] | None = None
         self._lock = threading.Lock()
@@ -84,6 +91,10 @@ class TraceDispatcher:
         self.sent = 0
         self.failed = 0
         self._logged_at = float("-inf")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+        self._wake_pending = False
+        self._wake_at = max(1, queue_size // 2)
 
     # ------------------------------------------------------------------------------ lifecycle
 
@@ -91,11 +102,14 @@ class TraceDispatcher:
         """Start the inner producer and the sending task."""
         await self._sender.start()
         self._producer = self._sender
+        self._wake = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
         self._task = asyncio.get_running_loop().create_task(self._run(), name="sluice-trace")
 
     async def shutdown(self, timeout: float = 5.0) -> None:
         """Send what is queued (for at most ``timeout`` seconds), then stop the inner producer."""
         task, self._task = self._task, None
+        self._loop = None
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
@@ -104,7 +118,7 @@ class TraceDispatcher:
             return
         try:
             async with asyncio.timeout(timeout):
-                while not self._queue.empty():
+                while self._queue:
                     await self._flush(producer)
         except TimeoutError:
             log.warning("trace records still queued after %.1f s at shutdown were not sent", timeout)
@@ -115,15 +129,19 @@ class TraceDispatcher:
 
     def append(self, ctx: TraceContext) -> bool:
         """Queue a record without blocking; False (and counted) when the queue is full."""
-        try:
-            self._queue.put_nowait(ctx)
-            return True
-        except queue.Full:
+        q = self._queue
+        if len(q) >= self._max:
             with self._lock:
                 self.dropped += 1
                 dropped = self.dropped
             self._log_rarely("trace queue full: %d trace record(s) dropped so far", dropped)
             return False
+        q.append(ctx)
+        if len(q) >= self._wake_at and not self._wake_pending and self._loop is not None:
+            # Half full: the sender starts now rather than at its next round.
+            self._wake_pending = True
+            self._loop.call_soon_threadsafe(self._wake_set)
+        return True
 
     def pub(self, group: str, msg: Message, result: SendResult, begin_ms: int, store_host: str) -> None:
         """SendMessageTraceHookImpl: the Pub record of a send the broker answered."""
@@ -183,6 +201,10 @@ class TraceDispatcher:
 
     # ------------------------------------------------------------------------------ sending
 
+    def _wake_set(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
     def _log_rarely(self, fmt: str, *args: Any) -> None:
         now = time.monotonic()
         if now - self._logged_at >= LOG_INTERVAL_S:
@@ -191,25 +213,39 @@ class TraceDispatcher:
 
     async def _run(self) -> None:
         producer = self._producer
-        assert producer is not None
+        assert producer is not None and self._wake is not None
         while True:
-            await asyncio.sleep(self.flush_interval)
-            while not self._queue.empty():
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.flush_interval)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            self._wake_pending = False
+            while self._queue:
                 await self._flush(producer)
 
     def _take(self) -> list[TraceContext]:
-        out = []
-        for _ in range(BATCH_SIZE):
-            try:
-                out.append(self._queue.get_nowait())
-            except queue.Empty:
-                break
-        return out
+        q = self._queue
+        return [q.popleft() for _ in range(len(q))]  # only this task takes: len() is a lower bound
 
     async def _flush(self, producer: TraceSender) -> None:
-        """Send up to BATCH_SIZE queued records: grouped by traced topic, packed into messages."""
+        """Send what is queued: per BATCH_SIZE records (AsyncTraceDispatcher's AsyncAppenderRequest), grouped
+        by traced topic and packed into messages; all of them sent at once."""
+        taken = self._take()
+        messages = []
+        for i in range(0, len(taken), BATCH_SIZE):
+            messages += self._pack(taken[i:i + BATCH_SIZE])
+        results = await asyncio.gather(*(producer.send(m) for m in messages), return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException):
+                self.failed += 1
+                self._log_rarely("sending trace data to %s failed: %s", self.topic, r)
+            else:
+                self.sent += 1
+
+    def _pack(self, contexts: list[TraceContext]) -> list[Message]:
         by_topic: dict[str, list[tuple[str, list[str]]]] = {}
-        for ctx in self._take():
+        for ctx in contexts:
             try:
                 encoded = encode_context(ctx)
             except SluiceError as exc:
@@ -230,10 +266,4 @@ class TraceDispatcher:
                     data, size, keys = [], 0, {}
             if data:
                 messages.append(Message(self.topic, "".join(data).encode(), keys=list(keys)))
-        results = await asyncio.gather(*(producer.send(m) for m in messages), return_exceptions=True)
-        for r in results:
-            if isinstance(r, BaseException):
-                self.failed += 1
-                self._log_rarely("sending trace data to %s failed: %s", self.topic, r)
-            else:
-                self.sent += 1
+        return messages

@@ -24,7 +24,7 @@ malformed number raises TraceFormatError naming the line and the field.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -117,14 +117,27 @@ def _java_bool(v: bool) -> str:
     return "true" if v else "false"
 
 
-def _check(value: str, what: str) -> str:
-    if CONTENT_SEP in value or FIELD_SEP in value:
-        raise TraceFormatError(f"trace field {what} {value!r} contains a trace separator (char 1 or 2)")
-    return value
+_NAMES = {
+    TraceType.Pub: ("type", "timestamp", "regionId", "group", "topic", "msgId", "tags", "keys", "storeHost",
+                    "bodyLength", "costTime", "msgType", "offsetMsgId", "success"),
+    TraceType.SubBefore: ("type", "timestamp", "regionId", "group", "requestId", "msgId", "retryTimes", "keys"),
+    TraceType.SubAfter: ("type", "requestId", "msgId", "costTime", "success", "keys", "contextCode", "timestamp",
+                         "group"),
+    TraceType.EndTransaction: ("type", "timestamp", "regionId", "group", "topic", "msgId", "tags", "keys",
+                               "storeHost", "msgType", "transactionId", "transactionState",
+                               "fromTransactionCheck"),
+}
 
 
-def _line(fields: Sequence[object]) -> str:
-    return CONTENT_SEP.join(map(str, fields)) + FIELD_SEP
+def _line(t: TraceType, fields: tuple[object, ...]) -> str:
+    line = CONTENT_SEP.join(map(str, fields))
+    # One count per line, not a test per field: a separator inside a field shows as one too many.
+    if line.count(CONTENT_SEP) != len(fields) - 1 or FIELD_SEP in line:
+        for name, value in zip(_NAMES[t], fields):
+            text = str(value)
+            if CONTENT_SEP in text or FIELD_SEP in text:
+                raise TraceFormatError(f"trace field {name} {text!r} contains a trace separator (char 1 or 2)")
+    return line + FIELD_SEP
 
 
 def encode_context(ctx: TraceContext) -> tuple[str, list[str]]:
@@ -135,36 +148,29 @@ def encode_context(ctx: TraceContext) -> tuple[str, list[str]]:
         raise TraceFormatError(f"a {ctx.trace_type.value} trace context needs at least one bean")
     t = ctx.trace_type
     c = ctx
-    _check(c.region_id, "regionId"), _check(c.group, "group"), _check(c.request_id, "requestId")
-    lines: list[str] = []
-    if t is TraceType.Pub or t is TraceType.EndTransaction:
-        b = ctx.beans[0]  # RocketMQ writes the first bean only for these two
-        for name in ("topic", "msg_id", "tags", "keys", "store_host", "offset_msg_id", "transaction_id",
-                     "transaction_state"):
-            _check(getattr(b, name), name)
-        if t is TraceType.Pub:
-            lines.append(_line((t.value, c.timestamp, c.region_id, c.group, b.topic, b.msg_id, b.tags, b.keys,
-                                b.store_host, b.body_length, c.cost_time, int(b.msg_type), b.offset_msg_id,
-                                _java_bool(c.success))))
-        else:
-            lines.append(_line((t.value, c.timestamp, c.region_id, c.group, b.topic, b.msg_id, b.tags, b.keys,
-                                b.store_host, int(b.msg_type), b.transaction_id, b.transaction_state,
-                                _java_bool(b.from_transaction_check))))
+    if t is TraceType.Pub:
+        b = ctx.beans[0]  # RocketMQ writes the first bean only for Pub and EndTransaction
+        data = _line(t, (t.value, c.timestamp, c.region_id, c.group, b.topic, b.msg_id, b.tags, b.keys,
+                         b.store_host, b.body_length, c.cost_time, int(b.msg_type), b.offset_msg_id,
+                         _java_bool(c.success)))
+    elif t is TraceType.EndTransaction:
+        b = ctx.beans[0]
+        data = _line(t, (t.value, c.timestamp, c.region_id, c.group, b.topic, b.msg_id, b.tags, b.keys,
+                         b.store_host, int(b.msg_type), b.transaction_id, b.transaction_state,
+                         _java_bool(b.from_transaction_check)))
+    elif t is TraceType.SubBefore:
+        data = "".join([_line(t, (t.value, c.timestamp, c.region_id, c.group, c.request_id, b.msg_id,
+                                  b.retry_times, b.keys)) for b in ctx.beans])
     else:
-        for b in ctx.beans:
-            _check(b.msg_id, "msgId"), _check(b.keys, "keys")
-            if t is TraceType.SubBefore:
-                lines.append(_line((t.value, c.timestamp, c.region_id, c.group, c.request_id, b.msg_id,
-                                    b.retry_times, b.keys)))
-            else:
-                lines.append(_line((t.value, c.request_id, b.msg_id, c.cost_time, _java_bool(c.success), b.keys,
-                                    c.context_code, c.timestamp, c.group)))
+        success = _java_bool(c.success)
+        data = "".join([_line(t, (t.value, c.request_id, b.msg_id, c.cost_time, success, b.keys, c.context_code,
+                                  c.timestamp, c.group)) for b in ctx.beans])
     keys: list[str] = []
     for b in ctx.beans:
         keys.append(b.msg_id)
         if b.keys and b.keys != "null":  # Java adds keys only when the message had some
             keys.extend(k for k in b.keys.split(" ") if k)
-    return "".join(lines), keys
+    return data, keys
 
 
 def encode_contexts(contexts: Iterable[TraceContext]) -> tuple[bytes, list[str]]:
