@@ -45,7 +45,7 @@ async def _round(ns: str, topic: str, n: int, trace: bool, tag: str) -> tuple[fl
         begin = _cpu()
         await asyncio.gather(*(one(i) for i in range(n)))
         send_us = (_cpu() - begin) / n * 1e6
-        send_dropped = p.trace.dropped if p.trace is not None else 0
+        send_dropped = t.dropped if (t := getattr(p, "trace", None)) is not None else 0
     done = asyncio.Event()
     count = 0
     loop = asyncio.get_running_loop()
@@ -63,7 +63,7 @@ async def _round(ns: str, topic: str, n: int, trace: bool, tag: str) -> tuple[fl
     begin = _cpu()
     await c.start()
     await asyncio.wait_for(done.wait(), 300)
-    consume_dropped = c.trace.dropped if c.trace is not None else 0
+    consume_dropped = t.dropped if (t := getattr(c, "trace", None)) is not None else 0
     await c.shutdown()
     return send_us, (_cpu() - begin) / n * 1e6, send_dropped, consume_dropped
 

@@ -95,6 +95,7 @@ class TraceDispatcher:
         self._wake: asyncio.Event | None = None
         self._wake_pending = False
         self._wake_at = max(1, queue_size // 2)
+        self._stopping = False
 
     # ------------------------------------------------------------------------------ lifecycle
 
@@ -109,21 +110,25 @@ class TraceDispatcher:
     async def shutdown(self, timeout: float = 5.0) -> None:
         """Send what is queued (for at most ``timeout`` seconds), then stop the inner producer."""
         task, self._task = self._task, None
-        self._loop = None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
         producer, self._producer = self._producer, None
-        if producer is None:
-            return
+        self._loop = None
         try:
             async with asyncio.timeout(timeout):
-                while self._queue:
+                if task is not None and not task.done():  # its last round sends what is queued, nothing cut off
+                    self._stopping = True
+                    self._wake_set()
+                    await asyncio.shield(task)
+                while producer is not None and self._queue:
                     await self._flush(producer)
         except TimeoutError:
-            log.warning("trace records still queued after %.1f s at shutdown were not sent", timeout)
+            log.warning("%d trace record(s) still queued after %.1f s at shutdown were not sent",
+                        len(self._queue), timeout)
         finally:
-            await producer.shutdown()
+            if task is not None and not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+            if producer is not None:
+                await producer.shutdown()
 
     # ------------------------------------------------------------------------------ recording
 
@@ -223,6 +228,8 @@ class TraceDispatcher:
             self._wake_pending = False
             while self._queue:
                 await self._flush(producer)
+            if self._stopping:
+                return
 
     def _take(self) -> list[TraceContext]:
         q = self._queue
