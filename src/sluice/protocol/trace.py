@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import Enum, IntEnum
 
 from sluice.errors import InvalidParameterError
 
@@ -56,7 +56,7 @@ class TraceType(str, Enum):
     EndTransaction = "EndTransaction"
 
 
-class MsgType(int, Enum):
+class MsgType(IntEnum):
     """MessageType.java: traces carry the ordinal."""
 
     Normal_Msg = 0
@@ -69,7 +69,7 @@ class MsgType(int, Enum):
 MESSAGE_TYPES = {t.value: t.name for t in MsgType}
 
 
-class ConsumeReturnType(int, Enum):
+class ConsumeReturnType(IntEnum):
     """ConsumeReturnType.java: a SubAfter's contextCode is the ordinal."""
 
     SUCCESS = 0
