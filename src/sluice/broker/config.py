@@ -10,11 +10,12 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from sluice.errors import InvalidParameterError, MessageIllegalError
-from sluice.protocol.record import check_topic
+from sluice.errors import InvalidParameterError
 from sluice.store.config import MAX_FRAME, PULL_BODY_CEILING
 from sluice.transport.limits import DEFAULT_FRAME_BUDGET, DEFAULT_MAX_CONNECTIONS
 from sluice.transport.tls import ClientTls, check_tls_mode
+from sluice.errors import MessageIllegalError
+from sluice.protocol.record import check_topic
 
 
 def parse_address(text: str, *, what: str = "address") -> tuple[str, int]:
