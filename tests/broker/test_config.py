@@ -21,7 +21,8 @@ def test_broker_table_in_file(tmp_path):
     assert cfg.broker_name == "b1" and cfg.auto_create_topic is False
 
 
-@pytest.mark.parametrize("bad", [{"flush": "maybe"}, {"listen": "nohost"}, {"listen": "h:99999"}, {"nonsense": 1}])
+@pytest.mark.parametrize("bad", [{"flush": "maybe"}, {"listen": "nohost"}, {"listen": "h:99999"}, {"nonsense": 1},
+                                 {"msg_trace_topic_name": "no spaces"}])
 def test_bad_settings_are_named(bad):
     with pytest.raises(InvalidParameterError):
         BrokerConfig.load(None, **bad)

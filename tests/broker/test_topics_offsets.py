@@ -67,3 +67,12 @@ def test_damaged_offsets_file_is_set_aside(tmp_path):
     om = ConsumerOffsetManager(tmp_path)
     assert om.query("g", "T", 0) == -1
     assert (tmp_path / "consumerOffset.json.bad").exists()
+
+
+def test_trace_topic_enable_creates_the_trace_topic_with_one_queue(tmp_path):
+    # TopicConfigManager with traceTopicEnable: msgTraceTopicName, one read and one write queue, kept on restart.
+    assert "RMQ_SYS_TRACE_TOPIC" not in TopicConfigManager(tmp_path / "off").to_wire()["topicConfigTable"]
+    m = TopicConfigManager(tmp_path / "on", trace_topic="RMQ_SYS_TRACE_TOPIC")
+    cfg = m.get("RMQ_SYS_TRACE_TOPIC")
+    assert (cfg.read_queue_nums, cfg.write_queue_nums, cfg.readable, cfg.writable) == (1, 1, True, True)
+    assert "RMQ_SYS_TRACE_TOPIC" in TopicConfigManager(tmp_path / "on").to_wire()["topicConfigTable"]

@@ -39,7 +39,7 @@ __all__ = ["FAMILIES", "AdminEnv", "admin_command", "admin_group", "cli_command"
 
 #: Modules of sluice.admin that define commands; a new family is one module and one name here.
 FAMILIES = ("topics", "cluster", "consumers", "messages", "deadletters", "explain", "backfill", "brokers", "queues",
-            "subgroups")
+            "subgroups", "trace")
 #: Where the namesrv address comes from when -n is not given, in this order.
 NAMESRV_ENV = ("SLUICE_NAMESRV", "NAMESRV_ADDR")
 #: Where the ACL account comes from when --access-key / --secret-key are not given.

@@ -18,6 +18,8 @@ from sluice.metrics_http import parse_metrics_listen
 from sluice.store.config import MAX_FRAME, PULL_BODY_CEILING
 from sluice.transport.limits import DEFAULT_FRAME_BUDGET, DEFAULT_MAX_CONNECTIONS
 from sluice.transport.tls import ClientTls, check_tls_mode
+from sluice.errors import MessageIllegalError
+from sluice.protocol.record import check_topic
 
 
 def parse_address(text: str, *, what: str = "address") -> tuple[str, int]:
@@ -158,6 +160,12 @@ class BrokerConfig:
     #: and a route entry for good, so a client sending to random names could otherwise exhaust descriptors
     #: and disk. Topics created by admin (UPDATE_AND_CREATE_TOPIC), retry and DLQ topics are not counted.
     max_auto_created_topics: int = 1000
+    #: traceTopicEnable (off in RocketMQ): create ``msg_trace_topic_name`` (1 queue) at start, so clients
+    #: with enable_trace find it even with auto_create_topic off. With auto-creation on, the first trace
+    #: send creates it anyway; either way it is stored and key-indexed like any topic.
+    trace_topic_enable: bool = False
+    #: msgTraceTopicName.
+    msg_trace_topic_name: str = "RMQ_SYS_TRACE_TOPIC"
     #: A RocketMQ 4.x ``plain_acl.yml`` (sluice.acl.policy); empty: no ACL, every request is served as before.
     acl: str = ""
     #: The account the broker signs its namesrv registrations with, for a namesrv run with ``--acl``
@@ -309,6 +317,10 @@ class BrokerConfig:
             raise InvalidParameterError("log_max_bytes must be positive and log_backups not negative")
         if not 1 <= self.max_error_rate_of_bloom_filter < 100:
             raise InvalidParameterError("max_error_rate_of_bloom_filter must be 1..99 (percent)")
+        try:
+            check_topic(self.msg_trace_topic_name)
+        except MessageIllegalError as exc:
+            raise InvalidParameterError(f"msg_trace_topic_name: {exc}") from None
         return self
 
     @classmethod

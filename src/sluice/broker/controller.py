@@ -168,7 +168,9 @@ class BrokerController:
         self.pool = pool = BlockingPool(STORE_THREADS)
         self.topics = topics = TopicConfigManager(root / "config", auto_create=config.auto_create_topic,
                                                   default_queue_nums=config.default_topic_queue_nums,
-                                                  max_auto_created=config.max_auto_created_topics)
+                                                  max_auto_created=config.max_auto_created_topics,
+                                                  trace_topic=config.msg_trace_topic_name
+                                                  if config.trace_topic_enable else None)
         self.offsets = offsets = ConsumerOffsetManager(root / "config")
         self.subgroups = subgroups = SubscriptionGroupManager(
             root / "config", auto_create=config.auto_create_subscription_group,

@@ -77,7 +77,7 @@ class TopicConfigManager:
     """Thread-safe table of topic configs with a data version bumped on every change."""
 
     def __init__(self, config_dir: Path, *, auto_create: bool = True, default_queue_nums: int = 8,
-                 max_auto_created: int = 1000) -> None:
+                 max_auto_created: int = 1000, trace_topic: str | None = None) -> None:
         self._path = config_dir / "topics.json"
         self._lock = threading.RLock()
         self._topics: dict[str, TopicConfig] = {}
@@ -92,6 +92,8 @@ class TopicConfigManager:
         self._ensure(TopicConfig(AUTO_CREATE_TOPIC, default_queue_nums, default_queue_nums,
                                  PERM_READ | PERM_WRITE | PERM_INHERIT if auto_create else PERM_READ | PERM_WRITE))
         self._ensure(TopicConfig(SCHEDULE_TOPIC, 18, 18, PERM_READ | PERM_WRITE))
+        if trace_topic is not None:  # TopicConfigManager with traceTopicEnable: one read and one write queue
+            self._ensure(TopicConfig(trace_topic, 1, 1, PERM_READ | PERM_WRITE))
 
     def _load(self) -> None:
         data = read_json(self._path, default={}) or {}

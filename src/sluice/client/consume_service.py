@@ -35,14 +35,17 @@ from sluice.client.push_options import ConsumeOrderlyResult, ConsumeResult, Mess
 from sluice.client.process_queue import ProcessQueue
 from sluice.client.push_requests import send_message_back
 from sluice.client.results import MessageQueue
+from sluice.client.trace import TraceDispatcher
 from sluice.errors import SluiceError
 from sluice.message import MessageExt
 from sluice.protocol import properties as P
+from sluice.protocol.trace import ConsumeReturnType
 
 if TYPE_CHECKING:
     from sluice.client.push_view import PushConsumerView
 
-__all__ = ["ConcurrentConsumeService", "OrderlyConsumeService", "Listener", "call_listener", "job_count"]
+__all__ = ["ConcurrentConsumeService", "OrderlyConsumeService", "Listener", "call_listener", "job_count",
+           "listener_outcome"]
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +63,19 @@ def job_count(batches: int, free_threads: int, call_cost: float) -> int:
     return max(1, min(batches, free_threads, int(call_cost * batches / SPREAD_COST_S)))
 
 
+def listener_outcome(listener: Listener, msgs: list[MessageExt]) -> ConsumeReturnType:
+    """call_listener for a traced consumer: how the call ended, as a SubAfter's context code says it
+    (ConsumeMessageConcurrentlyService's returnType: EXCEPTION, RETURNNULL, FAILED or SUCCESS)."""
+    try:
+        result = listener(msgs)
+    except Exception:
+        log.exception("the message listener raised; its %d message(s) will be consumed again", len(msgs))
+        return ConsumeReturnType.EXCEPTION
+    if result in _SUCCESS:
+        return ConsumeReturnType.SUCCESS
+    return ConsumeReturnType.RETURNNULL if result is None else ConsumeReturnType.FAILED
+
+
 def call_listener(listener: Listener, msgs: list[MessageExt]) -> bool:
     """Run the listener (on a pool thread); True for success. An exception or None means 'later'."""
     try:
@@ -71,9 +87,11 @@ def call_listener(listener: Listener, msgs: list[MessageExt]) -> bool:
 
 
 class _Service:
-    def __init__(self, consumer: PushConsumerView, listener: Listener) -> None:
+    def __init__(self, consumer: PushConsumerView, listener: Listener, trace: TraceDispatcher | None = None) -> None:
         self.consumer = consumer
         self.listener = listener
+        #: SubBefore / SubAfter records around each listener call (enable_trace); None: not traced.
+        self.trace = trace
         opts = consumer.options
         self.executor = ThreadPoolExecutor(max_workers=opts.consume_thread_max,
                                            thread_name_prefix=f"sluice-consume-{consumer.group}")
@@ -106,11 +124,18 @@ class _Service:
         # On a pool thread, one listener call per batch. A batch whose queue was released meanwhile is
         # skipped: the queue's new owner starts from the committed offset, which does not include it.
         started = time.perf_counter()
-        oks = [None if pq.dropped else call_listener(self.listener, b) for b in batches]
+        if self.trace is None:
+            oks = [None if pq.dropped else call_listener(self.listener, b) for b in batches]
+        else:
+            trace, group, call = self.trace, self.consumer.group, self._outcome
+            oks = [None if pq.dropped else trace.traced_call(group, call, b) for b in batches]
         # What one listener call costs, smoothed: submit() spreads a pull over threads only when the calls
         # cost more than the hand-offs would (a float store is atomic; a lost update only blurs the average).
         self.call_cost += ((time.perf_counter() - started) / len(batches) - self.call_cost) * 0.25
         return oks
+
+    def _outcome(self, msgs: list[MessageExt]) -> ConsumeReturnType:
+        return listener_outcome(self.listener, msgs)
 
     def _start(self, pq: ProcessQueue, batches: list[list[MessageExt]]) -> asyncio.Future[list[bool | None]]:
         """Hand the batches to the pool now, as one job (a thread hand-off costs more than a fast listener

@@ -51,6 +51,8 @@ from sluice.client.rebalance import RETRY_PREFIX, RebalanceService, Rebalancer
 from sluice.client.results import MessageQueue, PullResult, PullStatus, queue_sort_key
 from sluice.client.routing import subscribe_queues
 from sluice.client.selector import MessageSelector, as_selector
+from sluice.client.producer import trace_dispatcher
+from sluice.client.trace import TraceDispatcher
 from sluice.errors import ClientError, InvalidParameterError, SluiceError, TopicNotExistError
 from sluice.message import MessageExt
 from sluice.protocol import headers as H
@@ -59,10 +61,16 @@ from sluice.protocol.codes import RequestCode
 from sluice.protocol.command import RemotingCommand
 from sluice.protocol.headers import FLAG_SUBSCRIPTION, FLAG_SUSPEND
 from sluice.protocol.record import check_topic
+from sluice.protocol.trace import ConsumeReturnType
 
 __all__ = ["AsyncLitePullConsumer", "LitePullConsumer"]
 
 log = logging.getLogger(__name__)
+
+
+def _polled(msgs: list[MessageExt]) -> ConsumeReturnType:
+    """What a poll's SubAfter trace says: a polled batch counts consumed (Java sets success, no context code)."""
+    return ConsumeReturnType.SUCCESS
 
 #: A queue over a flow-control threshold looks again after this (RocketMQ: 50 ms).
 FLOW_CONTROL_DELAY_S = 0.05
@@ -100,6 +108,8 @@ class AsyncLitePullConsumer(AsyncClient):
         #: Times a queue waited because a cache was over a threshold (flow control).
         self.flow_control_times = 0
         self.start_timestamp_ms = 0
+        #: The trace dispatcher while started with enable_trace.
+        self.trace: TraceDispatcher | None = None
 
     def _check_group(self, group: str) -> None:
         super()._check_group(group)
@@ -171,6 +181,10 @@ class AsyncLitePullConsumer(AsyncClient):
                 root = Path(self.options.offset_store_dir).expanduser()
                 self.offset_store = LocalFileOffsetStore(root / name / self.group / "offsets.json")
             await self.offset_store.load()
+            if self.options.enable_trace:
+                trace = trace_dispatcher(self.namesrv, self.client_config, self.options.trace_topic)
+                await trace.start()
+                self.trace = trace
         except BaseException:
             await self._leave(inst)
             raise
@@ -203,6 +217,9 @@ class AsyncLitePullConsumer(AsyncClient):
             for pq in self.rebalancer.process_queues.values():
                 pq.dropped = True
         finally:
+            trace, self.trace = self.trace, None
+            if trace is not None:
+                await trace.shutdown()
             await self._leave(inst)
 
     # ------------------------------------------------------------------------------ what the rebalancer uses
@@ -292,6 +309,8 @@ class AsyncLitePullConsumer(AsyncClient):
         while True:
             msgs = self._take()
             if msgs:
+                if self.trace is not None:  # DefaultLitePullConsumerImpl.poll: the hooks around a successful poll
+                    self.trace.traced_call(self.group, _polled, msgs)
                 return msgs
             self._arrived.clear()
             remaining = deadline - loop.time()

@@ -8,9 +8,11 @@ import dataclasses
 from typing import Any, TypeVar
 
 from sluice.client.instance import ClientConfig
-from sluice.errors import InvalidParameterError
+from sluice.errors import InvalidParameterError, MessageIllegalError
+from sluice.protocol.record import check_topic
+from sluice.protocol.trace import TRACE_TOPIC
 
-__all__ = ["ProducerOptions", "PullConsumerOptions", "split_options"]
+__all__ = ["ProducerOptions", "PullConsumerOptions", "check_trace_topic", "split_options"]
 
 T = TypeVar("T")
 
@@ -39,8 +41,13 @@ class ProducerOptions:
     use_v2_header: bool = True
     #: retryAnotherBrokerWhenNotStoreOK: retry a send the broker stored but not as durably as asked.
     retry_another_broker_when_not_store_ok: bool = False
+    #: enableMsgTrace: record a Pub trace of each send in the trace topic (sluice.client.trace).
+    enable_trace: bool = False
+    #: customizedTraceTopic: where traces go.
+    trace_topic: str = TRACE_TOPIC
 
     def __post_init__(self) -> None:
+        check_trace_topic(self.trace_topic)
         if self.send_timeout <= 0:
             raise InvalidParameterError(f"send_timeout must be positive, got {self.send_timeout}")
         if self.retry_times < 0:
@@ -73,6 +80,14 @@ class PullConsumerOptions:
             raise InvalidParameterError(f"message_model must be CLUSTERING or BROADCASTING, got {self.message_model!r}")
         if self.broker_suspend_max >= self.consumer_timeout_when_suspend:
             raise InvalidParameterError("broker_suspend_max must be below consumer_timeout_when_suspend")
+
+
+def check_trace_topic(topic: str) -> None:
+    """InvalidParameterError naming the option for a trace topic that is no valid topic name."""
+    try:
+        check_topic(topic)
+    except MessageIllegalError as exc:
+        raise InvalidParameterError(f"trace_topic: {exc}") from None
 
 
 def split_options(cls: type[T], options: dict[str, Any]) -> tuple[T, ClientConfig]:

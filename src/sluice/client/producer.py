@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import logging
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -22,14 +24,29 @@ from sluice.client.options import ProducerOptions
 from sluice.client.reply import ReplyMessage, ReplyWaiters, new_correlation_id
 from sluice.client.results import MessageQueue, SendResult, SendStatus
 from sluice.client.routing import QueueSelector, TopicPublishInfo
+from sluice.client.instance import ClientConfig
+from sluice.client.trace import MAX_MESSAGE_SIZE, TraceDispatcher
 from sluice.errors import (ClientError, InvalidParameterError, RemotingError, RemotingTimeoutError, RequestTimeoutError,
                            SluiceError)
 from sluice.message import Message, MessageExt
 from sluice.protocol import properties as P
+from sluice.protocol.trace import TRACE_PRODUCER_GROUP
 
-__all__ = ["AsyncProducer"]
+__all__ = ["AsyncProducer", "trace_dispatcher"]
 
 log = logging.getLogger(__name__)
+_trace_instances = itertools.count(1)
+
+
+def trace_dispatcher(namesrv: str | list[str], client_config: ClientConfig, topic: str) -> TraceDispatcher:
+    """A traced client's TraceDispatcher, whose inner producer (group _INNER_TRACE_PRODUCER, 5 s send timeout,
+    AsyncTraceDispatcher's 128,000-byte limit) runs on a client instance of its own, as RocketMQ's
+    PID_CLIENT_INNER_TRACE_PRODUCER does, with the traced client's connection settings (ACL, TLS)."""
+    cfg = {f.name: getattr(client_config, f.name) for f in dataclasses.fields(ClientConfig)}
+    cfg["instance_name"] = f"PID_CLIENT_INNER_TRACE_PRODUCER_{next(_trace_instances)}"
+    producer = AsyncProducer(TRACE_PRODUCER_GROUP, namesrv, send_timeout=5.0,
+                             max_message_size=MAX_MESSAGE_SIZE + 10_000, **cfg)
+    return TraceDispatcher(producer, topic)
 
 
 class AsyncProducer(AsyncClient):
@@ -46,16 +63,29 @@ class AsyncProducer(AsyncClient):
         self.options = self._setup(group, namesrv, ProducerOptions, options)
         self.fault = MQFaultStrategy(self.options.send_latency_fault_enable, self.options.latency_table)
         self._publish: dict[str, tuple[int, TopicPublishInfo]] = {}
+        #: The trace dispatcher while started with enable_trace (None: tracing costs one test per send).
+        self.trace: TraceDispatcher | None = None
 
     # ------------------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
         inst = await self._join()
         await inst.send_heartbeat_to_all()
+        if self.options.enable_trace:
+            trace = trace_dispatcher(self.namesrv, self.client_config, self.options.trace_topic)
+            try:
+                await trace.start()
+            except BaseException:
+                await self._leave(inst)
+                raise
+            self.trace = trace
 
     async def shutdown(self) -> None:
         inst = self._instance
         if inst is not None:
+            trace, self.trace = self.trace, None
+            if trace is not None:
+                await trace.shutdown()
             await self._leave(inst)
 
     # ------------------------------------------------------------------------------ routes
@@ -85,7 +115,18 @@ class AsyncProducer(AsyncClient):
         """Send and wait for the broker's answer. ``selector(queues, msg, arg)`` or ``queue`` pins the
         queue (ordered sends; one attempt)."""
         prepared = self._prepare(msg)
-        result = await self._dispatch(prepared, msg, timeout, selector, arg, queue, oneway=False)
+        trace = self.trace
+        if trace is None or prepared.topic == trace.topic:
+            result = await self._dispatch(prepared, msg, timeout, selector, arg, queue, oneway=False)
+        else:
+            begin = int(time.time() * 1000)
+            result = await self._dispatch(prepared, msg, timeout, selector, arg, queue, oneway=False)
+            assert result is not None
+            try:
+                addr = self.instance.find_broker_addr(result.queue.broker_name) or ""
+                trace.pub(self.group, msg, result, begin, addr)
+            except Exception as exc:  # tracing never fails a send the broker stored
+                log.warning("Pub trace record of %s not made: %r", result.msg_id, exc)
         assert result is not None
         return result
 

@@ -43,6 +43,8 @@ from sluice.client.lifecycle import AsyncClient
 from sluice.client.process_queue import ProcessQueue
 from sluice.client.pull_consumer import process_pull_response
 from sluice.client.rebalance import RETRY_PREFIX, RebalanceService, Rebalancer
+from sluice.client.producer import trace_dispatcher
+from sluice.client.trace import TraceDispatcher
 from sluice.client.results import MessageQueue, PullResult, PullStatus
 from sluice.client.selector import MessageSelector, as_selector
 from sluice.errors import ClientError, FilterClassError, InvalidParameterError, SluiceError
@@ -90,6 +92,8 @@ class AsyncPushConsumer(AsyncClient):
         self.flow_control_times = 0
         #: When start() ran, epoch ms (GET_CONSUMER_RUNNING_INFO reports it).
         self.start_timestamp_ms = 0
+        #: The trace dispatcher while started with enable_trace.
+        self.trace: TraceDispatcher | None = None
 
     def _check_group(self, group: str) -> None:
         super()._check_group(group)
@@ -160,7 +164,16 @@ class AsyncPushConsumer(AsyncClient):
             root = Path(self.options.offset_store_dir).expanduser()
             self.offset_store = LocalFileOffsetStore(root / name / self.group / "offsets.json")
         await self.offset_store.load()
-        self.service = (OrderlyConsumeService if self.orderly else ConcurrentConsumeService)(self, self.listener)
+        if self.options.enable_trace:
+            trace = trace_dispatcher(self.namesrv, self.client_config, self.options.trace_topic)
+            try:
+                await trace.start()
+            except BaseException:
+                await self._leave(inst)
+                raise
+            self.trace = trace
+        self.service = (OrderlyConsumeService if self.orderly else ConcurrentConsumeService)(
+            self, self.listener, self.trace)
         self._running = True
         self.start_timestamp_ms = int(time.time() * 1000)
         for topic in self._subs:
@@ -202,6 +215,9 @@ class AsyncPushConsumer(AsyncClient):
             for pq in self.rebalancer.process_queues.values():
                 pq.dropped = True
         finally:
+            trace, self.trace = self.trace, None
+            if trace is not None:  # after the listener calls in flight: their SubAfter records go too
+                await trace.shutdown()
             await ClassFilters.of(inst).detach(self)
             await self._leave(inst)
 

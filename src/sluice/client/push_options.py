@@ -12,7 +12,9 @@ from collections.abc import Callable
 from enum import Enum
 from typing import Any
 
+from sluice.client.options import check_trace_topic
 from sluice.errors import InvalidParameterError
+from sluice.protocol.trace import TRACE_TOPIC
 
 __all__ = [
     "AllocateStrategy", "ConsumeFromWhere", "ConsumeOrderlyResult", "ConsumeResult", "MessageModel",
@@ -132,8 +134,13 @@ class PushConsumerOptions:
     check_crc: bool = True
     #: Timeout of offset, lock, consumer-list and send-back requests.
     request_timeout: float = 3.0
+    #: enableMsgTrace: record SubBefore / SubAfter traces of each listener call (sluice.client.trace).
+    enable_trace: bool = False
+    #: customizedTraceTopic: where traces go.
+    trace_topic: str = TRACE_TOPIC
 
     def __post_init__(self) -> None:
+        check_trace_topic(self.trace_topic)
         try:
             MessageModel(self.message_model)
         except ValueError:
