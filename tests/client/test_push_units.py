@@ -322,3 +322,29 @@ def test_message_delay_options_are_validated() -> None:
               Message("T", b"x", delay_level=2, deliver_at=5)):
         with pytest.raises(MessageIllegalError):
             m.validate()
+
+
+def test_flow_control_waits_until_consumed_messages_leave_the_queue_at_most_its_delay() -> None:
+    """A pull loop held back by flow control looks again as soon as the listener's batch leaves the queue, not
+    after the whole 50 ms (RocketMQ's fixed pause); with nothing consumed it waits the whole delay."""
+    async def main() -> tuple[float, float, float]:
+        pq = ProcessQueue()
+        msgs = [_msg(i) for i in range(4)]
+        pq.put(msgs)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        await pq.wait_for_room(0.05)  # nothing consumed: the whole delay
+        idle = loop.time() - t0
+        loop.call_later(0.005, pq.remove, msgs[:2])
+        t0 = loop.time()
+        await pq.wait_for_room(5.0)  # woken by the removal, long before the bound
+        woken = loop.time() - t0
+        pq.take(2)
+        loop.call_later(0.005, pq.commit)  # an orderly batch committed frees room too
+        t0 = loop.time()
+        await pq.wait_for_room(5.0)
+        return idle, woken, loop.time() - t0
+
+    idle, woken, committed = asyncio.run(main())
+    assert idle >= 0.045
+    assert woken < 2.0 and committed < 2.0

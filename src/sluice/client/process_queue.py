@@ -18,7 +18,7 @@ __all__ = ["ProcessQueue"]
 
 class ProcessQueue:
     __slots__ = ("msgs", "consuming", "msg_count", "msg_size", "queue_offset_max", "dropped", "locked",
-                 "last_lock_time", "last_pull_time", "last_consume_time", "arrived", "consume_lock", "busy")
+                 "last_lock_time", "last_pull_time", "last_consume_time", "arrived", "consume_lock", "busy", "room")
 
     def __init__(self) -> None:
         #: offset -> message, inserted in ascending offset order (pulls return ascending offsets).
@@ -40,6 +40,8 @@ class ProcessQueue:
         self.consume_lock = asyncio.Lock()
         #: Listener calls in flight for this queue.
         self.busy = 0
+        #: Set when consumed messages leave the queue: a pull loop held back by flow control waits on it.
+        self.room = asyncio.Event()
 
     # ------------------------------------------------------------------------------ gauges
 
@@ -48,6 +50,16 @@ class ProcessQueue:
         if not self.msgs:
             return 0
         return next(reversed(self.msgs)) - next(iter(self.msgs))
+
+    async def wait_for_room(self, timeout: float) -> None:
+        """Flow control's pause: until consumed messages leave the queue, at most ``timeout`` seconds (RocketMQ
+        waits the whole PULL_TIME_DELAY_MILLS_WHEN_FLOW_CONTROL; a queue that empties sooner is pulled sooner).
+        The caller checks its thresholds again either way."""
+        self.room.clear()
+        try:
+            await asyncio.wait_for(self.room.wait(), timeout)
+        except TimeoutError:
+            pass
 
     def lock_expired(self, max_live: float) -> bool:
         return time.monotonic() - self.last_lock_time > max_live
@@ -96,6 +108,8 @@ class ProcessQueue:
         self.msg_count -= len(gone)
         self.msg_size -= sum(len(m.body) for m in gone)
         self.last_consume_time = time.monotonic()
+        if gone:
+            self.room.set()
         if self.msgs:
             return next(iter(self.msgs))
         return self.queue_offset_max + 1 if self.queue_offset_max >= 0 else -1
@@ -124,6 +138,7 @@ class ProcessQueue:
             self.msg_size -= len(m.body)
         self.consuming.clear()
         self.last_consume_time = time.monotonic()
+        self.room.set()
         return offset
 
     def make_back_to_consume(self, msgs: list[MessageExt]) -> None:

@@ -61,7 +61,8 @@ __all__ = ["AsyncPushConsumer", "PushConsumer"]
 
 log = logging.getLogger(__name__)
 
-#: Flow control: how long a queue over its thresholds waits before looking again (RocketMQ: 50 ms).
+#: Flow control: the longest a queue over its thresholds waits before looking again (RocketMQ: 50 ms); it looks
+#: again as soon as consumed messages leave it (ProcessQueue.wait_for_room).
 FLOW_CONTROL_DELAY_S = 0.05
 MIB = 1024 * 1024
 
@@ -311,7 +312,7 @@ class AsyncPushConsumer(AsyncClient):
         while self._running and not pq.dropped:
             if self._flow_controlled(pq):
                 self.flow_control_times += 1
-                await asyncio.sleep(FLOW_CONTROL_DELAY_S)
+                await pq.wait_for_room(FLOW_CONTROL_DELAY_S)
                 continue
             try:
                 result = await self._pull_once(mq, offset, size)
