@@ -70,6 +70,7 @@ def test_broker_logs_rotate_and_say_what_happened(tmp_path: Path) -> None:
             assert "DEBUG" in first  # the TOML's level and directory
             assert "store " in first and ": clean shutdown, commit log ends at 0" in first
             assert "RecoveryReport(" not in first
+            wait_for_route(ns.addr, "TBW102")  # listening is not registered yet: a send needs the route
             with Producer("LogsPG", ns.addr) as p:
                 p.send(Message("LogsT", b"x"))
             wait_for(lambda: "topic LogsT auto-created on a send by 127.0.0.1:" in b.stderr(), 10, "creation line")
@@ -108,6 +109,7 @@ def test_warning_level_broker_and_info_namesrv_log_dir(tmp_path: Path) -> None:
     try:
         b = start_broker(tmp_path, ns.addr, "broker-a", "--log-level", "WARNING")
         try:
+            wait_for_route(ns.addr, "TBW102")  # listening is not registered yet: a send needs the route
             with Producer("WarnPG", ns.addr) as p:
                 p.send(Message("WarnT", b"x"))
         finally:
