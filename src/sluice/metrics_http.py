@@ -17,7 +17,7 @@ from sluice.errors import InvalidParameterError, SluiceError
 if TYPE_CHECKING:
     from prometheus_client.registry import Collector
 
-__all__ = ["MetricsServer", "gather_on_loop", "parse_metrics_listen", "SCRAPE_TIMEOUT_S"]
+__all__ = ["LoopGathered", "MetricsServer", "gather_on_loop", "parse_metrics_listen", "SCRAPE_TIMEOUT_S"]
 
 #: How long a scrape waits for the server's loop (Prometheus' default scrape_timeout is 10 s).
 SCRAPE_TIMEOUT_S = 8.0
@@ -37,6 +37,24 @@ def gather_on_loop(loop: asyncio.AbstractEventLoop, make: Callable[[], Coroutine
                    timeout: float = SCRAPE_TIMEOUT_S) -> T:
     """Run ``make()`` on ``loop`` from another thread (the scrape's) and wait for its result."""
     return asyncio.run_coroutine_threadsafe(make(), loop).result(timeout)
+
+
+class LoopGathered:
+    """A server's collector half: ``collect`` (the scrape's thread) runs the subclass's ``gather`` coroutine on
+    the server's loop, once ``bind`` gave it; before that a scrape gets nothing."""
+
+    loop: asyncio.AbstractEventLoop | None = None
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+
+    def collect(self) -> Iterable[Any]:
+        if self.loop is None:
+            return iter(())
+        return iter(gather_on_loop(self.loop, self.gather))
+
+    async def gather(self) -> list[Any]:
+        raise TypeError(f"{type(self).__name__} must define gather()")
 
 
 class MetricsServer:

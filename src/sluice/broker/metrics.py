@@ -14,10 +14,8 @@ consumerProgress's own code (admin.py ``consume_stats_of``, filter_lag.py).
 """
 from __future__ import annotations
 
-import asyncio
 import shutil
 from bisect import bisect_left
-from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric)
@@ -27,7 +25,7 @@ from sluice import __version__
 from sluice.broker.stats import (BROKER_GET_NUMS, BROKER_PUT_NUMS, GROUP_GET_NUMS, GROUP_GET_SIZE, TOPIC_PUT_NUMS,
                                  TOPIC_PUT_SIZE)
 from sluice.broker.topics import DLQ_PREFIX, RETRY_PREFIX
-from sluice.metrics_http import gather_on_loop
+from sluice.metrics_http import LoopGathered
 
 __all__ = ["PutLatency", "BrokerCollector", "PUT_LATENCY_BOUNDS"]
 
@@ -60,22 +58,13 @@ class PutLatency:
         return out
 
 
-class BrokerCollector(Collector):
+class BrokerCollector(LoopGathered, Collector):
     """A prometheus_client collector over a running broker (its loop is taken at ``bind``).
 
     ``broker`` is the BrokerController, typed loosely: the controller imports this module."""
 
     def __init__(self, broker: Any) -> None:
         self.broker = broker
-        self.loop: asyncio.AbstractEventLoop | None = None
-
-    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-
-    def collect(self) -> Iterator[Metric]:  # the scrape's thread
-        if self.loop is None:
-            return iter(())
-        return iter(gather_on_loop(self.loop, self.gather))
 
     async def gather(self) -> list[Metric]:
         """Every family, built on the broker's loop (the lag counts on its store pool)."""

@@ -51,7 +51,7 @@ from sluice.client.rebalance import RETRY_PREFIX, RebalanceService, Rebalancer
 from sluice.client.results import MessageQueue, PullResult, PullStatus, queue_sort_key
 from sluice.client.routing import subscribe_queues
 from sluice.client.selector import MessageSelector, as_selector
-from sluice.client.producer import trace_dispatcher
+from sluice.client.producer import started_trace
 from sluice.client.trace import TraceDispatcher
 from sluice.errors import ClientError, InvalidParameterError, SluiceError, TopicNotExistError
 from sluice.message import MessageExt
@@ -181,10 +181,8 @@ class AsyncLitePullConsumer(AsyncClient):
                 root = Path(self.options.offset_store_dir).expanduser()
                 self.offset_store = LocalFileOffsetStore(root / name / self.group / "offsets.json")
             await self.offset_store.load()
-            if self.options.enable_trace:
-                trace = trace_dispatcher(self.namesrv, self.client_config, self.options.trace_topic)
-                await trace.start()
-                self.trace = trace
+            self.trace = await started_trace(self.namesrv, self.client_config, self.options.enable_trace,
+                                             self.options.trace_topic)
         except BaseException:
             await self._leave(inst)
             raise

@@ -32,21 +32,27 @@ from sluice.message import Message, MessageExt
 from sluice.protocol import properties as P
 from sluice.protocol.trace import TRACE_PRODUCER_GROUP
 
-__all__ = ["AsyncProducer", "trace_dispatcher"]
+__all__ = ["AsyncProducer", "started_trace"]
 
 log = logging.getLogger(__name__)
 _trace_instances = itertools.count(1)
 
 
-def trace_dispatcher(namesrv: str | list[str], client_config: ClientConfig, topic: str) -> TraceDispatcher:
-    """A traced client's TraceDispatcher, whose inner producer (group _INNER_TRACE_PRODUCER, 5 s send timeout,
-    AsyncTraceDispatcher's 128,000-byte limit) runs on a client instance of its own, as RocketMQ's
-    PID_CLIENT_INNER_TRACE_PRODUCER does, with the traced client's connection settings (ACL, TLS)."""
+async def started_trace(namesrv: str | list[str], client_config: ClientConfig, enable: bool,
+                        topic: str) -> TraceDispatcher | None:
+    """A traced client's started TraceDispatcher (None when ``enable`` is off), whose inner producer (group
+    _INNER_TRACE_PRODUCER, 5 s send timeout, AsyncTraceDispatcher's 128,000-byte limit) runs on a client instance
+    of its own, as RocketMQ's PID_CLIENT_INNER_TRACE_PRODUCER does, with the traced client's connection settings
+    (ACL, TLS)."""
+    if not enable:
+        return None
     cfg = {f.name: getattr(client_config, f.name) for f in dataclasses.fields(ClientConfig)}
     cfg["instance_name"] = f"PID_CLIENT_INNER_TRACE_PRODUCER_{next(_trace_instances)}"
     producer = AsyncProducer(TRACE_PRODUCER_GROUP, namesrv, send_timeout=5.0,
                              max_message_size=MAX_MESSAGE_SIZE + 10_000, **cfg)
-    return TraceDispatcher(producer, topic)
+    trace = TraceDispatcher(producer, topic)
+    await trace.start()
+    return trace
 
 
 class AsyncProducer(AsyncClient):
@@ -71,14 +77,12 @@ class AsyncProducer(AsyncClient):
     async def start(self) -> None:
         inst = await self._join()
         await inst.send_heartbeat_to_all()
-        if self.options.enable_trace:
-            trace = trace_dispatcher(self.namesrv, self.client_config, self.options.trace_topic)
-            try:
-                await trace.start()
-            except BaseException:
-                await self._leave(inst)
-                raise
-            self.trace = trace
+        try:
+            self.trace = await started_trace(self.namesrv, self.client_config, self.options.enable_trace,
+                                             self.options.trace_topic)
+        except BaseException:
+            await self._leave(inst)
+            raise
 
     async def shutdown(self) -> None:
         inst = self._instance

@@ -43,7 +43,7 @@ from sluice.client.lifecycle import AsyncClient
 from sluice.client.process_queue import ProcessQueue
 from sluice.client.pull_consumer import process_pull_response
 from sluice.client.rebalance import RETRY_PREFIX, RebalanceService, Rebalancer
-from sluice.client.producer import trace_dispatcher
+from sluice.client.producer import started_trace
 from sluice.client.trace import TraceDispatcher
 from sluice.client.results import MessageQueue, PullResult, PullStatus
 from sluice.client.selector import MessageSelector, as_selector
@@ -165,14 +165,12 @@ class AsyncPushConsumer(AsyncClient):
             root = Path(self.options.offset_store_dir).expanduser()
             self.offset_store = LocalFileOffsetStore(root / name / self.group / "offsets.json")
         await self.offset_store.load()
-        if self.options.enable_trace:
-            trace = trace_dispatcher(self.namesrv, self.client_config, self.options.trace_topic)
-            try:
-                await trace.start()
-            except BaseException:
-                await self._leave(inst)
-                raise
-            self.trace = trace
+        try:
+            self.trace = await started_trace(self.namesrv, self.client_config, self.options.enable_trace,
+                                             self.options.trace_topic)
+        except BaseException:
+            await self._leave(inst)
+            raise
         self.service = (OrderlyConsumeService if self.orderly else ConcurrentConsumeService)(
             self, self.listener, self.trace)
         self._running = True

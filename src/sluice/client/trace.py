@@ -57,7 +57,7 @@ LOG_INTERVAL_S = 60.0
 
 
 class TraceSender(Protocol):
-    """The inner producer (sluice.client.producer.trace_dispatcher makes it; this module cannot import it)."""
+    """The inner producer (sluice.client.producer.started_trace makes it; this module cannot import it)."""
 
     async def start(self) -> None: ...
 

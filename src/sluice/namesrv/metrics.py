@@ -5,14 +5,12 @@ rocketmq-exporter reads no namesrv figures, so these are Sluice's own
 """
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from sluice.metrics_http import gather_on_loop
+from sluice.metrics_http import LoopGathered
 from sluice.protocol.codes import RequestCode
 
 __all__ = ["NamesrvCollector"]
@@ -25,22 +23,13 @@ def _code_name(code: int) -> str:
         return str(code)
 
 
-class NamesrvCollector(Collector):
+class NamesrvCollector(LoopGathered, Collector):
     """A prometheus_client collector over a running namesrv (its loop is taken at ``bind``).
 
     ``server`` is the NamesrvServer, typed loosely: the server imports this module."""
 
     def __init__(self, server: Any) -> None:
         self.server = server
-        self.loop: asyncio.AbstractEventLoop | None = None
-
-    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-
-    def collect(self) -> Iterator[Metric]:  # the scrape's thread
-        if self.loop is None:
-            return iter(())
-        return iter(gather_on_loop(self.loop, self.gather))
 
     async def gather(self) -> list[Metric]:
         routes = self.server.routes
