@@ -251,7 +251,8 @@ class TransactionService:
             if len(self._ahead) >= AHEAD_READ and (self._reader is None or self._reader.done()):
                 self._reader = asyncio.get_running_loop().create_task(self._catch_up())  # bounds _ahead
         if half is None:  # resolved already (or discarded): a repeat changes nothing
-            log.info("END_TRANSACTION %s for half offset %d from %s: already resolved", _KIND[kind],
+            # DEBUG: a producer answering a check after its own commit repeats itself routinely (no line per request)
+            log.debug("END_TRANSACTION %s for half offset %d from %s: already resolved", _KIND[kind],
                      rec.queue_offset, conn.peer)
             return request.make_response(remark="transaction already resolved")
         self._resolving[key] = half.qoff
