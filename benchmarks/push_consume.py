@@ -71,13 +71,15 @@ def consumer_main(args: argparse.Namespace) -> None:
                 cpu0[0] = t.user + t.system
         return ConsumeResult.SUCCESS
 
+    # The handler comes first: in a drain the other consumers may finish the topic while this one is still
+    # starting, and the driver's SIGTERM must then still end it with a result file, not kill it.
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     c = PushConsumer(args.group, namesrv=args.namesrv, consume_from_where=args.from_where,
                      instance_name=args.name)
     c.subscribe(args.topic)
     c.register_listener(listener)
     c.start()
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     progress = Path(args.progress)
     while not stop.is_set():
         owned = len([q for q in c.owned_queues() if q.topic == args.topic])
@@ -126,13 +128,23 @@ class Group:
                   "rebalance")
 
     def stop(self) -> tuple[list[int], float, float, float]:
+        # A consumer still importing or starting when the others have drained the topic dies of SIGTERM without
+        # a result: wait until each has written progress (its handler is installed by then).
+        deadline = time.monotonic() + 60
+        while not all(p.exists() for p, _ in self.files) and time.monotonic() < deadline:
+            if any(proc.poll() is not None for proc in self.procs):
+                break
+            time.sleep(0.05)
         for p in self.procs:
             p.send_signal(signal.SIGTERM)
         for p in self.procs:
             p.wait(60)
         lat: list[int] = []
         first, last, cpu = float("inf"), 0.0, 0.0
-        for _, r in self.files:
+        for (_, r), p in zip(self.files, self.procs):
+            if not r.exists():
+                err = r.with_suffix(".err").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"consumer {r.stem} ended with code {p.returncode} and no result: {err}")
             doc = json.loads(r.read_text())
             lat += doc["lat"]
             if doc["first"]:
