@@ -143,7 +143,8 @@ class AsyncProducer(AsyncClient):
                          queue: MessageQueue | None = None) -> SendResult:
         """One SEND_BATCH_MESSAGE for messages of one topic; ``msg_id`` lists their ids, comma-joined."""
         prepared = prepare_batch(list(msgs), max_size=self.options.max_message_size)
-        result = await self._dispatch(prepared, None, timeout, None, None, queue, oneway=False)
+        sending = self._dispatch(prepared, None, timeout, None, None, queue, oneway=False)
+        result = await (sending if self.trace is None else self.trace.traced_send(self, msgs, sending))  # trace hook
         assert result is not None
         return result
 
@@ -170,7 +171,8 @@ class AsyncProducer(AsyncClient):
         waiters = ReplyWaiters.of(inst)
         reply = waiters.expect(correlation_id)
         try:
-            await self._dispatch(prepared, msg, max(deadline - loop.time(), 0.001), None, None, None, oneway=False)
+            sending = self._dispatch(prepared, msg, max(deadline - loop.time(), 0.001), None, None, None, oneway=False)
+            await (sending if self.trace is None else self.trace.traced_send(self, msg, sending))  # trace hook
             try:
                 async with asyncio.timeout_at(deadline):
                     return await reply
