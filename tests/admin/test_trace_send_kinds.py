@@ -127,8 +127,10 @@ def test_a_request_is_traced_as_its_send_and_its_consumption(cluster: Cluster) -
     topic = _topic(cluster, queues=2)
     group = _name("PG_request")
     with Replier(cluster.ns, topic) as replier, Producer(group, cluster.ns, enable_trace=True) as p:
-        assert p.request(Message(topic, b"ping", tags="Q"), timeout=15.0).body == b"re:ping"
+        queue = p.fetch_publish_queues(topic)[1]
+        assert p.request(Message(topic, b"ping", tags="Q"), timeout=15.0, queue=queue).body == b"re:ping"
         (request,) = [m for m in replier.seen if m.body == b"ping"]
+    assert request.queue_id == 1
     pub, before, after = _traces(cluster, request.msg_id, 3)
     assert (pub["type"], pub["group"], pub["topic"], pub["tags"], pub["status"], pub["msgType"]) == (
         "Pub", group, topic, "Q", "success", 0)
