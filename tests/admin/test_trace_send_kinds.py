@@ -168,3 +168,25 @@ def test_transactions_trace_the_half_message_and_each_end(cluster: Cluster) -> N
     assert rows[0][-2:] == ["success", "Trans_Msg_Half"]
     assert rows[1][-2:] == ["UNKNOW", "Trans_msg_Commit"]
     assert any(r[-4:] == ["COMMIT_MESSAGE", "by", "check", "Trans_msg_Commit"] for r in rows[2:])
+
+
+def test_a_java_transactional_producers_trace_is_read_the_same_way(cluster: Cluster) -> None:
+    # What a Java TransactionMQProducer with enableMsgTrace sends (RocketMQ 4.9.8's TraceDataEncoder): the half
+    # message's Pub (msgType 1), its UNKNOW end, then the COMMIT_MESSAGE answering the broker's check.
+    trace_topic = _name("JavaTxTrace")
+    mid = "0A0000010BB818B4AAC2123456780002"
+    head = f"\x01DefaultRegion\x01JavaTxPG\x01Orders\x01{mid}\x01TagT\x01null\x0110.0.0.9:10911"
+    body = (f"Pub\x011700000000000{head}\x015\x013\x011\x010A00000900002A9F0000000000000100\x01true\x02"
+            f"EndTransaction\x011700000000010{head}\x012\x01{mid}\x01UNKNOW\x01false\x02"
+            f"EndTransaction\x011700000060000{head}\x012\x01{mid}\x01COMMIT_MESSAGE\x01true\x02").encode()
+    with Producer(_name("JavaTxTraceWriter"), cluster.ns) as p:
+        p.send(Message(trace_topic, body, keys=[mid]))
+    run = cluster.admin("queryMsgTraceById", "-i", mid, "-t", trace_topic, "--json")
+    assert run.status is ExitStatus.SUCCESS, run.stderr
+    pub, unknown, commit = run.json["traces"]
+    assert (pub["type"], pub["msgType"], pub["status"]) == ("Pub", 1, "success")
+    assert [(t["type"], t["transactionState"], t["fromTransactionCheck"], t["transactionId"], t["msgType"])
+            for t in (unknown, commit)] == [("EndTransaction", "UNKNOW", False, mid, 2),
+                                            ("EndTransaction", "COMMIT_MESSAGE", True, mid, 2)]
+    table = cluster.admin("queryMsgTraceById", "-i", mid, "-t", trace_topic)
+    assert "3 trace record(s) of " in table.stdout and "1 send(s), 2 transaction end(s)" in table.stdout
