@@ -16,6 +16,7 @@ import sluice
 from sluice import ConsumeResult, Message, Producer, PullConsumer, PushConsumer
 from sluice.client.reply import ReplyMessage, ReplyWaiters, reply_from_push
 from sluice.errors import ClientError, RequestTimeoutError
+from sluice.client.results import MessageQueue
 from sluice.message import MessageExt
 from sluice.protocol import properties as P
 from sluice.protocol.codes import RequestCode
@@ -345,3 +346,11 @@ def test_request_arguments_are_refused_before_sending(cluster: Cluster) -> None:
             p.request_async(b"x")  # type: ignore[arg-type]
         with pytest.raises(InvalidParameterError, match="timeout must be positive, got -1"):
             p.request(Message("T", b"x"), -1)
+        # What only the send finds out goes to the callback and the future: here a queue of another topic.
+        topic = _queued_topic(cluster)
+        errors: list[BaseException | None] = []
+        other = MessageQueue(topic="Other", broker_name="broker-a", queue_id=0)
+        fut = p.request_async(Message(topic, b"x"), 5.0, queue=other, callback=lambda r, e: errors.append(e))
+        with pytest.raises(InvalidParameterError, match=f"is not a queue of topic '{topic}'"):
+            fut.result(30)
+        assert len(errors) == 1 and isinstance(errors[0], InvalidParameterError)
