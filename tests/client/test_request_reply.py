@@ -16,6 +16,7 @@ import sluice
 from sluice import ConsumeResult, Message, Producer, PullConsumer, PushConsumer
 from sluice.client.reply import ReplyMessage, ReplyWaiters, reply_from_push
 from sluice.errors import ClientError, RequestTimeoutError
+from sluice.client.results import MessageQueue
 from sluice.message import MessageExt
 from sluice.protocol import properties as P
 from sluice.protocol.codes import RequestCode
@@ -232,3 +233,124 @@ def test_the_async_producer_requests_too(cluster: Cluster) -> None:
         got, client_id = asyncio.run(main())
     assert got == [b"re:x0", b"re:x1", b"re:x2"]
     assert client_id
+
+
+# ------------------------------------------------------------------------------------------------ the other forms
+
+def _queued_topic(cluster: Cluster, queues: int = 4) -> str:
+    topic = unique("ReqForms")  # auto-created by a first send, with ``queues`` queues
+    with Producer(unique("SETUP"), cluster.ns, default_topic_queue_nums=queues) as p:
+        p.send(Message(topic, b"warm-up"))
+        wait_for_route(cluster.ns, topic)
+        assert len(p.fetch_publish_queues(topic)) == queues
+    return topic
+
+
+def _last_queue(queues: list, msg: Message, arg: object) -> object:
+    return queues[int(arg)]  # type: ignore[call-overload]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_request_with_a_selector_or_a_queue_goes_to_that_queue(cluster: Cluster) -> None:
+    topic = _queued_topic(cluster)
+    with Replier(cluster.ns, topic) as replier, Producer(unique("QPG"), cluster.ns) as requester:
+        queues = requester.fetch_publish_queues(topic)
+        assert requester.request(Message(topic, b"sel"), 15.0, selector=_last_queue, arg=3).body == b"re:sel"
+        assert requester.request(Message(topic, b"mq"), 15.0, queue=queues[2]).body == b"re:mq"
+    by_body = {m.body: m.queue_id for m in replier.seen}
+    assert (by_body[b"sel"], by_body[b"mq"]) == (3, 2)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_request_callback_forms_get_the_reply_or_the_timeout(cluster: Cluster) -> None:
+    topic = _queued_topic(cluster)
+    silent = _queued_topic(cluster)  # a topic nobody consumes: its requests are stored, never answered
+    outcomes: dict[str, tuple[MessageExt | None, BaseException | None]] = {}
+    done = threading.Event()
+
+    def on(name: str):  # type: ignore[no-untyped-def]
+        def callback(reply: MessageExt | None, error: BaseException | None) -> None:
+            outcomes[name] = (reply, error)
+            if len(outcomes) == 4:
+                done.set()
+        return callback
+
+    with Replier(cluster.ns, topic) as replier, Producer(unique("QPG"), cluster.ns) as requester:
+        queues = requester.fetch_publish_queues(topic)
+        futures = [requester.request_async(Message(topic, b"cb"), 15.0, callback=on("plain")),
+                   requester.request_async(Message(topic, b"cb-sel"), 15.0, selector=_last_queue, arg=1,
+                                           callback=on("selector")),
+                   requester.request_async(Message(topic, b"cb-mq"), 15.0, queue=queues[0], callback=on("queue")),
+                   requester.request_async(Message(silent, b"unanswered"), 1.0,
+                                           queue=requester.fetch_publish_queues(silent)[3], callback=on("silent"))]
+        assert done.wait(60), outcomes
+        assert [f.result(5).body for f in futures[:3]] == [b"re:cb", b"re:cb-sel", b"re:cb-mq"]
+        with pytest.raises(RequestTimeoutError):
+            futures[3].result(5)
+    assert {k: (r.body if r else None, e) for k, (r, e) in outcomes.items() if k != "silent"} == {
+        "plain": (b"re:cb", None), "selector": (b"re:cb-sel", None), "queue": (b"re:cb-mq", None)}
+    reply, error = outcomes["silent"]
+    assert reply is None and isinstance(error, RequestTimeoutError)
+    assert error.correlation_id and error.correlation_id in str(error) and f"<{silent}>" in str(error)
+    by_body = {m.body: m.queue_id for m in replier.seen}
+    assert (by_body[b"cb-sel"], by_body[b"cb-mq"]) == (1, 0)
+    # The unanswered request was stored on the queue asked for, with the correlation id the error named.
+    with PullConsumer(unique("CHK"), cluster.ns) as c:
+        (mq,) = [q for q in c.fetch_message_queues(silent) if q.queue_id == 3]
+        stored = [m for m in c.pull(mq, "*", 0).msg_found_list if m.body == b"unanswered"]
+    assert [m.properties[P.CORRELATION_ID] for m in stored] == [error.correlation_id]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_async_producer_request_forms(cluster: Cluster) -> None:
+    from sluice import AsyncProducer
+    topic = _queued_topic(cluster)
+
+    async def main() -> tuple[list[bytes], list[tuple[bytes | None, str | None]]]:
+        got: list[tuple[bytes | None, str | None]] = []
+        async with AsyncProducer(unique("QPG"), cluster.ns, instance_name="async-forms") as p:
+            queues = await p.fetch_publish_queues(topic)
+            sel = await p.request(Message(topic, b"a-sel"), 15.0, selector=_last_queue, arg=2)
+            task = p.request_async(Message(topic, b"a-cb"), 15.0, queue=queues[3],
+                                   callback=lambda r, e: got.append((r.body if r else None, type(e).__name__ if e
+                                                                     else None)))
+            nobody = p.request_async(Message(topic + "Nobody", b"n"), 0.5,
+                                     callback=lambda r, e: got.append((None, type(e).__name__)))
+            reply = await task
+            with pytest.raises(RequestTimeoutError):
+                await nobody
+            return [sel.body, reply.body], got
+
+    with Replier(cluster.ns, topic) as replier:
+        bodies, got = asyncio.run(main())
+    assert bodies == [b"re:a-sel", b"re:a-cb"]
+    assert sorted(got, key=str) == sorted([(b"re:a-cb", None), (None, "RequestTimeoutError")], key=str)
+    by_body = {m.body: m.queue_id for m in replier.seen}
+    assert (by_body[b"a-sel"], by_body[b"a-cb"]) == (2, 3)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_request_arguments_are_refused_before_sending(cluster: Cluster) -> None:
+    from sluice.errors import InvalidParameterError
+    p = Producer(unique("QPG"), cluster.ns)
+    with pytest.raises(ClientError, match="not started"):
+        p.request_async(Message("T", b"x"))
+    with p:
+        with pytest.raises(InvalidParameterError, match="timeout must be positive, got 0"):
+            p.request_async(Message("T", b"x"), 0)
+        with pytest.raises(InvalidParameterError, match="request takes a sluice.Message, not bytes"):
+            p.request_async(b"x")  # type: ignore[arg-type]
+        with pytest.raises(InvalidParameterError, match="timeout must be positive, got -1"):
+            p.request(Message("T", b"x"), -1)
+        # What only the send finds out goes to the callback and the future: here a queue of another topic.
+        topic = _queued_topic(cluster)
+        errors: list[BaseException | None] = []
+        other = MessageQueue(topic="Other", broker_name="broker-a", queue_id=0)
+        fut = p.request_async(Message(topic, b"x"), 5.0, queue=other, callback=lambda r, e: errors.append(e))
+        with pytest.raises(InvalidParameterError, match=f"is not a queue of topic '{topic}'"):
+            fut.result(30)
+        assert len(errors) == 1 and isinstance(errors[0], InvalidParameterError)

@@ -107,6 +107,100 @@ def test_records_are_packed_by_topic_into_bounded_messages_keyed_by_msg_id() -> 
     assert sorted(seen) == [f"ID{i:03d}" for i in range(100)]
 
 
+def test_packed_keys_stay_within_the_properties_limit() -> None:
+    # Records with about 1 KB of keys each: 100 of them (one AsyncAppenderRequest) stay under the body limit
+    # but not under the record's signed-short properties length; each trace message's KEYS property fits it,
+    # and every msgId still keys the message carrying it.
+    d = _dispatcher()
+    for i in range(1000):
+        m = _ext(f"{i:032X}", KEYS=" ".join(f"k{i}-{j}-{'y' * 90}" for j in range(i % 20)))
+        d.sub_before("CG", [m])
+    rec = _Recorder()
+    asyncio.run(d._flush(rec))  # type: ignore[arg-type]
+    seen = []
+    for m in rec.sent:
+        assert len(P.encode_properties(m.all_properties())) <= P.MAX_PROPERTIES_BYTES
+        ctxs = decode_traces(m.body)
+        assert all(c.beans[0].msg_id in m.key_list() for c in ctxs)
+        seen += [c.beans[0].msg_id for c in ctxs]
+    assert sorted(seen) == [f"{i:032X}" for i in range(1000)]
+
+
+class _Instance:
+    def find_broker_addr(self, name: str) -> str:
+        return {"broker-a": "10.0.0.1:10911"}[name]
+
+
+class _Producer:
+    group = "PG"
+    instance = _Instance()
+
+
+def _result(msg_id: str, offset_id: str, status: str = "SEND_OK") -> Any:
+    from sluice.client.results import MessageQueue, SendResult, SendStatus
+    return SendResult(SendStatus(status), msg_id, offset_id, MessageQueue(topic="Orders", broker_name="broker-a", queue_id=1), 7)
+
+
+def test_sends_of_every_kind_are_recorded_as_send_message_trace_hook_impl() -> None:
+    from sluice.protocol.trace import MsgType
+
+    async def sent(result: Any) -> Any:
+        return result
+
+    async def fails() -> Any:
+        raise RuntimeError("no route")
+
+    async def run(d: TraceDispatcher) -> None:
+        p = _Producer()
+        await d.traced_send(p, Message("Orders", b"abc", tags="T", keys=["k1", "k2"]), sent(_result("A", "OA")))
+        await d.traced_send(p, Message("Orders", b"half"), sent(_result("B", "OB", "FLUSH_DISK_TIMEOUT")),
+                            MsgType.Trans_Msg_Half)
+        await d.traced_send(p, Message("Orders", b"later", delay_level=3), sent(_result("C", "OC")))
+        batch = [Message("Orders", b"1", tags="X"), Message("Orders", b"22", keys="kb")]
+        await d.traced_send(p, batch, sent(_result("D1,D2", "OD1,OD2")))
+        with pytest.raises(RuntimeError, match="no route"):  # a send that raises records nothing
+            await d.traced_send(p, Message("Orders", b"lost"), fails())
+        await d.traced_send(p, Message("RMQ_SYS_TRACE_TOPIC", b"trace data"), sent(_result("T", "OT")))
+        await d.traced_send(p, batch, sent(_result("E1", "OE1")))  # ids that do not match: logged, not raised
+
+    d = _dispatcher()
+    asyncio.run(run(d))
+    pubs = _queued(d)
+    assert all(c.trace_type is TraceType.Pub and c.group == "PG" and c.region_id == "DefaultRegion" for c in pubs)
+    rows = [(c.beans[0].msg_id, c.beans[0].offset_msg_id, c.beans[0].tags, c.beans[0].keys, c.beans[0].body_length,
+             c.beans[0].msg_type, c.beans[0].store_host, c.success) for c in pubs]
+    assert rows == [
+        ("A", "OA", "T", "k1 k2", 3, MsgType.Normal_Msg, "10.0.0.1:10911", True),
+        ("B", "OB", "null", "null", 4, MsgType.Trans_Msg_Half, "10.0.0.1:10911", False),
+        ("C", "OC", "null", "null", 5, MsgType.Delay_Msg, "10.0.0.1:10911", True),
+        ("D1", "OD1", "X", "null", 1, MsgType.Normal_Msg, "10.0.0.1:10911", True),
+        ("D2", "OD2", "null", "kb", 2, MsgType.Normal_Msg, "10.0.0.1:10911", True)]
+    assert pubs[3].timestamp == pubs[4].timestamp and pubs[3].cost_time == pubs[4].cost_time >= 0
+
+
+def test_end_transaction_is_recorded_as_end_transaction_trace_hook_impl() -> None:
+    from sluice.protocol.trace import MsgType
+    d = _dispatcher()
+    d.end_transaction("PG", Message("Orders", b"x", tags="T"), "U1", "U1", "COMMIT_MESSAGE", False, "h:1")
+    d.end_transaction("PG", _ext("U2", KEYS="k", MSG_REGION="R9"), "U2", "U2", "ROLLBACK_MESSAGE", True, "h:2")
+    d.end_transaction("PG", Message("RMQ_SYS_TRACE_TOPIC", b"x"), "U3", "U3", "UNKNOW", False, "h:1")
+    d.end_transaction("PG", Message("Orders", b"x", keys="a\x01b"), "U4", "U4", "UNKNOW", False, "h:1")
+    a, b, bad = _queued(d)
+    assert (a.trace_type, a.group, a.region_id, a.timestamp > 0) == (TraceType.EndTransaction, "PG",
+                                                                      "DefaultRegion", True)
+    assert (a.beans[0].topic, a.beans[0].msg_id, a.beans[0].tags, a.beans[0].keys, a.beans[0].store_host,
+            a.beans[0].msg_type, a.beans[0].transaction_id, a.beans[0].transaction_state,
+            a.beans[0].from_transaction_check) == ("Orders", "U1", "T", "null", "h:1", MsgType.Trans_msg_Commit,
+                                                   "U1", "COMMIT_MESSAGE", False)
+    assert (b.region_id, b.beans[0].keys, b.beans[0].transaction_state, b.beans[0].from_transaction_check) == (
+        "R9", "k", "ROLLBACK_MESSAGE", True)
+    # A record that cannot be encoded is left out when packed, never raised into the transaction.
+    rec = _Recorder()
+    d.append(bad)
+    asyncio.run(d._flush(rec))  # type: ignore[arg-type]
+    assert rec.sent == []
+
+
 def test_a_half_full_queue_wakes_the_sender_and_shutdown_flushes() -> None:
     async def run() -> tuple[int, int]:
         rec = _Recorder()

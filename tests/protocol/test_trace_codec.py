@@ -131,3 +131,108 @@ def test_decode_inverts_encode(ctxs: list[TraceContext]) -> None:
     assert decode_traces(body) == ctxs
     assert encode_contexts(decode_traces(body))[0] == body
     assert all(c.beans[0].msg_id in keys for c in ctxs)
+
+
+# ------------------------------------------------------------------------------ RocketMQ's exact layout
+
+def _java_encoder(ctx: TraceContext) -> tuple[str, set[str]]:
+    """TraceDataEncoder.encoderFromContextBean (RocketMQ 4.9.8) transcribed append by append, independently of
+    the codec: Pub and EndTransaction write the first bean only, SubBefore and SubAfter one line per bean; Java
+    appends booleans as true/false, MessageType as its ordinal, LocalTransactionState as its name. The keys are
+    TraceTransferBean.transKey: each bean's msgId and its keys split at spaces (Java's split drops trailing
+    empty strings; "null" is how Sluice writes Java's null keys)."""
+    C, F = "\x01", "\x02"
+    j = lambda v: ("true" if v else "false") if isinstance(v, bool) else str(v)  # noqa: E731
+    sb = []
+    t = ctx.trace_type.value
+    if ctx.trace_type is TraceType.Pub:
+        b = ctx.beans[0]
+        sb += [t, C, j(ctx.timestamp), C, ctx.region_id, C, ctx.group, C, b.topic, C, b.msg_id, C, b.tags, C,
+               b.keys, C, b.store_host, C, j(b.body_length), C, j(ctx.cost_time), C, j(int(b.msg_type)), C,
+               b.offset_msg_id, C, j(ctx.success), F]
+    elif ctx.trace_type is TraceType.SubBefore:
+        for b in ctx.beans:
+            sb += [t, C, j(ctx.timestamp), C, ctx.region_id, C, ctx.group, C, ctx.request_id, C, b.msg_id, C,
+                   j(b.retry_times), C, b.keys, F]
+    elif ctx.trace_type is TraceType.SubAfter:
+        for b in ctx.beans:
+            sb += [t, C, ctx.request_id, C, b.msg_id, C, j(ctx.cost_time), C, j(ctx.success), C, b.keys, C,
+                   j(ctx.context_code), C, j(ctx.timestamp), C, ctx.group, F]
+    else:
+        b = ctx.beans[0]
+        sb += [t, C, j(ctx.timestamp), C, ctx.region_id, C, ctx.group, C, b.topic, C, b.msg_id, C, b.tags, C,
+               b.keys, C, b.store_host, C, j(int(b.msg_type)), C, b.transaction_id, C, b.transaction_state, C,
+               j(b.from_transaction_check), F]
+    keys: set[str] = set()
+    for b in ctx.beans:
+        keys.add(b.msg_id)
+        if b.keys != "null" and b.keys:
+            parts = b.keys.split(" ")
+            while parts and parts[-1] == "":
+                parts.pop()
+            keys.update(parts)
+    return "".join(sb), keys
+
+
+@st.composite
+def java_contexts(draw: st.DrawFn) -> TraceContext:
+    """Any context a Java client makes: several beans (a consumed batch; Pub / EndTransaction write the first)."""
+    t = draw(st.sampled_from(list(TraceType)))
+    beans = [TraceBean(topic=draw(text), msg_id=draw(text), offset_msg_id=draw(text), tags=draw(text),
+                       keys=draw(st.one_of(text, st.just("null"), st.just("a  b "))), store_host=draw(text),
+                       retry_times=draw(ints), body_length=draw(ints), msg_type=draw(st.sampled_from(list(MsgType))),
+                       transaction_id=draw(text),
+                       transaction_state=draw(st.sampled_from(["COMMIT_MESSAGE", "ROLLBACK_MESSAGE", "UNKNOW"])),
+                       from_transaction_check=draw(st.booleans()))
+             for _ in range(draw(st.integers(1, 4)))]
+    return TraceContext(t, timestamp=draw(longs), region_id=draw(text), group=draw(text), cost_time=draw(ints),
+                        success=draw(st.booleans()), request_id=draw(text), context_code=draw(ints), beans=beans)
+
+
+@settings(max_examples=400, deadline=None)
+@given(java_contexts())
+def test_encodes_every_context_as_rocketmqs_encoder(ctx: TraceContext) -> None:
+    data, keys = encode_context(ctx)
+    java_data, java_keys = _java_encoder(ctx)
+    assert data == java_data
+    assert set(keys) - {""} == java_keys - {""}
+    # What Java's decoder reads back of it: every line, one bean each, the fields its layout carries.
+    decoded = decode_traces(data)
+    lines = 1 if ctx.trace_type in (TraceType.Pub, TraceType.EndTransaction) else len(ctx.beans)
+    assert [c.beans[0].msg_id for c in decoded] == [b.msg_id for b in ctx.beans[:lines]]
+    assert encode_contexts(decoded)[0] == data.encode()
+
+
+# What a Java TransactionMQProducer's EndTransactionTraceHookImpl records: a commit after the local transaction
+# and a rollback answering the broker's check (msgType Trans_msg_Commit either way).
+JAVA_END_TX = (
+    b"EndTransaction\x011700000000500\x01DefaultRegion\x01PG_tx\x01Orders\x01" + MSG_ID.encode()
+    + b"\x01TagA\x01null\x01127.0.0.1:10911\x012\x01" + MSG_ID.encode() + b"\x01COMMIT_MESSAGE\x01false\x02"
+    b"EndTransaction\x011700000060500\x01DefaultRegion\x01PG_tx\x01Orders\x01" + MSG_ID.encode()
+    + b"\x01TagA\x01null\x01127.0.0.1:10911\x012\x01" + MSG_ID.encode() + b"\x01ROLLBACK_MESSAGE\x01true\x02"
+)
+
+
+def test_decodes_end_transaction_records_as_rocketmq_writes_them() -> None:
+    commit, rollback = decode_traces(JAVA_END_TX)
+    assert commit == TraceContext(TraceType.EndTransaction, timestamp=1700000000500, region_id="DefaultRegion",
+                                  group="PG_tx", beans=[TraceBean(
+                                      topic="Orders", msg_id=MSG_ID, tags="TagA", keys="null",
+                                      store_host="127.0.0.1:10911", msg_type=MsgType.Trans_msg_Commit,
+                                      transaction_id=MSG_ID, transaction_state="COMMIT_MESSAGE")])
+    assert rollback.beans[0].transaction_state == "ROLLBACK_MESSAGE" and rollback.beans[0].from_transaction_check
+    body, keys = encode_contexts([commit, rollback])
+    assert body == JAVA_END_TX and keys == [MSG_ID]
+
+
+@pytest.mark.parametrize("body, message", [
+    ("Pub\x011\x01r\x01g\x01T\x01M\x01t\x01k\x01h:1\x012\x013\x015\x01O\x01true\x02",
+     r"field 11 \(msgType\) 5 is not a MessageType ordinal \(0..4\)"),
+    ("EndTransaction\x011\x01r\x01g\x01T\x01M\x01t\x01k\x01h:1\x01-1\x01X\x01COMMIT_MESSAGE\x01false\x02",
+     r"field 9 \(msgType\) -1"),
+    ("EndTransaction\x011\x01r\x01g\x01T\x01M\x01t\x01k\x01h:1\x012\x01X\x01COMMIT\x01false\x02",
+     r"field 11 \(transactionState\) 'COMMIT' is not one of COMMIT_MESSAGE, ROLLBACK_MESSAGE, UNKNOW"),
+])
+def test_values_javas_decoder_refuses_are_refused_precisely(body: str, message: str) -> None:
+    with pytest.raises(TraceFormatError, match=message):
+        decode_traces(body)

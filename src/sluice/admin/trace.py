@@ -4,8 +4,10 @@ As mqadmin's QueryMsgTraceByIdSubCommand
 (tools/src/main/java/org/apache/rocketmq/tools/command/message/QueryMsgTraceByIdSubCommand.java): the
 trace topic is queried by the msgId key, each trace message's body is decoded (sluice.protocol.trace,
 RocketMQ's TraceDataEncoder format, so traces written by RocketMQ's Java client read the same) and the
-records of that msgId are shown: the Pub rows, then one table per consumer group with its SubBefore and
-SubAfter rows. The client host is the trace message's born host (TraceView.decodeFromTraceTransData).
+records of that msgId are shown: the producer's rows (Pub, with its message type, and a transactional
+producer's EndTransaction rows, whose status is the transaction state, "by check" when it answered the broker's
+check), then one table per consumer group with its SubBefore and SubAfter rows. (mqadmin prints Pub and SubAfter
+rows only.) The client host is the trace message's born host (TraceView.decodeFromTraceTransData).
 A SubAfter written by an older client carries no group or time; it takes them from the SubBefore of the
 same request id.
 """
@@ -20,7 +22,7 @@ from sluice.admin.output import Result, fmt_time, table
 from sluice.admin.params import TIMESTAMP
 from sluice.admin.session import AdminSession
 from sluice.errors import NotFoundError, TopicNotExistError
-from sluice.protocol.trace import TRACE_TOPIC, TraceFormatError, TraceType, decode_traces
+from sluice.protocol.trace import MESSAGE_TYPES, TRACE_TOPIC, TraceFormatError, TraceType, decode_traces
 
 _ORDER = {TraceType.Pub: 0, TraceType.SubBefore: 1, TraceType.SubAfter: 2, TraceType.EndTransaction: 3}
 
@@ -49,6 +51,9 @@ def _views(msg_id: str, found: list[Any]) -> tuple[list[dict[str, Any]], list[st
                 "offsetMsgId": b.offset_msg_id, "bodyLength": b.body_length, "msgType": b.msg_type,
                 "retryTimes": b.retry_times, "requestId": c.request_id, "contextCode": c.context_code,
                 "regionId": c.region_id, "traceMsgId": m.msg_id})
+            if c.trace_type is TraceType.EndTransaction:
+                views[-1].update(status=b.transaction_state, transactionState=b.transaction_state,
+                                 transactionId=b.transaction_id, fromTransactionCheck=b.from_transaction_check)
     before = {v["requestId"]: v for v in views if v["type"] == TraceType.SubBefore.value}
     for v in views:
         if v["type"] == TraceType.SubAfter.value and (b4 := before.get(v["requestId"])) is not None:
@@ -81,9 +86,12 @@ async def query_msg_trace_by_id(s: AdminSession, msg_id: str, trace_topic: str, 
     pubs = [v for v in views if v["type"] in (TraceType.Pub.value, TraceType.EndTransaction.value)]
     tables = []
     if pubs:
-        tables.append(table(None, ["Type", "ProducerGroup", "ClientHost", "SendTime", "CostTimes", "Status"],
+        tables.append(table(None, ["Type", "ProducerGroup", "ClientHost", "SendTime", "CostTimes", "Status",
+                                   "MsgType"],
                             [(v["type"], v["group"], v["clientHost"], fmt_time(v["timestamp"]),
-                              f"{v['costTime']}ms", v["status"]) for v in pubs], right=["CostTimes"]))
+                              "" if v["type"] == TraceType.EndTransaction.value else f"{v['costTime']}ms",
+                              v["status"] + (" by check" if v.get("fromTransactionCheck") else ""),
+                              MESSAGE_TYPES.get(v["msgType"], v["msgType"])) for v in pubs], right=["CostTimes"]))
     groups: dict[str, list[dict[str, Any]]] = {}
     for v in views:
         if v["type"] in (TraceType.SubBefore.value, TraceType.SubAfter.value):
@@ -96,6 +104,8 @@ async def query_msg_trace_by_id(s: AdminSession, msg_id: str, trace_topic: str, 
                               v["status"] or "", v["retryTimes"] if v["type"] == TraceType.SubBefore.value else "")
                              for v in rows], right=["CostTimes", "RetryTimes"]))
     consumed = sum(1 for v in views if v["type"] == TraceType.SubAfter.value and v["status"] == "success")
+    sends = sum(1 for v in pubs if v["type"] == TraceType.Pub.value)
+    ends = f", {len(pubs) - sends} transaction end(s)" if len(pubs) > sends else ""
     return Result({"msgId": msg_id, "traceTopic": trace_topic, "traces": views}, tables,
-                  [f"{len(views)} trace record(s) of {msg_id}: {len(pubs)} send(s), {len(groups)} consumer "
+                  [f"{len(views)} trace record(s) of {msg_id}: {sends} send(s){ends}, {len(groups)} consumer "
                    f"group(s), {consumed} successful consumption(s)"], warnings)

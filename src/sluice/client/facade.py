@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from sluice.client.lifecycle import AsyncClient
 from sluice.client.producer import AsyncProducer
+from sluice.client.reply import RequestCallback, check_request
 from sluice.client.pull_consumer import AsyncPullConsumer
 from sluice.client.results import MessageQueue, PullResult, SendResult
 from sluice.client.routing import QueueSelector
@@ -120,9 +121,26 @@ class Producer(_Facade):
         t = self._timeout(timeout)
         return self._run(self._impl.send(msg, timeout=t, selector=selector, arg=arg, queue=queue), t)
 
-    def request(self, msg: Message, timeout: float = 3.0) -> MessageExt:
-        """Send ``msg`` as a request and return its reply (see :meth:`AsyncProducer.request`)."""
-        return self._run(self._impl.request(msg, timeout), timeout)
+    def request(self, msg: Message, timeout: float = 3.0, *, selector: QueueSelector | None = None, arg: Any = None,
+                queue: MessageQueue | None = None) -> MessageExt:
+        """Send ``msg`` as a request and return its reply; ``selector`` / ``arg`` or ``queue`` pin the queue
+        (see :meth:`AsyncProducer.request`)."""
+        return self._run(self._impl.request(msg, timeout, selector=selector, arg=arg, queue=queue), timeout)
+
+    def request_async(self, msg: Message, timeout: float = 3.0, *, selector: QueueSelector | None = None,
+                      arg: Any = None, queue: MessageQueue | None = None,
+                      callback: RequestCallback | None = None) -> Future[MessageExt]:
+        """:meth:`request` without blocking: the Future, and ``callback(reply, error)`` on the loop thread, get
+        the reply or the error (RequestTimeoutError naming the correlation id when no reply came). Invalid
+        arguments raise here."""
+        if self._loop is None:
+            raise ClientError(f"Producer {self.group!r} is not started")
+        check_request(msg, timeout)
+        impl = self._impl
+
+        async def run() -> MessageExt:  # the task (and its callback) made on the loop thread
+            return await impl.request_async(msg, timeout, selector=selector, arg=arg, queue=queue, callback=callback)
+        return self._loop.submit(run())
 
     def send_async(self, msg: Message, *, timeout: float | None = None, selector: QueueSelector | None = None,
                    arg: Any = None, queue: MessageQueue | None = None,

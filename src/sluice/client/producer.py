@@ -21,7 +21,8 @@ from sluice.client.encoding import PreparedSend, build_send_request, parse_send_
 from sluice.client.fault import MQFaultStrategy, is_retriable
 from sluice.client.lifecycle import AsyncClient
 from sluice.client.options import ProducerOptions
-from sluice.client.reply import ReplyMessage, ReplyWaiters, new_correlation_id
+from sluice.client.reply import (ReplyMessage, ReplyWaiters, RequestCallback, check_request, new_correlation_id,
+                                 with_callback)
 from sluice.client.results import MessageQueue, SendResult, SendStatus
 from sluice.client.routing import QueueSelector, TopicPublishInfo
 from sluice.client.instance import ClientConfig
@@ -143,16 +144,18 @@ class AsyncProducer(AsyncClient):
                          queue: MessageQueue | None = None) -> SendResult:
         """One SEND_BATCH_MESSAGE for messages of one topic; ``msg_id`` lists their ids, comma-joined."""
         prepared = prepare_batch(list(msgs), max_size=self.options.max_message_size)
-        result = await self._dispatch(prepared, None, timeout, None, None, queue, oneway=False)
+        sending = self._dispatch(prepared, None, timeout, None, None, queue, oneway=False)
+        result = await (sending if self.trace is None else self.trace.traced_send(self, msgs, sending))  # trace hook
         assert result is not None
         return result
 
-    async def request(self, msg: Message, timeout: float = 3.0) -> MessageExt:
+    async def request(self, msg: Message, timeout: float = 3.0, *, selector: QueueSelector | None = None,
+                      arg: Any = None, queue: MessageQueue | None = None) -> MessageExt:
         """Send ``msg`` as a request and return the reply a consumer sent with ``sluice.reply_to``
         (DefaultMQProducerImpl.request). ``timeout`` covers the send and the wait; RequestTimeoutError names
-        the correlation id when no reply came in time."""
-        if timeout <= 0:
-            raise InvalidParameterError(f"timeout must be positive, got {timeout}")
+        the correlation id when no reply came in time. ``selector(queues, msg, arg)`` or ``queue`` pins the
+        queue as for :meth:`send` (request(msg, selector, arg, timeout) / request(msg, mq, timeout))."""
+        check_request(msg, timeout)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         inst = self.instance
@@ -170,7 +173,9 @@ class AsyncProducer(AsyncClient):
         waiters = ReplyWaiters.of(inst)
         reply = waiters.expect(correlation_id)
         try:
-            await self._dispatch(prepared, msg, max(deadline - loop.time(), 0.001), None, None, None, oneway=False)
+            sending = self._dispatch(prepared, msg, max(deadline - loop.time(), 0.001), selector, arg, queue,
+                                     oneway=False)
+            await (sending if self.trace is None else self.trace.traced_send(self, msg, sending))  # trace hook
             try:
                 async with asyncio.timeout_at(deadline):
                     return await reply
@@ -181,6 +186,15 @@ class AsyncProducer(AsyncClient):
                     correlation_id=correlation_id) from None
         finally:
             waiters.forget(correlation_id)
+
+    def request_async(self, msg: Message, timeout: float = 3.0, *, selector: QueueSelector | None = None,
+                      arg: Any = None, queue: MessageQueue | None = None,
+                      callback: RequestCallback | None = None) -> asyncio.Task[MessageExt]:
+        """:meth:`request` without waiting (request(msg, RequestCallback, timeout) and its selector and queue
+        forms): the task, and ``callback(reply, error)`` on the loop, get the reply or the error (a
+        RequestTimeoutError naming the correlation id, or the send's). Invalid arguments raise here."""
+        check_request(msg, timeout)
+        return with_callback(self.request(msg, timeout, selector=selector, arg=arg, queue=queue), callback)
 
     def _prepare(self, msg: Message) -> PreparedSend:
         if not isinstance(msg, Message):

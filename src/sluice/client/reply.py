@@ -9,6 +9,11 @@ CORRELATION_ID, REPLY_TO_CLIENT and TTL, sent with an ordinary ``send``
 the requester's client instance (PUSH_REPLY_MESSAGE_TO_CLIENT, 326), where
 :class:`ReplyWaiters` completes the request waiting on that correlation id
 (ClientRemotingProcessor.receiveReplyMessage, RequestFutureHolder).
+
+The callback forms (DefaultMQProducer.request(msg, RequestCallback, timeout) and its selector and queue forms)
+are the same request run as a task; :func:`with_callback` hands its outcome to ``callback(reply, error)``, as
+RequestResponseFuture.executeRequestCallback calls onSuccess or onException: the reply, the
+RequestTimeoutError of a reply that never came, or the send's own error.
 """
 from __future__ import annotations
 
@@ -18,11 +23,11 @@ import time
 import uuid
 import weakref
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
-from sluice.errors import ClientError, SluiceError
+from sluice.errors import ClientError, InvalidParameterError, SluiceError
 from sluice.format import FLAG_COMPRESSED
 from sluice.message import Message, MessageExt
 from sluice.protocol import properties as P
@@ -31,7 +36,8 @@ from sluice.protocol.command import RemotingCommand
 from sluice.protocol.headers import ReplyMessageRequestHeader
 from sluice.transport.connection import RemotingConnection
 
-__all__ = ["ReplyMessage", "ReplyWaiters", "new_correlation_id", "reply_to"]
+__all__ = ["ReplyMessage", "ReplyWaiters", "RequestCallback", "check_request", "new_correlation_id", "reply_to",
+           "with_callback"]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +55,38 @@ class ReplyMessage(Message):
     """A reply built by :func:`reply_to`: a Message plus the system properties that route it back."""
 
     reply_properties: dict[str, str] = field(default_factory=dict)
+
+
+#: ``callback(reply, error)``: exactly one of them is None (RequestCallback.onSuccess / onException).
+RequestCallback = Callable[[MessageExt | None, BaseException | None], None]
+
+
+def check_request(msg: object, timeout: float) -> None:
+    """The arguments a request refuses before anything is sent (the callback forms raise these too)."""
+    if not isinstance(msg, Message):
+        raise InvalidParameterError(f"request takes a sluice.Message, not {type(msg).__name__}")
+    if not timeout > 0:
+        raise InvalidParameterError(f"timeout must be positive, got {timeout}")
+
+
+def with_callback(request: Coroutine[Any, Any, MessageExt],
+                  callback: RequestCallback | None) -> asyncio.Task[MessageExt]:
+    """``request`` as a task on the running loop whose outcome, when it ends, goes to ``callback(reply, error)``
+    (a cancelled request as a ClientError). A callback that raises is logged, as RocketMQ logs it."""
+    task = asyncio.get_running_loop().create_task(request)
+    if callback is not None:
+        def done(t: asyncio.Task[MessageExt]) -> None:
+            if t.cancelled():
+                reply, error = None, ClientError("request cancelled")
+            else:
+                error = t.exception()
+                reply = None if error is not None else t.result()
+            try:
+                callback(reply, error)
+            except Exception:
+                log.warning("request callback raised", exc_info=True)
+        task.add_done_callback(done)
+    return task
 
 
 def new_correlation_id() -> str:

@@ -1,20 +1,33 @@
-"""Message trace in the SDK (``enable_trace=True``): Pub, SubBefore and SubAfter records sent to the trace topic.
+"""Message trace in the SDK (``enable_trace=True``): Pub, SubBefore, SubAfter and EndTransaction records sent to
+the trace topic.
 
 As RocketMQ's client does (client/src/main/java/org/apache/rocketmq/client/trace/AsyncTraceDispatcher.java,
-hook/SendMessageTraceHookImpl.java, hook/ConsumeMessageTraceHookImpl.java):
+hook/SendMessageTraceHookImpl.java, hook/EndTransactionTraceHookImpl.java, hook/ConsumeMessageTraceHookImpl.java,
+and where DefaultMQProducerImpl.sendKernelImpl / endTransaction / checkTransactionState call them, 4.9.8):
 
-- a producer records a Pub after each ``send`` the broker answered (topic, msgId, offsetMsgId, tags, keys,
-  store host, body length, cost, success, message type); failed sends, oneway sends and batches are not
-  traced (Java's hook has no send result for the first two);
+- a producer records a Pub after each send the broker answered: ``send`` (any queue choice; ``send_async``),
+  ``request`` and a transactional half message (msgType Trans_Msg_Half) alike (topic, msgId, offsetMsgId,
+  tags, keys, store host, body length, cost, success, message type). Failed sends are not traced, and neither
+  are oneway sends: Java's hook returns early without a send result, and there is none;
+- a batch is traced as one Pub line per message, each in RocketMQ's Pub layout with that message's ids, tags,
+  keys and body length and the batch's cost. RocketMQ writes one line for the whole batch whose msgId and
+  offsetMsgId are the comma-joined lists and whose tags and keys are null; keyed by that joined list, it is
+  found by no single message's id, neither by mqadmin's queryMsgTraceById nor by the dashboard, so a batch's
+  messages show no Pub there. Lines per message are found by both;
+- a transactional producer records an EndTransaction when it ends a transaction, after its local transaction
+  or answering the broker's check (state, transactionId, fromTransactionCheck; msgType Trans_msg_Commit as
+  Java writes it whatever the state);
 - a push consumer records a SubBefore for each listener call (group, one line per message: msgId, retry
   times, keys) and a SubAfter after it (cost per message, success, ConsumeReturnType as the context code);
-  messages whose ``TRACE_ON`` property is ``false`` are left out;
+  a lite pull consumer the same around each poll that returns messages; messages whose ``TRACE_ON``
+  property is ``false`` are left out;
 - records go into a bounded queue that never blocks: when it is full the record is dropped, counted in
   :attr:`TraceDispatcher.dropped`, and logged at most once a minute. A task on the client's loop takes
   what is queued every ``flush_interval`` seconds, or as soon as the queue is half full, and sends it with
   an inner producer (group ``_INNER_TRACE_PRODUCER``, a client instance of its own) as messages of the
   trace topic whose keys are the traced msgIds and keys: per 100 records, grouped by the traced topic and
-  packed up to 118,000 bytes, as AsyncTraceDispatcher.flushData packs them, all sent at once. ``shutdown`` sends what is still queued.
+  packed up to 118,000 bytes (and keys within the properties' limit), as AsyncTraceDispatcher.flushData
+  packs them, all sent at once. ``shutdown`` sends what is still queued.
 
 Listener calls (and so SubBefore / SubAfter) run on the consumer's thread pool: the queue is a deque,
 whose append is atomic, and appending never waits (one thread-safe wake-up when it reaches half full).
@@ -26,20 +39,22 @@ import logging
 import collections
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from sluice.errors import SluiceError
 from sluice.message import Message, MessageExt
 from sluice.protocol import properties as P
 from sluice.protocol.msgid import new_unique_id
+from sluice.protocol.properties import MAX_PROPERTIES_BYTES
 from sluice.protocol.trace import (DEFAULT_REGION, ConsumeReturnType, MsgType, TraceBean, TraceContext, TraceType,
                                    encode_context)
 
 if TYPE_CHECKING:
+    from sluice.client.instance import ClientInstance
     from sluice.client.results import SendResult
 
-__all__ = ["TraceDispatcher", "TraceSender"]
+__all__ = ["TraceDispatcher", "TraceSender", "TracedProducer"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +67,9 @@ QUEUE_SIZE = 16384
 #: maxMsgSize - 10 * 1000 = 118,000 bytes.
 BATCH_SIZE = 100
 MAX_MESSAGE_SIZE = 118_000
+#: A trace message's keys (space-joined in its KEYS property) stay under this many characters, leaving room in the
+#: properties' signed-short length for the others; a batch's records can carry thousands of msgIds.
+MAX_KEYS_CHARS = MAX_PROPERTIES_BYTES - 2_000
 #: Drops and send failures are logged at most this often.
 LOG_INTERVAL_S = 60.0
 
@@ -66,8 +84,23 @@ class TraceSender(Protocol):
     async def send(self, msg: Message) -> Any: ...
 
 
+class TracedProducer(Protocol):
+    """What a Pub record needs of the producer that sent (AsyncProducer; this module cannot import it)."""
+
+    @property
+    def group(self) -> str: ...
+
+    @property
+    def instance(self) -> ClientInstance: ...
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _tags_keys(props: dict[str, str]) -> tuple[str, str]:
+    """A message's tags and keys as Java appends them: ``null`` when it has none."""
+    return props.get(P.TAGS, "null"), props.get(P.KEYS, "null")
 
 
 class TraceDispatcher:
@@ -148,16 +181,75 @@ class TraceDispatcher:
             self._loop.call_soon_threadsafe(self._wake_set)
         return True
 
-    def pub(self, group: str, msg: Message, result: SendResult, begin_ms: int, store_host: str) -> None:
-        """SendMessageTraceHookImpl: the Pub record of a send the broker answered."""
+    def pub(self, group: str, msg: Message, result: SendResult, begin_ms: int, store_host: str,
+            msg_type: MsgType | None = None) -> None:
+        """SendMessageTraceHookImpl: the Pub record of a send the broker answered. ``msg_type`` defaults to
+        sendKernelImpl's choice: Delay_Msg for a delay level, else Normal_Msg."""
         props = msg.all_properties()
-        msg_type = MsgType.Delay_Msg if P.DELAY in props else MsgType.Normal_Msg
-        bean = TraceBean(topic=msg.topic, msg_id=result.msg_id, offset_msg_id=result.offset_msg_id,
-                         tags=props.get(P.TAGS, "null"), keys=props.get(P.KEYS, "null"), store_host=store_host,
-                         body_length=len(msg.body), msg_type=msg_type)
+        if msg_type is None:
+            msg_type = MsgType.Delay_Msg if P.DELAY in props else MsgType.Normal_Msg
+        tags, keys = _tags_keys(props)
+        bean = TraceBean(topic=msg.topic, msg_id=result.msg_id, offset_msg_id=result.offset_msg_id, tags=tags,
+                         keys=keys, store_host=store_host, body_length=len(msg.body), msg_type=msg_type)
         self.append(TraceContext(TraceType.Pub, timestamp=begin_ms, region_id=DEFAULT_REGION, group=group,
                                  cost_time=_now_ms() - begin_ms, success=result.status.value == "SEND_OK",
                                  beans=[bean]))
+
+    def pub_batch(self, group: str, msgs: Sequence[Message], result: SendResult, begin_ms: int,
+                  store_host: str) -> None:
+        """The Pub records of a batch the broker answered: one per message (see the module's docstring)."""
+        ids, offset_ids = result.msg_ids, result.offset_msg_ids
+        if len(ids) != len(msgs) or len(offset_ids) != len(msgs):
+            raise ValueError(f"a batch of {len(msgs)} message(s) answered with {len(ids)} msgId(s) and "
+                             f"{len(offset_ids)} offsetMsgId(s)")
+        cost = _now_ms() - begin_ms
+        success = result.status.value == "SEND_OK"
+        append = self.append
+        for msg, msg_id, offset_id in zip(msgs, ids, offset_ids):
+            # The TAGS and KEYS all_properties() would give, without copying the user properties per message.
+            bean = TraceBean(topic=msg.topic, msg_id=msg_id, offset_msg_id=offset_id, tags=msg.tags or "null",
+                             keys=P.KEY_SEPARATOR.join(msg.key_list()) or "null", store_host=store_host,
+                             body_length=len(msg.body))
+            append(TraceContext(TraceType.Pub, timestamp=begin_ms, region_id=DEFAULT_REGION, group=group,
+                                cost_time=cost, success=success, beans=[bean]))
+
+    async def traced_send(self, producer: TracedProducer, msg: Message | Sequence[Message],
+                          sending: Awaitable[SendResult | None], msg_type: MsgType | None = None) -> SendResult:
+        """Await ``sending`` (the send of ``msg``, or of the batch ``msg``) and record its Pub records, as
+        sendKernelImpl runs the send hooks around its send. A send that raises records nothing; a record that
+        cannot be made is logged (rarely): tracing never fails a send the broker stored."""
+        begin = _now_ms()
+        result = await sending
+        assert result is not None  # not oneway: those are never traced
+        try:
+            addr = producer.instance.find_broker_addr(result.queue.broker_name) or ""
+            if isinstance(msg, Message):
+                if not msg.topic.startswith(self.topic):  # the trace data itself is not traced
+                    self.pub(producer.group, msg, result, begin, addr, msg_type)
+            elif msg and not msg[0].topic.startswith(self.topic):
+                self.pub_batch(producer.group, msg, result, begin, addr)
+        except Exception as exc:
+            self._log_rarely("Pub trace record of %s not made: %r", result.msg_id, exc)
+        return result
+
+    def end_transaction(self, group: str, msg: Message | MessageExt, msg_id: str, transaction_id: str,
+                        state: str, from_check: bool, store_host: str) -> None:
+        """EndTransactionTraceHookImpl: the EndTransaction record of a transaction this producer ended (``state``
+        a LocalTransactionState name). Tracing never fails the transaction: a record that cannot be made is
+        logged (rarely) and left out."""
+        try:
+            props = msg.properties if isinstance(msg, MessageExt) else msg.all_properties()
+            if msg.topic.startswith(self.topic):
+                return
+            tags, keys = _tags_keys(props)
+            bean = TraceBean(topic=msg.topic, msg_id=msg_id, tags=tags, keys=keys, store_host=store_host,
+                             msg_type=MsgType.Trans_msg_Commit, transaction_id=transaction_id,
+                             transaction_state=state, from_transaction_check=from_check)
+            self.append(TraceContext(TraceType.EndTransaction, timestamp=_now_ms(),
+                                     region_id=props.get(P.MSG_REGION) or DEFAULT_REGION, group=group,
+                                     beans=[bean]))
+        except Exception as exc:
+            self._log_rarely("EndTransaction trace record of %s not made: %r", msg_id, exc)
 
     def sub_before(self, group: str, msgs: Iterable[MessageExt]) -> TraceContext | None:
         """ConsumeMessageTraceHookImpl.consumeMessageBefore: queued, and returned for :meth:`sub_after`
@@ -264,13 +356,20 @@ class TraceDispatcher:
             data: list[str] = []
             size = 0
             keys: dict[str, None] = {}
+            key_chars = 0
             for text, ks in encoded:
+                grown = sum(len(k) + 1 for k in ks if k not in keys)
+                if data and key_chars + grown > MAX_KEYS_CHARS:
+                    messages.append(Message(self.topic, "".join(data).encode(), keys=list(keys)))
+                    data, size, keys, key_chars = [], 0, {}, 0
+                    grown = sum(len(k) + 1 for k in dict.fromkeys(ks))
                 data.append(text)
                 size += len(text)
                 keys.update(dict.fromkeys(ks))
+                key_chars += grown
                 if size >= MAX_MESSAGE_SIZE:
                     messages.append(Message(self.topic, "".join(data).encode(), keys=list(keys)))
-                    data, size, keys = [], 0, {}
+                    data, size, keys, key_chars = [], 0, {}, 0
             if data:
                 messages.append(Message(self.topic, "".join(data).encode(), keys=list(keys)))
         return messages

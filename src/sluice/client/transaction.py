@@ -33,6 +33,7 @@ from sluice.protocol.command import RemotingCommand
 from sluice.protocol.headers import CheckTransactionStateRequestHeader, EndTransactionRequestHeader
 from sluice.protocol.msgid import decode_offset_msg_id
 from sluice.protocol.record import decode_record
+from sluice.protocol.trace import MsgType
 from sluice.transport.connection import RemotingConnection
 
 __all__ = ["AsyncTransactionProducer", "LocalTransactionState", "TransactionProducer", "TransactionSendResult"]
@@ -111,7 +112,9 @@ class AsyncTransactionProducer(AsyncProducer):
         props[P.PGROUP] = self.group
         prepared = dataclasses.replace(prepared, properties=P.encode_properties(props),
                                        sys_flag=prepared.sys_flag | FLAG_TRANSACTION_PREPARED)
-        sent = await self._dispatch(prepared, msg, timeout, None, None, None, oneway=False)
+        sending = self._dispatch(prepared, msg, timeout, None, None, None, oneway=False)
+        trace = self.trace
+        sent = await (sending if trace is None else trace.traced_send(self, msg, sending, MsgType.Trans_Msg_Half))
         assert sent is not None
         state = LocalTransactionState.ROLLBACK_MESSAGE
         remark = None
@@ -132,6 +135,9 @@ class AsyncTransactionProducer(AsyncProducer):
         req = RemotingCommand.request(RequestCode.END_TRANSACTION, header.to_ext(), oneway=True)
         if remark:  # the Java client's remark: the broker logs it
             req = dataclasses.replace(req, remark=remark)
+        if trace is not None:  # endTransaction: the hook runs before the oneway; transactionId is the UNIQ_KEY
+            trace.end_transaction(self.group, msg, sent.msg_id, sent.msg_id if sent.status is SendStatus.SEND_OK
+                                  else "null", state.name, False, addr)
         try:
             await self.instance.remoting.invoke_oneway(addr, req)
         except SluiceError as exc:  # the broker's check resolves it later
@@ -146,11 +152,15 @@ class AsyncTransactionProducer(AsyncProducer):
         except Exception:
             log.warning("transaction check of %s raised; answering UNKNOW", header.msg_id, exc_info=True)
             state = LocalTransactionState.UNKNOW
+        unique_key = msg.properties.get(P.UNIQ_KEY)
         end = EndTransactionRequestHeader(
             producer_group=self.group, tran_state_table_offset=header.tran_state_table_offset,
             commit_log_offset=header.commit_log_offset, commit_or_rollback=state.value,
-            from_transaction_check=True, msg_id=msg.properties.get(P.UNIQ_KEY) or msg.offset_msg_id,
+            from_transaction_check=True, msg_id=unique_key or msg.offset_msg_id,
             transaction_id=header.transaction_id)
+        if self.trace is not None:  # checkTransactionState: the message's transactionId is its UNIQ_KEY
+            self.trace.end_transaction(self.group, msg, end.msg_id, unique_key or header.transaction_id or "null",
+                                       state.name, True, addr)
         await self.instance.remoting.invoke_oneway(
             addr, RemotingCommand.request(RequestCode.END_TRANSACTION, end.to_ext(), oneway=True))
 

@@ -19,7 +19,9 @@ bean's msgId and keys (TraceTransferBean.transKey), so a key query for a msgId f
 writes a null string as ``null`` (StringBuilder.append), so a message without tags or keys is traced with
 ``null`` there; this codec keeps such values as they are. Lines of a type it does not know (written by a
 newer client) are skipped, as RocketMQ's decoder does; a line of a known type that is too short or has a
-malformed number raises TraceFormatError naming the line and the field.
+malformed number raises TraceFormatError naming the line and the field, as does a msgType ordinal
+MessageType.values() has no entry for or an EndTransaction state LocalTransactionState.valueOf refuses (Java's
+decoder throws there too).
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from sluice.errors import InvalidParameterError
 
 __all__ = [
     "CONTENT_SEP", "DEFAULT_REGION", "FIELD_SEP", "MESSAGE_TYPES", "TRACE_PRODUCER_GROUP", "TRACE_TOPIC",
+    "TRANSACTION_STATES",
     "ConsumeReturnType", "MsgType", "TraceBean", "TraceContext", "TraceFormatError", "TraceType",
     "decode_traces", "encode_context", "encode_contexts",
 ]
@@ -67,6 +70,8 @@ class MsgType(IntEnum):
 
 
 MESSAGE_TYPES = {t.value: t.name for t in MsgType}
+#: LocalTransactionState.java's names: an EndTransaction line's transactionState.
+TRANSACTION_STATES = ("COMMIT_MESSAGE", "ROLLBACK_MESSAGE", "UNKNOW")
 
 
 class ConsumeReturnType(IntEnum):
@@ -192,6 +197,14 @@ def _int(line: list[str], i: int, what: str, n: int) -> int:
     return int(text)
 
 
+def _msg_type(line: list[str], i: int, n: int) -> int:
+    value = _int(line, i, "msgType", n)
+    if value not in MESSAGE_TYPES:  # MessageType.values()[ordinal]
+        raise TraceFormatError(f"trace line {n} ({line[0]}): field {i} (msgType) {value} is not a MessageType "
+                               f"ordinal (0..{len(MESSAGE_TYPES) - 1})")
+    return value
+
+
 def _bool(text: str) -> bool:
     return text.lower() == "true"  # Boolean.parseBoolean: anything but "true" (any case) is false
 
@@ -222,7 +235,7 @@ def decode_traces(body: bytes | str) -> list[TraceContext]:
                                    f"at least {_MIN_FIELDS[t]} expected")
         if t is TraceType.Pub:
             bean = TraceBean(topic=line[4], msg_id=line[5], tags=line[6], keys=line[7], store_host=line[8],
-                             body_length=_int(line, 9, "bodyLength", n), msg_type=_int(line, 11, "msgType", n))
+                             body_length=_int(line, 9, "bodyLength", n), msg_type=_msg_type(line, 11, n))
             ctx = TraceContext(t, timestamp=_int(line, 1, "timestamp", n), region_id=line[2], group=line[3],
                                cost_time=_int(line, 10, "costTime", n), beans=[bean])
             if len(line) == 13:
@@ -247,8 +260,11 @@ def decode_traces(body: bytes | str) -> list[TraceContext]:
             if len(line) >= 9:
                 ctx.group = line[8]
         else:
+            if line[11] not in TRANSACTION_STATES:  # LocalTransactionState.valueOf
+                raise TraceFormatError(f"trace line {n} (EndTransaction): field 11 (transactionState) {line[11]!r} "
+                                       f"is not one of {', '.join(TRANSACTION_STATES)}")
             bean = TraceBean(topic=line[4], msg_id=line[5], tags=line[6], keys=line[7], store_host=line[8],
-                             msg_type=_int(line, 9, "msgType", n), transaction_id=line[10],
+                             msg_type=_msg_type(line, 9, n), transaction_id=line[10],
                              transaction_state=line[11], from_transaction_check=_bool(line[12]))
             ctx = TraceContext(t, timestamp=_int(line, 1, "timestamp", n), region_id=line[2], group=line[3],
                                beans=[bean])
