@@ -24,7 +24,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from sluice.errors import ProtocolError, RemotingError, RemotingTimeoutError, SluiceError
 from sluice.protocol.command import FLAG_ONEWAY, FLAG_RESPONSE, RemotingCommand
@@ -33,11 +33,22 @@ from sluice.transport.dispatcher import Dispatcher, RequestHandler, split_addr
 from sluice.ratelog import RateLimitedLog
 from sluice.transport.limits import SMALL_FRAME, FrameBudget
 
-__all__ = ["DEFAULT_MAX_INFLIGHT", "CloseCallback", "Dispatcher", "RemotingConnection", "RequestHandler", "split_addr"]
+__all__ = ["DEFAULT_MAX_INFLIGHT", "CloseCallback", "Dispatcher", "RemotingConnection", "RequestHandler", "ResponseWaiter",
+           "split_addr"]
 
 log = logging.getLogger(__name__)
 
 CloseCallback = Callable[["RemotingConnection"], None]
+
+
+class ResponseWaiter(Protocol):
+    """What :meth:`RemotingConnection.request_with` hands a response to (an asyncio.Future has this shape)."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, response: RemotingCommand, /) -> None: ...
+
+    def set_exception(self, exc: BaseException, /) -> None: ...
 
 #: Requests from the peer being handled at once on one connection; beyond it we stop reading (backpressure).
 DEFAULT_MAX_INFLIGHT = 4096
@@ -75,7 +86,7 @@ class RemotingConnection(asyncio.BufferedProtocol):
         self._codec = FrameCodec(max_frame_size)
         self._opaques = itertools.count(1)
         # opaque -> (future, deadline, request code, timeout) of our requests awaiting their response
-        self._pending: dict[int, tuple[asyncio.Future[RemotingCommand], float, int, float]] = {}
+        self._pending: dict[int, tuple[ResponseWaiter, float, int, float | None]] = {}
         self._sweep_at = _NEVER
         self._sweep_handle: asyncio.TimerHandle | None = None
         self._tasks: dict[int, asyncio.Task[None]] = {}  # handler tasks by a private key
@@ -189,6 +200,33 @@ class RemotingConnection(asyncio.BufferedProtocol):
         self._flush()
         return fut
 
+    def request_with(self, cmd: RemotingCommand, timeout: float | None, waiter: ResponseWaiter) -> int:
+        """Send a request whose response (or failure) is handed to ``waiter`` instead of a future: its
+        ``set_result(response)`` is called as the response frame is decoded, its ``set_exception(exc)`` on
+        timeout or when the connection closes, each at most once and only while ``waiter.done()`` is false.
+        No task and no future per request: the SDK's single sends carry their retries in such a waiter
+        (client/send_call.py). Returns the request's opaque (for :meth:`forget`). The frame leaves at the end
+        of this loop iteration with whatever else was written in it; like :meth:`request_nowait` this does
+        not wait while the transport's buffer is full (check :attr:`writable` first)."""
+        if self._closed:
+            raise RemotingError(f"connection to {self.peer} is closed")
+        opaque = next(self._opaques) & 0x7FFFFFFF
+        deadline = self._loop.time() + timeout if timeout is not None else _NEVER  # type: ignore[union-attr]
+        self._pending[opaque] = (waiter, deadline, cmd.code, timeout)
+        if deadline < self._sweep_at:
+            self._arm_sweep(deadline)
+        self._write(cmd, opaque, cmd.flag & ~(FLAG_RESPONSE | FLAG_ONEWAY), cmd.serialize_type)
+        return opaque
+
+    def forget(self, opaque: int) -> None:
+        """Drop a request's waiter (its sender gave up); a late response is then dropped as unknown."""
+        self._pending.pop(opaque, None)
+
+    @property
+    def writable(self) -> bool:
+        """Open, and the transport takes writes (its buffer is under the high-water mark)."""
+        return not self._closed and not self._write_paused
+
     async def send_oneway(self, cmd: RemotingCommand) -> None:
         if self._closed:
             raise RemotingError(f"connection to {self.peer} is closed")
@@ -228,11 +266,15 @@ class RemotingConnection(asyncio.BufferedProtocol):
             elif entry[1] < next_at:
                 next_at = entry[1]
         for opaque in due:
-            fut, _, code, timeout = self._pending.pop(opaque)
+            entry = self._pending.pop(opaque, None)  # a waiter failed before may have forgotten another
+            if entry is None:
+                continue
+            fut, _, code, timeout = entry
             if not fut.done():
                 fut.set_exception(RemotingTimeoutError(
                     f"no response to request code {code} from {self.peer} within {timeout:g} s"))
-        if next_at is not _NEVER:
+        # A waiter failed above may have sent its retry on this connection and armed the sweep already.
+        if next_at < self._sweep_at:
             self._arm_sweep(next_at)
 
     def _write(self, cmd: RemotingCommand, opaque: int, flag: int, serialize_type: int) -> None:
