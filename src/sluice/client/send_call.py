@@ -106,7 +106,7 @@ class SendCall:
         self.last_broker: str | None = None
         self.last_exc: SluiceError | None = None
         self.result: SendResult | None = None
-        self.tried: list[str] = []
+        self.tried: list[MessageQueue] = []  # the queues of the attempts made
         self.mq: MessageQueue | None = None
         self.begin = 0.0
         self.task: asyncio.Task[None] | None = None
@@ -167,7 +167,7 @@ class SendCall:
 
     def _next(self) -> None:
         """The retry loop's next turn (unordered sends): another queue, avoiding the broker that just failed."""
-        if self.fut.cancelled():
+        if self.tried and self.fut.cancelled():  # before a retry: the owner may have given up
             self._finish(None, None)
             return
         if self.left > 0:
@@ -177,7 +177,7 @@ class SendCall:
             self.begin = begin = self.loop.time()  # type: ignore[union-attr]
             remaining = self.deadline - begin
             if remaining > 0:
-                self.tried.append(f"{mq.broker_name}/{mq.queue_id}")
+                self.tried.append(mq)
                 self.mq = mq
                 self._send(mq, remaining)
                 return
@@ -293,7 +293,7 @@ class SendCall:
         if self.result is not None:  # the last stored attempt, though not as durably as asked
             self._finish(self.result, None)
             return
-        topic, tried = self.prepared.topic, self.tried
+        topic, tried = self.prepared.topic, [f"{mq.broker_name}/{mq.queue_id}" for mq in self.tried]
         exc = self.last_exc
         if exc is None:
             self._finish(None, RemotingTimeoutError(f"send to topic {topic!r} timed out after {self.timeout:g} s "
@@ -306,8 +306,6 @@ class SendCall:
         if self.finished:
             return
         self.finished = True
-        if self.fut.cancelled():
-            return
-        if exc is None and result is not None and self.on_result is not None:
+        if exc is None and result is not None and self.on_result is not None and not self.fut.cancelled():
             self.on_result(result)  # it never raises (AsyncProducer._pub_trace)
         settle(self.fut, result, exc)

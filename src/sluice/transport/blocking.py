@@ -17,6 +17,7 @@ from typing import Any, Self, TypeVar
 
 from sluice.errors import RemotingError, RemotingTimeoutError
 from sluice.transport.client import DEFAULT_TIMEOUT, RemotingClient
+from sluice.transport.connection import begin_writes, end_writes
 from sluice.protocol.command import RemotingCommand
 
 __all__ = ["LoopBoundClient", "LoopThread", "SyncRemotingClient"]
@@ -126,6 +127,16 @@ class LoopThread:
         self._drain_scheduled = False
         self.wakeups += 1
         queue, loop = self._submitted, self.loop
+        batch = begin_writes()  # what the calls write leaves at the end of this drain, not an iteration later
+        try:
+            self._run_submitted(queue, loop)
+        finally:
+            end_writes(batch)
+
+    @staticmethod
+    def _run_submitted(queue: deque[tuple[Coroutine[Any, Any, Any] | Callable[[], object],
+                                          concurrent.futures.Future[Any], bool]],
+                       loop: asyncio.AbstractEventLoop) -> None:
         while queue:
             job, fut, call = queue.popleft()
             if call:  # submit_call: the function settles fut itself

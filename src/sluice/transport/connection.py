@@ -34,7 +34,7 @@ from sluice.ratelog import RateLimitedLog
 from sluice.transport.limits import SMALL_FRAME, FrameBudget
 
 __all__ = ["DEFAULT_MAX_INFLIGHT", "CloseCallback", "Dispatcher", "RemotingConnection", "RequestHandler", "ResponseWaiter",
-           "split_addr"]
+           "begin_writes", "end_writes", "split_addr"]
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,7 @@ _BIG_BODY = 1024 * 1024
 _CLOSE_TIMEOUT = 10.0
 _READ_BUFFER = 256 * 1024  # what one read may take (asyncio's own read size)
 _reads = threading.local()  # close(): abort a transport whose peer will not take our last bytes
+_writes = threading.local()  # the open write batch (begin_writes), if any
 _NEVER = float("inf")
 # A peer that reconnects in a loop with bad frames must not flood the log.
 _protocol_errors = RateLimitedLog(log)
@@ -297,7 +298,11 @@ class RemotingConnection(asyncio.BufferedProtocol):
             self._flush()
         elif not self._flush_scheduled:
             self._flush_scheduled = True
-            self._loop.call_soon(self._flush)  # type: ignore[union-attr]
+            batch = getattr(_writes, "batch", None)
+            if batch is None:
+                self._loop.call_soon(self._flush)  # type: ignore[union-attr]
+            else:
+                batch.append(self)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
@@ -572,6 +577,28 @@ class RemotingConnection(asyncio.BufferedProtocol):
                 cb(self)
             except Exception:
                 log.exception("connection close callback %r failed", cb)
+
+
+def begin_writes() -> list[RemotingConnection] | None:
+    """Open a write batch on this thread: frames written on its connections until :func:`end_writes` leave
+    there, in one transport write per connection, rather than at the next loop iteration (one iteration, an
+    epoll_wait and a GIL release fewer). LoopThread opens one around the calls it takes from other threads.
+    None (and end_writes does nothing) when one is open already."""
+    if getattr(_writes, "batch", None) is not None:
+        return None
+    batch: list[RemotingConnection] = []
+    _writes.batch = batch
+    return batch
+
+
+def end_writes(batch: list[RemotingConnection] | None) -> None:
+    """Close the batch :func:`begin_writes` opened, writing what its connections collected."""
+    if batch is None:
+        return
+    _writes.batch = None
+    for conn in batch:
+        if conn._flush_scheduled:
+            conn._flush()
 
 
 _NO_HANDLERS = Dispatcher()
