@@ -117,3 +117,28 @@ def test_the_signing_client_signs_what_it_writes() -> None:
         [req] = seen
         assert SIGNATURE in req.ext_fields and signature_matches("secret-key-1", req.ext_fields, req.body)
     over_the_wire(check, extra={9100: record})
+
+
+def test_a_write_batch_sends_what_its_calls_wrote_in_one_write_before_it_ends() -> None:
+    from test_transport import fake_connection
+
+    from sluice.transport.connection import begin_writes, end_writes
+
+    async def main() -> None:
+        conn, transport = fake_connection({})
+        other, other_transport = fake_connection({})
+        batch = begin_writes()
+        assert batch is not None and begin_writes() is None  # nested: the outer batch keeps them
+        for i in range(5):
+            conn.request_with(RemotingCommand.request(ECHO, {"i": i}), 5, Waiter())
+        other.request_with(RemotingCommand.request(ECHO), 5, Waiter())
+        end_writes(None)
+        assert transport.writes == [] and other_transport.writes == []
+        end_writes(batch)
+        assert len(transport.writes) == 1 and len(other_transport.writes) == 1  # at once, no iteration later
+        assert [f.ext_fields["i"] for f in transport.frames()] == [str(i) for i in range(5)]
+        conn.request_with(RemotingCommand.request(ECHO), 5, Waiter())  # no batch: the next iteration flushes
+        assert len(transport.writes) == 1
+        await asyncio.sleep(0)
+        assert len(transport.writes) == 2
+    asyncio.run(main())
