@@ -202,13 +202,10 @@ class RemotingConnection(asyncio.BufferedProtocol):
         return fut
 
     def request_with(self, cmd: RemotingCommand, timeout: float | None, waiter: ResponseWaiter) -> int:
-        """Send a request whose response (or failure) is handed to ``waiter`` instead of a future: its
-        ``set_result(response)`` is called as the response frame is decoded, its ``set_exception(exc)`` on
-        timeout or when the connection closes, each at most once and only while ``waiter.done()`` is false.
-        No task and no future per request: the SDK's single sends carry their retries in such a waiter
-        (client/send_call.py). Returns the request's opaque (for :meth:`forget`). The frame leaves at the end
-        of this loop iteration with whatever else was written in it; like :meth:`request_nowait` this does
-        not wait while the transport's buffer is full (check :attr:`writable` first)."""
+        """Send a request whose response goes to ``waiter`` (no task, no future): ``set_result(response)`` as the
+        frame is decoded, or ``set_exception(exc)`` on timeout or close, once, while ``waiter.done()`` is false
+        (the SDK's SendCall). Returns the opaque (for :meth:`forget`). The frame leaves with this iteration's
+        writes; this does not wait while the transport's buffer is full (check :attr:`writable` first)."""
         if self._closed:
             raise RemotingError(f"connection to {self.peer} is closed")
         opaque = next(self._opaques) & 0x7FFFFFFF
