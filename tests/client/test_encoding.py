@@ -189,3 +189,35 @@ def test_a_batch_keeps_the_id_a_message_carries():
     assert ids[1] == own and ids[0] != own
     stored = decode_batch(p.body)
     assert [m.properties[P.UNIQ_KEY] for m in stored] == ids
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(st.characters(blacklist_characters="\x01\x02", blacklist_categories=("Cs",)), min_size=1, max_size=8),
+       st.integers(min_value=-2**31, max_value=2**31 - 1), st.integers(min_value=0, max_value=64),
+       st.booleans())
+def test_a_single_v2_request_is_the_command_the_typed_header_makes(tag: str, flag: int, queue_id: int, oneway: bool):
+    """build_send_request writes a single send's V2 dict directly: the same command as from the typed header."""
+    from sluice.protocol.command import FLAG_ONEWAY, RemotingCommand
+    p = prepare_message(Message("T", b"a", tags=tag, flag=flag, properties={"k": tag}))
+    mq = MessageQueue(topic="T", broker_name="broker-b", queue_id=queue_id)
+    req = build_send_request(p, mq, group="G", default_topic_queue_nums=5, oneway=oneway)
+    h = SendMessageRequestHeader(
+        producer_group="G", topic="T", default_topic="TBW102", default_topic_queue_nums=5, queue_id=queue_id,
+        sys_flag=p.sys_flag, born_timestamp=int(req.ext_fields["g"]), flag=flag, properties=p.properties,
+        reconsume_times=0, unit_mode=False, batch=False, broker_name="broker-b")
+    assert req == RemotingCommand(code=RequestCode.SEND_MESSAGE_V2, ext_fields=h.to_v2_ext(), body=b"a",
+                                  flag=FLAG_ONEWAY if oneway else 0)
+    assert list(req.ext_fields) == list(h.to_v2_ext())  # the order Java writes them in, too
+
+
+def test_the_result_names_the_queue_the_broker_stored_in():
+    p = prepare_message(Message("T", b"x"))
+    same = parse_send_response(_response(ResponseCode.SUCCESS), p, MQ)
+    assert same.queue is MQ
+    other = parse_send_response(_response(ResponseCode.SUCCESS, msgId="7F0000010000270F0000000000000010",
+                                          queueId="1", queueOffset="5", transactionId="tx"), p, MQ)
+    assert (other.queue, other.queue_offset, other.transaction_id) == (
+        MessageQueue(topic="T", broker_name="broker-a", queue_id=1), 5, "tx")
+    assert other == type(other)(status=SendStatus.SEND_OK, msg_id=p.msg_id,
+                                offset_msg_id="7F0000010000270F0000000000000010", queue=other.queue, queue_offset=5,
+                                transaction_id="tx")

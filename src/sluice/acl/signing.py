@@ -6,6 +6,7 @@ from typing import Any
 from sluice.acl.signature import Credentials, sign_fields
 from sluice.protocol.command import RemotingCommand
 from sluice.transport.client import DEFAULT_TIMEOUT, RemotingClient
+from sluice.transport.connection import RemotingConnection, ResponseWaiter
 
 __all__ = ["SigningRemotingClient", "remoting_client"]
 
@@ -20,6 +21,11 @@ class SigningRemotingClient(RemotingClient):
     async def invoke(self, addr: str, request: RemotingCommand, timeout: float = DEFAULT_TIMEOUT) -> RemotingCommand:
         sign_fields(self.credentials, request.ext_fields, request.body)
         return await super().invoke(addr, request, timeout)
+
+    def request_with(self, conn: RemotingConnection, request: RemotingCommand, timeout: float | None,
+                     waiter: ResponseWaiter) -> int:
+        sign_fields(self.credentials, request.ext_fields, request.body)
+        return super().request_with(conn, request, timeout, waiter)
 
     async def invoke_oneway(self, addr: str, request: RemotingCommand) -> None:
         sign_fields(self.credentials, request.ext_fields, request.body)

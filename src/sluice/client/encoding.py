@@ -9,6 +9,7 @@ codec has no per-message sysflag, so a compressed entry could not be marked.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 import zlib
@@ -22,7 +23,8 @@ from sluice.protocol import headers as H
 from sluice.protocol import properties as P
 from sluice.protocol.batch import encode_batch
 from sluice.protocol.codes import RequestCode, ResponseCode
-from sluice.protocol.command import FLAG_ONEWAY, RemotingCommand, error_for_response
+from sluice.protocol.command import (DEFAULT_VERSION, FLAG_ONEWAY, RemotingCommand, SerializeType, _command,
+                                     error_for_response)
 from sluice.protocol.msgid import new_unique_id, new_unique_ids
 from sluice.protocol.record import check_topic
 from sluice.format import FLAG_COMPRESSED
@@ -61,6 +63,13 @@ class PreparedSend:
     reply: bool = False
 
 
+_new_object = object.__new__
+_p_topic, _p_body, _p_properties, _p_sys_flag, _p_flag, _p_msg_id, _p_batch, _p_reply = (
+    PreparedSend.__dict__[name].__set__ for name in ("topic", "body", "properties", "sys_flag", "flag", "msg_id",
+                                                     "batch", "reply"))
+assert len(dataclasses.fields(PreparedSend)) == 8, "prepare_message sets every PreparedSend field"
+
+
 def _with_uniq_key(msg: Message) -> tuple[dict[str, str], str]:
     props = msg.all_properties()
     # MessageClientIDSetter.setUniqID: only when the message does not carry one already.
@@ -82,7 +91,16 @@ def prepare_message(
     if len(body) >= compress_over:
         body = zlib.compress(body, compress_level)
         sys_flag |= FLAG_COMPRESSED
-    return PreparedSend(msg.topic, body, P.encode_properties(props), sys_flag, msg.flag, uid)
+    prepared = _new_object(PreparedSend)  # PreparedSend(...) without the frozen __init__: one per send
+    _p_topic(prepared, msg.topic)
+    _p_body(prepared, body)
+    _p_properties(prepared, P.encode_properties(props))
+    _p_sys_flag(prepared, sys_flag)
+    _p_flag(prepared, msg.flag)
+    _p_msg_id(prepared, uid)
+    _p_batch(prepared, False)
+    _p_reply(prepared, False)
+    return prepared
 
 
 def prepare_batch(msgs: Sequence[Message], *, max_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> PreparedSend:
@@ -150,6 +168,13 @@ def build_send_request(
     The extFields are written directly (the fields of SendMessageRequestHeader, as its
     ``to_ext`` / ``to_v2_ext`` render them): this runs once per message sent.
     """
+    if v2 and not prepared.batch and not prepared.reply:  # a single send, what runs per message: the dict at once
+        ext = {"a": group, "b": prepared.topic, "c": default_topic, "d": str(default_topic_queue_nums),
+               "e": str(mq.queue_id), "f": str(prepared.sys_flag), "g": str(int(_time() * 1000)),
+               "h": str(prepared.flag), "i": prepared.properties, "j": "0", "k": "false", "m": "false",
+               "n": mq.broker_name}
+        return _request(_SEND_V2, ext, prepared.body, None, 0, FLAG_ONEWAY if oneway else 0, _LANGUAGE,
+                        DEFAULT_VERSION, SerializeType.JSON)
     values = (group, prepared.topic, default_topic, str(default_topic_queue_nums), str(mq.queue_id),
               str(prepared.sys_flag), str(int(time.time() * 1000)), str(prepared.flag), prepared.properties, "0",
               "false", "true" if prepared.batch else "false", mq.broker_name)
@@ -170,6 +195,10 @@ def build_send_request(
 _V1_NAMES = ("producerGroup", "topic", "defaultTopic", "defaultTopicQueueNums", "queueId", "sysFlag",
              "bornTimestamp", "flag", "properties", "reconsumeTimes", "unitMode", "batch", "brokerName")
 _V2_NAMES = tuple(H.to_v2_names(dict.fromkeys(_V1_NAMES)))
+_SEND_V2 = int(RequestCode.SEND_MESSAGE_V2)
+_LANGUAGE = RemotingCommand.__dataclass_fields__["language"].default
+_request = _command  # RemotingCommand with every field given, without the frozen __init__
+_time = time.time
 
 
 def parse_send_response(response: RemotingCommand, prepared: PreparedSend, mq: MessageQueue) -> SendResult:
@@ -178,6 +207,22 @@ def parse_send_response(response: RemotingCommand, prepared: PreparedSend, mq: M
     if status is None:
         raise error_for_response(response)
     header = H.SendMessageResponseHeader.from_command(response)
-    queue = MessageQueue(topic=mq.topic, broker_name=mq.broker_name, queue_id=header.queue_id)
-    return SendResult(status=status, msg_id=prepared.msg_id, offset_msg_id=header.msg_id, queue=queue,
-                      queue_offset=header.queue_offset, transaction_id=header.transaction_id)
+    queue_id = header.queue_id
+    # The queue sent to, as a rule (MessageQueue is immutable): one object fewer per send.
+    queue = mq if queue_id == mq.queue_id else MessageQueue(topic=mq.topic, broker_name=mq.broker_name,
+                                                             queue_id=queue_id)
+    result = _new_object(SendResult)
+    _set_status(result, status)
+    _set_msg_id(result, prepared.msg_id)
+    _set_offset_msg_id(result, header.msg_id)
+    _set_queue(result, queue)
+    _set_queue_offset(result, header.queue_offset)
+    _set_transaction_id(result, header.transaction_id)
+    return result
+
+
+# SendResult(...) without the frozen __init__'s object.__setattr__ per field: one is made per send.
+_set_status, _set_msg_id, _set_offset_msg_id, _set_queue, _set_queue_offset, _set_transaction_id = (
+    SendResult.__dict__[name].__set__ for name in ("status", "msg_id", "offset_msg_id", "queue", "queue_offset",
+                                                   "transaction_id"))
+assert len(dataclasses.fields(SendResult)) == 6, "parse_send_response sets every SendResult field"

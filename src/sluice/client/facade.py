@@ -8,6 +8,7 @@ namesrv set); it stops when the last of them shuts down.
 from __future__ import annotations
 
 import threading
+from functools import partial
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from concurrent.futures import Future
 from typing import Any, TypeVar
@@ -69,6 +70,11 @@ class _Facade:
             raise ClientError(f"{type(self).__name__} {self._impl.group!r} is not started")
         return self._loop.run(coro, timeout + _SLACK)
 
+    def _started_loop(self) -> LoopThread:
+        if self._loop is None:
+            raise ClientError(f"{type(self).__name__} {self._impl.group!r} is not started")
+        return self._loop
+
     def start(self) -> None:
         if self._loop is not None:
             raise ClientError(f"{type(self).__name__} {self._impl.group!r} is already started")
@@ -119,7 +125,10 @@ class Producer(_Facade):
     def send(self, msg: Message, *, timeout: float | None = None, selector: QueueSelector | None = None,
              arg: Any = None, queue: MessageQueue | None = None) -> SendResult:
         t = self._timeout(timeout)
-        return self._run(self._impl.send(msg, timeout=t, selector=selector, arg=arg, queue=queue), t)
+        loop = self._started_loop()
+        fut: Future[SendResult] = Future()
+        return loop.run_call(partial(self._impl.send_soon, msg, fut, timeout=t, selector=selector, arg=arg,
+                                     queue=queue), fut, t + _SLACK)
 
     def request(self, msg: Message, timeout: float = 3.0, *, selector: QueueSelector | None = None, arg: Any = None,
                 queue: MessageQueue | None = None) -> MessageExt:
@@ -147,17 +156,17 @@ class Producer(_Facade):
                    callback: Callable[[SendResult | None, BaseException | None], None] | None = None,
                    ) -> Future[SendResult]:
         """Send without blocking; the Future (and ``callback(result, error)``, on the loop thread) get
-        the outcome. Retries as :meth:`send` does."""
-        if self._loop is None:
-            raise ClientError(f"Producer {self.group!r} is not started")
-        coro = self._impl.send(msg, timeout=self._timeout(timeout), selector=selector, arg=arg, queue=queue)
-        fut = self._loop.submit(coro)
+        the outcome. Retries as :meth:`send` does. Sends made while the loop thread is busy reach it
+        together, in one wake-up, and each is still its own request with its own result."""
+        loop = self._started_loop()
+        fut: Future[SendResult] = Future()
         if callback is not None:
             def done(f: Future[SendResult]) -> None:
                 exc = f.exception() if not f.cancelled() else ClientError("send cancelled")
                 callback(None if exc else f.result(), exc)
             fut.add_done_callback(done)
-        return fut
+        return loop.submit_call(partial(self._impl.send_soon, msg, fut, timeout=self._timeout(timeout),
+                                        selector=selector, arg=arg, queue=queue), fut)
 
     def send_oneway(self, msg: Message, *, selector: QueueSelector | None = None, arg: Any = None,
                     queue: MessageQueue | None = None) -> None:

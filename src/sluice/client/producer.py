@@ -1,7 +1,7 @@
 """AsyncProducer: the one producer implementation (the blocking Producer wraps it on a loop thread).
 
 The API layer (this module) validates and prepares a message once — unique
-id, compression — then the sender loop (:meth:`AsyncProducer._send_default`,
+id, compression — then a SendCall (client/send_call.py,
 DefaultMQProducerImpl.sendDefaultImpl) picks a queue, sends, and on a
 retriable failure tries again on a queue of another broker, within one overall
 timeout. Ordered sends (a queue selector or an explicit queue) make exactly
@@ -11,26 +11,28 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import itertools
 import logging
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sluice.client.encoding import PreparedSend, build_send_request, parse_send_response, prepare_batch, prepare_message
-from sluice.client.fault import MQFaultStrategy, is_retriable
+from sluice.client.encoding import PreparedSend, prepare_batch, prepare_message
+from sluice.client.fault import MQFaultStrategy
 from sluice.client.lifecycle import AsyncClient
 from sluice.client.options import ProducerOptions
 from sluice.client.reply import (ReplyMessage, ReplyWaiters, RequestCallback, check_request, new_correlation_id,
                                  with_callback)
-from sluice.client.results import MessageQueue, SendResult, SendStatus
+from sluice.client.results import MessageQueue, SendResult
 from sluice.client.routing import QueueSelector, TopicPublishInfo
+from sluice.client.send_call import AnyFuture, SendCall, settle
 from sluice.client.instance import ClientConfig
 from sluice.client.trace import MAX_MESSAGE_SIZE, TraceDispatcher
-from sluice.errors import (ClientError, InvalidParameterError, RemotingError, RemotingTimeoutError, RequestTimeoutError,
-                           SluiceError)
+from sluice.errors import ClientError, InvalidParameterError, RequestTimeoutError
 from sluice.message import Message, MessageExt
 from sluice.protocol import properties as P
+from sluice.protocol.bodies import TopicRouteData
 from sluice.protocol.trace import TRACE_PRODUCER_GROUP
 
 __all__ = ["AsyncProducer", "started_trace"]
@@ -95,11 +97,22 @@ class AsyncProducer(AsyncClient):
 
     # ------------------------------------------------------------------------------ routes
 
+    def publish_info_now(self, topic: str) -> TopicPublishInfo | None:
+        """The topic's publish info when its route is cached (what :meth:`publish_info` returns without
+        waiting), else None."""
+        route = self.instance.routes.get(topic)
+        return None if route is None else self._publish_info_of(topic, route)
+
     async def publish_info(self, topic: str) -> TopicPublishInfo:
-        inst = self.instance
-        route = await inst.publish_route(topic, default_topic=self.options.create_topic_key,
-                                         default_queue_nums=self.options.default_topic_queue_nums)
-        version = inst.route_versions.get(topic, 0)
+        info = self.publish_info_now(topic)
+        if info is not None:
+            return info
+        route = await self.instance.publish_route(topic, default_topic=self.options.create_topic_key,
+                                                  default_queue_nums=self.options.default_topic_queue_nums)
+        return self._publish_info_of(topic, route)
+
+    def _publish_info_of(self, topic: str, route: TopicRouteData) -> TopicPublishInfo:
+        version = self.instance.route_versions.get(topic, 0)
         cached = self._publish.get(topic)
         if cached is not None and cached[0] == version:
             return cached[1]
@@ -119,21 +132,34 @@ class AsyncProducer(AsyncClient):
                    arg: Any = None, queue: MessageQueue | None = None) -> SendResult:
         """Send and wait for the broker's answer. ``selector(queues, msg, arg)`` or ``queue`` pins the
         queue (ordered sends; one attempt)."""
-        prepared = self._prepare(msg)
+        fut: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
+        self.send_soon(msg, fut, timeout=timeout, selector=selector, arg=arg, queue=queue)
+        return await fut
+
+    def send_soon(self, msg: Message, fut: AnyFuture, *, timeout: float | None = None,
+                  selector: QueueSelector | None = None, arg: Any = None, queue: MessageQueue | None = None) -> None:
+        """:meth:`send` without a coroutine, on this producer's loop: the SendResult or the error goes to ``fut``
+        (an asyncio or a concurrent.futures Future; the blocking Producer passes the latter), set on the loop.
+        The request is written before this returns when the topic's route and the broker's connection are
+        at hand."""
+        try:
+            prepared = self._prepare(msg)
+        except Exception as exc:
+            settle(fut, None, exc)
+            return
         trace = self.trace
-        if trace is None or prepared.topic == trace.topic:
-            result = await self._dispatch(prepared, msg, timeout, selector, arg, queue, oneway=False)
-        else:
-            begin = int(time.time() * 1000)
-            result = await self._dispatch(prepared, msg, timeout, selector, arg, queue, oneway=False)
-            assert result is not None
-            try:
-                addr = self.instance.find_broker_addr(result.queue.broker_name) or ""
-                trace.pub(self.group, msg, result, begin, addr)
-            except Exception as exc:  # tracing never fails a send the broker stored
-                log.warning("Pub trace record of %s not made: %r", result.msg_id, exc)
-        assert result is not None
-        return result
+        pub = None
+        if trace is not None and prepared.topic != trace.topic:
+            pub = functools.partial(self._pub_trace, trace, msg, int(time.time() * 1000))
+        SendCall(self, prepared, msg, fut, timeout=timeout, selector=selector, arg=arg, queue=queue,
+                 on_result=pub).start()
+
+    def _pub_trace(self, trace: TraceDispatcher, msg: Message, begin: int, result: SendResult) -> None:
+        try:
+            addr = self.instance.find_broker_addr(result.queue.broker_name) or ""
+            trace.pub(self.group, msg, result, begin, addr)
+        except Exception as exc:  # tracing never fails a send the broker stored
+            log.warning("Pub trace record of %s not made: %r", result.msg_id, exc)
 
     async def send_oneway(self, msg: Message, *, selector: QueueSelector | None = None, arg: Any = None,
                           queue: MessageQueue | None = None) -> None:
@@ -212,92 +238,8 @@ class AsyncProducer(AsyncClient):
     async def _dispatch(self, prepared: PreparedSend, msg: Message | None, timeout: float | None,
                         selector: QueueSelector | None, arg: Any, queue: MessageQueue | None,
                         *, oneway: bool) -> SendResult | None:
-        timeout = self.options.send_timeout if timeout is None else timeout
-        if timeout <= 0:
-            raise InvalidParameterError(f"timeout must be positive, got {timeout}")
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        info = await self.publish_info(prepared.topic)
-        if selector is not None or queue is not None:
-            if queue is None:
-                assert selector is not None
-                queue = selector(list(info.queues), msg, arg)  # type: ignore[arg-type]
-                if not isinstance(queue, MessageQueue):
-                    raise ClientError(f"the queue selector returned {queue!r}, not a MessageQueue")
-            if queue.topic != prepared.topic:
-                raise InvalidParameterError(f"queue {queue} is not a queue of topic {prepared.topic!r}")
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                raise RemotingTimeoutError(f"send to {prepared.topic} timed out before it could start")
-            return await self._send_kernel(prepared, queue, remaining, oneway)
-        return await self._send_default(prepared, info, deadline, timeout, oneway)
-
-    # ------------------------------------------------------------------------------ sender
-
-    async def _send_default(self, prepared: PreparedSend, info: TopicPublishInfo, deadline: float,
-                            timeout: float, oneway: bool) -> SendResult | None:
-        loop = asyncio.get_running_loop()
-        attempts = 1 if oneway else 1 + self.options.retry_times
-        last_broker: str | None = None
-        last_exc: SluiceError | None = None
-        tried: list[str] = []
-        result: SendResult | None = None
-        for _ in range(attempts):
-            mq = self.fault.select_one_message_queue(info, last_broker)
-            last_broker = mq.broker_name
-            begin = loop.time()
-            remaining = deadline - begin
-            if remaining <= 0:
-                break
-            tried.append(f"{mq.broker_name}/{mq.queue_id}")
-            try:
-                result = await self._send_kernel(prepared, mq, remaining, oneway)
-            except (RemotingError, ClientError) as exc:
-                # Unreachable, timed out, or the broker vanished from the route: charge the full isolation.
-                self.fault.update_fault_item(mq.broker_name, (loop.time() - begin) * 1000, True)
-                last_exc = exc
-                log.debug("send to %s failed (%s); retrying elsewhere", mq, exc)
-                continue
-            except SluiceError as exc:
-                self.fault.update_fault_item(mq.broker_name, (loop.time() - begin) * 1000, False)
-                if not is_retriable(exc):
-                    raise
-                last_exc = exc
-                log.debug("broker refused send to %s (%s); retrying elsewhere", mq, exc)
-                continue
-            self.fault.update_fault_item(mq.broker_name, (loop.time() - begin) * 1000, False)
-            if (result is not None and result.status is not SendStatus.SEND_OK
-                    and self.options.retry_another_broker_when_not_store_ok):
-                continue
-            return result
-        if result is not None:  # the last attempt stored it, though not as durably as asked
-            return result
-        if last_exc is None:
-            raise RemotingTimeoutError(f"send to topic {prepared.topic!r} timed out after {timeout:g} s "
-                                       f"(tried {', '.join(tried) or 'no queue'})")
-        last_exc.add_note(f"sluice: send to topic {prepared.topic!r} failed after {len(tried)} attempt(s) "
-                          f"on {', '.join(tried)}")
-        raise last_exc
-
-    async def _send_kernel(self, prepared: PreparedSend, mq: MessageQueue, timeout: float,
-                           oneway: bool) -> SendResult | None:
-        inst = self.instance
-        addr = inst.find_broker_addr(mq.broker_name)
-        if addr is None:
-            await self.publish_info(mq.topic)
-            addr = inst.find_broker_addr(mq.broker_name)
-        if addr is None:
-            raise ClientError(f"broker {mq.broker_name!r} has no known master address")
-        o = self.options
-        request = build_send_request(prepared, mq, group=self.group, default_topic=o.create_topic_key,
-                                     default_topic_queue_nums=o.default_topic_queue_nums, v2=o.use_v2_header,
-                                     oneway=oneway)
-        if oneway:
-            try:
-                async with asyncio.timeout(timeout):
-                    await inst.remoting.invoke_oneway(addr, request)
-            except TimeoutError:
-                raise RemotingTimeoutError(f"oneway send to {addr} not written within {timeout:g} s") from None
-            return None
-        response = await inst.remoting.invoke(addr, request, timeout)
-        return parse_send_response(response, prepared, mq)
+        """Send a prepared message (its attempts: client/send_call.py) and wait for the outcome."""
+        fut: asyncio.Future[SendResult | None] = asyncio.get_running_loop().create_future()
+        SendCall(self, prepared, msg, fut, timeout=timeout, selector=selector, arg=arg, queue=queue,
+                 oneway=oneway).start()
+        return await fut

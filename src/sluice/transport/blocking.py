@@ -11,12 +11,13 @@ import concurrent.futures
 from abc import ABC, abstractmethod
 import threading
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from functools import partial
 from typing import Any, Self, TypeVar
 
 from sluice.errors import RemotingError, RemotingTimeoutError
 from sluice.transport.client import DEFAULT_TIMEOUT, RemotingClient
+from sluice.transport.connection import begin_writes, end_writes
 from sluice.protocol.command import RemotingCommand
 
 __all__ = ["LoopBoundClient", "LoopThread", "SyncRemotingClient"]
@@ -30,7 +31,9 @@ class LoopThread:
     def __init__(self, name: str = "sluice-loop") -> None:
         self.loop = asyncio.new_event_loop()
         self._ready = threading.Event()
-        self._submitted: deque[tuple[Coroutine[Any, Any, Any], concurrent.futures.Future[Any]]] = deque()
+        # (coroutine or plain function, its Future, whether a function) in submission order
+        self._submitted: deque[tuple[Coroutine[Any, Any, Any] | Callable[[], object],
+                                     concurrent.futures.Future[Any], bool]] = deque()
         self._drain_scheduled = False
         #: Times submitted coroutines were handed to the loop (a burst submitted while the loop is busy: once).
         self.wakeups = 0
@@ -74,7 +77,33 @@ class LoopThread:
         coroutines submitted while the loop has not taken the last ones yet wait in a queue: a burst of sends
         from other threads costs the loop one wake-up (a self-pipe write and read), not one per call."""
         fut: concurrent.futures.Future[T] = concurrent.futures.Future()
-        self._submitted.append((coro, fut))
+        self._enqueue(coro, fut, False)
+        return fut
+
+    def submit_call(self, fn: Callable[[], object], fut: concurrent.futures.Future[T]) -> concurrent.futures.Future[T]:
+        """Run the plain function ``fn`` on the loop, in order with what else was submitted and sharing its
+        wake-ups; ``fn`` settles ``fut`` itself, on the loop, now or later (no task is made for it). A future
+        cancelled before the loop took it is not run; ``fn`` raising fails ``fut``."""
+        self._enqueue(fn, fut, True)
+        return fut
+
+    def run_call(self, fn: Callable[[], object], fut: concurrent.futures.Future[T], timeout: float | None = None) -> T:
+        """:meth:`submit_call` and wait for ``fut``, as :meth:`run` waits for a coroutine (``timeout`` cancels
+        ``fut``)."""
+        if threading.current_thread() is self._thread:
+            raise RemotingError("LoopThread.run_call called from its own loop thread (would deadlock)")
+        if not self.running:
+            raise RemotingError("the event loop thread is stopped")
+        self._enqueue(fn, fut, True)
+        try:
+            return fut.result(timeout)
+        except TimeoutError:
+            fut.cancel()
+            raise RemotingTimeoutError(f"call did not finish within {timeout:g} s") from None
+
+    def _enqueue(self, job: Coroutine[Any, Any, Any] | Callable[[], object], fut: concurrent.futures.Future[Any],
+                 call: bool) -> None:
+        self._submitted.append((job, fut, call))
         if not self._drain_scheduled:
             self._drain_scheduled = True
             try:
@@ -83,12 +112,12 @@ class LoopThread:
                 self._drain_scheduled = False
                 self._fail_waiting()
                 raise
-        return fut
 
     def _fail_waiting(self) -> None:
         while self._submitted:
-            coro, fut = self._submitted.popleft()
-            coro.close()
+            job, fut, call = self._submitted.popleft()
+            if not call:
+                job.close()  # type: ignore[union-attr]
             if fut.set_running_or_notify_cancel():
                 fut.set_exception(RemotingError("the event loop thread is stopped"))
 
@@ -98,12 +127,31 @@ class LoopThread:
         self._drain_scheduled = False
         self.wakeups += 1
         queue, loop = self._submitted, self.loop
+        batch = begin_writes()  # what the calls write leaves at the end of this drain, not an iteration later
+        try:
+            self._run_submitted(queue, loop)
+        finally:
+            end_writes(batch)
+
+    @staticmethod
+    def _run_submitted(queue: deque[tuple[Coroutine[Any, Any, Any] | Callable[[], object],
+                                          concurrent.futures.Future[Any], bool]],
+                       loop: asyncio.AbstractEventLoop) -> None:
         while queue:
-            coro, fut = queue.popleft()
-            if fut.cancelled():
-                coro.close()
+            job, fut, call = queue.popleft()
+            if call:  # submit_call: the function settles fut itself
+                if fut.cancelled():
+                    continue
+                try:
+                    job()  # type: ignore[operator]
+                except BaseException as exc:
+                    if not fut.done() and fut.set_running_or_notify_cancel():
+                        fut.set_exception(exc)
                 continue
-            task = loop.create_task(coro)
+            if fut.cancelled():
+                job.close()  # type: ignore[union-attr]
+                continue
+            task = loop.create_task(job)  # type: ignore[arg-type]
             task.add_done_callback(partial(_settle, fut))
             fut.add_done_callback(partial(_cancel_soon, loop, task))
 

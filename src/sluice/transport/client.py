@@ -20,7 +20,7 @@ import ssl
 
 from sluice.errors import RemotingError, RemotingTimeoutError
 from sluice.protocol.command import RemotingCommand
-from sluice.transport.connection import Dispatcher, RemotingConnection, RequestHandler, split_addr
+from sluice.transport.connection import Dispatcher, RemotingConnection, RequestHandler, ResponseWaiter, split_addr
 from sluice.protocol.frame import DEFAULT_MAX_FRAME_SIZE
 from sluice.transport.tls import ClientTls
 
@@ -99,6 +99,17 @@ class RemotingClient:
         if conn is None or conn.is_closed:
             conn = await self.connection(addr)
         return await conn.request(request, timeout)
+
+    def open_connection(self, addr: str) -> RemotingConnection | None:
+        """The connection to ``addr`` if it is open and takes writes now, else None (then :meth:`invoke`)."""
+        conn = self._conns.get(addr)
+        return conn if conn is not None and conn.writable else None
+
+    def request_with(self, conn: RemotingConnection, request: RemotingCommand, timeout: float | None,
+                     waiter: ResponseWaiter) -> int:
+        """Write ``request`` on ``conn`` (one of :meth:`open_connection`'s) with ``waiter`` for its response, as
+        ``RemotingConnection.request_with``: the callback twin of :meth:`invoke`. Returns the request's opaque."""
+        return conn.request_with(request, timeout, waiter)
 
     async def invoke_oneway(self, addr: str, request: RemotingCommand) -> None:
         conn = await self.connection(addr)

@@ -24,7 +24,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from sluice.errors import ProtocolError, RemotingError, RemotingTimeoutError, SluiceError
 from sluice.protocol.command import FLAG_ONEWAY, FLAG_RESPONSE, RemotingCommand
@@ -33,11 +33,22 @@ from sluice.transport.dispatcher import Dispatcher, RequestHandler, split_addr
 from sluice.ratelog import RateLimitedLog
 from sluice.transport.limits import SMALL_FRAME, FrameBudget
 
-__all__ = ["DEFAULT_MAX_INFLIGHT", "CloseCallback", "Dispatcher", "RemotingConnection", "RequestHandler", "split_addr"]
+__all__ = ["DEFAULT_MAX_INFLIGHT", "CloseCallback", "Dispatcher", "RemotingConnection", "RequestHandler", "ResponseWaiter",
+           "begin_writes", "end_writes", "split_addr"]
 
 log = logging.getLogger(__name__)
 
 CloseCallback = Callable[["RemotingConnection"], None]
+
+
+class ResponseWaiter(Protocol):
+    """What :meth:`RemotingConnection.request_with` hands a response to (an asyncio.Future has this shape)."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, response: RemotingCommand, /) -> None: ...
+
+    def set_exception(self, exc: BaseException, /) -> None: ...
 
 #: Requests from the peer being handled at once on one connection; beyond it we stop reading (backpressure).
 DEFAULT_MAX_INFLIGHT = 4096
@@ -50,6 +61,7 @@ _BIG_BODY = 1024 * 1024
 _CLOSE_TIMEOUT = 10.0
 _READ_BUFFER = 256 * 1024  # what one read may take (asyncio's own read size)
 _reads = threading.local()  # close(): abort a transport whose peer will not take our last bytes
+_writes = threading.local()  # the open write batch (begin_writes), if any
 _NEVER = float("inf")
 # A peer that reconnects in a loop with bad frames must not flood the log.
 _protocol_errors = RateLimitedLog(log)
@@ -75,7 +87,7 @@ class RemotingConnection(asyncio.BufferedProtocol):
         self._codec = FrameCodec(max_frame_size)
         self._opaques = itertools.count(1)
         # opaque -> (future, deadline, request code, timeout) of our requests awaiting their response
-        self._pending: dict[int, tuple[asyncio.Future[RemotingCommand], float, int, float]] = {}
+        self._pending: dict[int, tuple[ResponseWaiter, float, int, float | None]] = {}
         self._sweep_at = _NEVER
         self._sweep_handle: asyncio.TimerHandle | None = None
         self._tasks: dict[int, asyncio.Task[None]] = {}  # handler tasks by a private key
@@ -189,6 +201,30 @@ class RemotingConnection(asyncio.BufferedProtocol):
         self._flush()
         return fut
 
+    def request_with(self, cmd: RemotingCommand, timeout: float | None, waiter: ResponseWaiter) -> int:
+        """Send a request whose response goes to ``waiter`` (no task, no future): ``set_result(response)`` as the
+        frame is decoded, or ``set_exception(exc)`` on timeout or close, once, while ``waiter.done()`` is false
+        (the SDK's SendCall). Returns the opaque (for :meth:`forget`). The frame leaves with this iteration's
+        writes; this does not wait while the transport's buffer is full (check :attr:`writable` first)."""
+        if self._closed:
+            raise RemotingError(f"connection to {self.peer} is closed")
+        opaque = next(self._opaques) & 0x7FFFFFFF
+        deadline = self._loop.time() + timeout if timeout is not None else _NEVER  # type: ignore[union-attr]
+        self._pending[opaque] = (waiter, deadline, cmd.code, timeout)
+        if deadline < self._sweep_at:
+            self._arm_sweep(deadline)
+        self._write(cmd, opaque, cmd.flag & ~(FLAG_RESPONSE | FLAG_ONEWAY), cmd.serialize_type)
+        return opaque
+
+    def forget(self, opaque: int) -> None:
+        """Drop a request's waiter (its sender gave up); a late response is then dropped as unknown."""
+        self._pending.pop(opaque, None)
+
+    @property
+    def writable(self) -> bool:
+        """Open, and the transport takes writes (its buffer is under the high-water mark)."""
+        return not self._closed and not self._write_paused
+
     async def send_oneway(self, cmd: RemotingCommand) -> None:
         if self._closed:
             raise RemotingError(f"connection to {self.peer} is closed")
@@ -228,11 +264,15 @@ class RemotingConnection(asyncio.BufferedProtocol):
             elif entry[1] < next_at:
                 next_at = entry[1]
         for opaque in due:
-            fut, _, code, timeout = self._pending.pop(opaque)
+            entry = self._pending.pop(opaque, None)  # a waiter failed before may have forgotten another
+            if entry is None:
+                continue
+            fut, _, code, timeout = entry
             if not fut.done():
                 fut.set_exception(RemotingTimeoutError(
                     f"no response to request code {code} from {self.peer} within {timeout:g} s"))
-        if next_at is not _NEVER:
+        # A waiter failed above may have sent its retry on this connection and armed the sweep already.
+        if next_at < self._sweep_at:
             self._arm_sweep(next_at)
 
     def _write(self, cmd: RemotingCommand, opaque: int, flag: int, serialize_type: int) -> None:
@@ -255,7 +295,11 @@ class RemotingConnection(asyncio.BufferedProtocol):
             self._flush()
         elif not self._flush_scheduled:
             self._flush_scheduled = True
-            self._loop.call_soon(self._flush)  # type: ignore[union-attr]
+            batch = getattr(_writes, "batch", None)
+            if batch is None:
+                self._loop.call_soon(self._flush)  # type: ignore[union-attr]
+            else:
+                batch.append(self)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
@@ -530,6 +574,28 @@ class RemotingConnection(asyncio.BufferedProtocol):
                 cb(self)
             except Exception:
                 log.exception("connection close callback %r failed", cb)
+
+
+def begin_writes() -> list[RemotingConnection] | None:
+    """Open a write batch on this thread: frames written on its connections until :func:`end_writes` leave
+    there, in one transport write per connection, rather than at the next loop iteration (one iteration, an
+    epoll_wait and a GIL release fewer). LoopThread opens one around the calls it takes from other threads.
+    None (and end_writes does nothing) when one is open already."""
+    if getattr(_writes, "batch", None) is not None:
+        return None
+    batch: list[RemotingConnection] = []
+    _writes.batch = batch
+    return batch
+
+
+def end_writes(batch: list[RemotingConnection] | None) -> None:
+    """Close the batch :func:`begin_writes` opened, writing what its connections collected."""
+    if batch is None:
+        return
+    _writes.batch = None
+    for conn in batch:
+        if conn._flush_scheduled:
+            conn._flush()
 
 
 _NO_HANDLERS = Dispatcher()

@@ -1,0 +1,57 @@
+"""The blocking Producer's single sends through SendCall against a real broker: a burst of send_async made while
+the loop thread is busy reaches it in one wake-up, and every message is still its own request with its own
+result; sync sends from several threads; an invalid message fails only its own future."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+from sdk_support import Cluster, cluster, needs_broker, topic  # noqa: F401 (fixtures)
+from test_sdk_integration import pull_all
+
+from sluice import Message, Producer, PullConsumer, SendStatus
+from sluice.errors import MessageIllegalError
+
+pytestmark = [pytest.mark.integration, needs_broker]
+
+
+def test_a_burst_while_the_loop_is_busy_is_one_wake_up_and_one_result_each(cluster: Cluster, topic: str) -> None:
+    with Producer("PG_burst", cluster.ns) as p:
+        p.send(Message(topic, b"warm-up"))  # route cached and connection open: the sends below take no task
+        loop_thread = p._loop
+        assert loop_thread is not None
+        busy, release = threading.Event(), threading.Event()
+        loop_thread.loop.call_soon_threadsafe(lambda: (busy.set(), release.wait(30)))
+        assert busy.wait(30)
+        before = loop_thread.wakeups
+        msgs = [Message(topic, f"burst-{i}".encode(), properties={"i": str(i)}) for i in range(200)]
+        bad = Message(topic, b"")  # empty body: refused before it reaches the wire
+        futs = [p.send_async(m) for m in msgs[:100]] + [p.send_async(bad)] + [p.send_async(m) for m in msgs[100:]]
+        release.set()
+        results = [f.result(30) for f in futs[:100] + futs[101:]]
+        with pytest.raises(MessageIllegalError, match="empty"):
+            futs[100].result(30)
+        assert loop_thread.wakeups == before + 1
+        assert all(r.status is SendStatus.SEND_OK for r in results)
+        assert len({r.msg_id for r in results}) == 200 and len({r.offset_msg_id for r in results}) == 200
+    with PullConsumer("CG_burst", cluster.ns) as c:
+        got = {m.msg_id: m.body for m in pull_all(c, topic, expect=201) if m.body != b"warm-up"}
+    assert got == {r.msg_id: m.body for r, m in zip(results, msgs)}
+
+
+def test_sync_sends_from_several_threads_each_get_their_own_result(cluster: Cluster, topic: str) -> None:
+    results: dict[int, list[str]] = {}
+    with Producer("PG_threads", cluster.ns) as p:
+        def work(k: int) -> None:
+            results[k] = [p.send(Message(topic, f"t{k}-{i}".encode())).msg_id for i in range(50)]
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    ids = [i for part in results.values() for i in part]
+    assert len(results) == 4 and len(set(ids)) == 200
+    with PullConsumer("CG_threads", cluster.ns) as c:
+        got = {m.msg_id: m.body for m in pull_all(c, topic, expect=200)}
+    assert set(got) == set(ids)
+    assert all(got[msg_id] == f"t{k}-{i}".encode() for k, part in results.items() for i, msg_id in enumerate(part))
