@@ -139,8 +139,10 @@ class PullReader:
         wanted = real
         check = None  # units whose record the filter must see
         if mf is not None:
-            ext = self.ext.get(cq.topic, cq.queue_id)
-            codes, batch, unresolved = resolve_units(ext, units["tag"])
+            if mf.needs_units:
+                codes, batch, unresolved = resolve_units(self.ext.get(cq.topic, cq.queue_id), units["tag"])
+            else:  # the filter decides without the units' ext rows: none are read
+                codes, batch, unresolved = units["tag"], None, None
             mask, check = mf.select_units(codes, batch, unresolved)
             if mask is not None:
                 wanted = real & np.asarray(mask, dtype=bool)
