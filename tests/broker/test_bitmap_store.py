@@ -242,3 +242,64 @@ def test_scanned_pulls_count_false_positives_as_the_loop_does(fs, monkeypatch):
         slow = run()
     assert fast == slow
     assert fast[1]["bitmap_false_positives"] > 0 and fast[1]["evaluated"] > len(fast[0])
+
+
+class _Resolving(SelectorFilter):
+    """The same filter made to take the units' resolved ext rows (the store's path before needs_units)."""
+
+    __slots__ = ()
+
+    @property
+    def needs_units(self) -> bool:
+        return True
+
+
+def test_which_filters_need_the_units_ext_rows(fs):
+    register(fs, "G", "N", "a < 100")
+    assert sql_filter(fs, "G", "N", "a < 100").needs_units  # Bloom data: the bitmaps are read
+    assert not sql_filter(fs, "G", "N", "a < 100", bloom=False).needs_units  # catching up: every record
+    assert SelectorFilter(compile_selector("TAG", "TagA")).for_pull().needs_units  # tag codes
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 10_000), expr=st.sampled_from(EXPRS), n=st.integers(1, 600),
+       max_msgs=st.sampled_from([1, 7, 32, 300]), budget=st.sampled_from([0, 5, 64]))
+def test_a_catch_up_pull_without_the_ext_rows_is_the_pull_with_them(tmp_path_factory, monkeypatch, seed, expr, n,
+                                                                    max_msgs, budget):
+    """A SQL92 filter without Bloom data on a topic whose units point at ext rows (other groups' bitmaps)
+    reads no ext row, and every answer and counter is the one the resolving twin gets."""
+    import sluice.store.pull_read as pull_read
+
+    fs = FilteredStore(tmp_path_factory.mktemp("units") / "s")
+    try:
+        register(fs, "Other", "U", "a < 500")  # bitmaps for someone else: every unit has an ext address
+        put(fs.store, "U", [props_of(i, random.Random(seed + i)) for i in range(n)])
+        assert is_ext_address_array(tag_slots(fs, "U")).all()
+        resolved = [0]
+        real = pull_read.resolve_units
+
+        def counting(*a):  # type: ignore[no-untyped-def]
+            resolved[0] += 1
+            return real(*a)
+        monkeypatch.setattr(pull_read, "resolve_units", counting)
+        sel = compile_selector("SQL92", expr)
+        outcomes = []
+        for cls in (SelectorFilter, _Resolving):
+            resolved[0] = 0
+            base = cls(sel)
+            seen, off = [], 0
+            while True:
+                mf = cls(sel, like=base)  # as for_pull makes a pull's copy, without Bloom data
+                mf.metrics = fs.manager.metrics_of(cls.__name__, "U")
+                mf.max_evaluations = budget
+                res = fs.store.get_messages("U", 0, off, max_msgs, mf)
+                seen.append((res.status, res.next_begin_offset, res.queue_offsets, res.records_read))
+                if res.next_begin_offset >= n or res.next_begin_offset == off:
+                    break
+                off = res.next_begin_offset
+            m = fs.manager.metrics_of(cls.__name__, "U")
+            outcomes.append((seen, m.evaluated, m.matched, m.errors))
+            assert (resolved[0] == 0) is (cls is SelectorFilter)
+        assert outcomes[0] == outcomes[1]
+    finally:
+        fs.close()

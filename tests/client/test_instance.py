@@ -48,3 +48,58 @@ def test_a_new_loop_gets_a_new_instance():
     asyncio.run(main())
     assert seen[0] is not seen[1] and all(i.closed for i in seen)
     assert not any(i in ClientInstance._registry.values() for i in seen)
+
+
+def test_a_heartbeat_joins_one_on_its_way_with_the_same_data_and_only_that():
+    """A starting consumer's heartbeat and the one a new broker's route spawns are one request; a heartbeat
+    whose data changed meanwhile, or asked for after the first was answered, is sent."""
+    from sluice.errors import SluiceError
+    from sluice.protocol.bodies import HeartbeatData
+
+    async def settle() -> None:
+        for _ in range(5):
+            await asyncio.sleep(0)
+
+    async def main() -> None:
+        p = AsyncProducer("P1", "127.0.0.1:1")
+        await p.start()
+        inst = p.instance
+        sent: list[tuple[str, HeartbeatData]] = []
+        gate = asyncio.Event()
+        fail = [False]
+
+        async def heartbeat(addr: str, data: HeartbeatData, timeout: float) -> None:
+            sent.append((addr, data))
+            await gate.wait()
+            if fail[0]:
+                raise SluiceError("refused")
+
+        inst.api.heartbeat = heartbeat  # type: ignore[method-assign]
+        first = asyncio.ensure_future(inst.send_heartbeat(["b:1", "b:2"]))
+        await settle()
+        joined = asyncio.ensure_future(inst.send_heartbeat(["b:1"]))
+        await settle()
+        assert [a for a, _ in sent] == ["b:1", "b:2"]
+        inst.register_producer("P2", object())  # the data changed: this one is sent
+        changed = asyncio.ensure_future(inst.send_heartbeat(["b:1"]))
+        await settle()
+        assert [a for a, _ in sent] == ["b:1", "b:2", "b:1"]
+        assert {g.group_name for g in sent[-1][1].producer_data_set} == {"P1", "P2"}
+        joined.cancel()  # a joiner giving up does not cancel the heartbeat it joined
+        await settle()
+        assert not first.done()
+        fail[0] = True  # failures are logged, never raised to the joiners
+        gate.set()
+        await asyncio.gather(first, changed)
+        assert not inst._heartbeats
+        gate.clear()
+        fail[0] = False
+        again = asyncio.ensure_future(inst.send_heartbeat(["b:1"]))  # the last one was answered: sent anew
+        await settle()
+        assert [a for a, _ in sent] == ["b:1", "b:2", "b:1", "b:1"]
+        gate.set()
+        await again
+        inst.producers.pop("P2")
+        await p.shutdown()
+
+    asyncio.run(main())

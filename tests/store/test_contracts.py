@@ -40,7 +40,7 @@ def assert_conforms(obj: object, proto: type) -> None:
 
 def test_the_protocols_declare_every_hook_the_store_calls() -> None:
     assert protocol_members(MessageFilter) == {"select_units", "match_record_at", "consumed", "max_evaluations",
-                                                "record_keys", "record_verdicts", "judge", "settle"}
+                                                "needs_units", "record_keys", "record_verdicts", "judge", "settle"}
     assert protocol_members(Dispatcher) == {"rebuilds_bitmaps", "dispatch", "dispatch_batch"}
     for proto in (MessageFilter, Dispatcher):
         for name in protocol_members(proto) - set(proto.__annotations__):
@@ -89,6 +89,7 @@ class StrictFilter(Recording):
     """A filter with the Protocol's members and nothing else: tags 'a', decided on the record."""
 
     max_evaluations = 0
+    needs_units = True
 
     def __init__(self) -> None:
         self._touched: set[str] = set()

@@ -140,6 +140,13 @@ class SelectorFilter:
                 check = check & may
         return keep, check
 
+    @property
+    def needs_units(self) -> bool:
+        """MessageFilter.needs_units: tag selectors read tag codes and Bloom data reads bitmaps; a SQL92
+        selector without Bloom data (a group that subscribed after the writes) evaluates every record and
+        reads neither, nor does a backfill (it follows the window's position alone)."""
+        return self._tag is not None or self.bloom is not None
+
     def _select_sql(self, codes: np.ndarray, batch: ExtBatch | None) -> tuple[np.ndarray | None, np.ndarray]:
         check_all = np.ones(len(codes), dtype=bool)
         bloom = self.bloom

@@ -180,7 +180,8 @@ class PullProcessor:
                  max_bytes: int | None) -> GetMessageResult:
         # A group's backfill bitmap for this queue (broker/backfill.py), set afresh for each read.
         mf = self.backfills.attach(mf, h.consumer_group, h.topic, h.queue_id, h.queue_offset)
-        return self.store.get_messages(h.topic, h.queue_id, h.queue_offset, max_msgs, mf, max_bytes)
+        return self.store.get_messages(h.topic, h.queue_id, h.queue_offset, max_msgs, mf, max_bytes,
+                                       h.max_scan_units or 0)
 
     async def _get(self, h: PullMessageRequestHeader, max_msgs: int, mf: SelectorFilter | None,
                    max_bytes: int | None) -> GetMessageResult:

@@ -5,7 +5,9 @@ connection per broker), the topic route cache (refreshed every 30 s, as
 ``pollNameServerInterval``), the broker address table rebuilt from those
 routes, heartbeats to every master every 30 s (``heartbeatBrokerInterval``)
 and at once to a broker seen for the first time, and the periodic consumer
-offset persistence (every 5 s, ``persistConsumerOffsetInterval``).
+offset persistence (every 5 s, ``persistConsumerOffsetInterval``). A heartbeat
+asked for while one with the same data is on its way to that broker joins it
+(a starting consumer's own heartbeat and the new-broker one are one request).
 
 Instances are reference counted: :meth:`acquire` on start, :meth:`release`
 on shutdown; the last release closes it.
@@ -113,6 +115,8 @@ class ClientInstance:
         self.producers: dict[str, object] = {}
         self.consumers: dict[str, ConsumerInner] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        #: Per broker address, the heartbeat on its way and the data it carries (joined by an equal one).
+        self._heartbeats: dict[str, tuple[HeartbeatData, asyncio.Task[None]]] = {}
         self._users = 0
         self._key: tuple[int, tuple[str, ...], str | None, Credentials | None, ClientTls | None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -300,8 +304,23 @@ class ClientInstance:
         data = self.heartbeat_data()
         if not data.producer_data_set and not data.consumer_data_set:
             return
-        await asyncio.gather(*(self._quietly(self.api.heartbeat(a, data, self.config.request_timeout), a)
-                               for a in addrs))
+        await asyncio.gather(*(self._heartbeat(a, data) for a in addrs))
+
+    def _heartbeat(self, addr: str, data: HeartbeatData) -> Awaitable[None]:
+        """One heartbeat to ``addr``; one on its way there with equal data is joined, not sent again (a
+        starting consumer's heartbeat and the one a new route spawns would otherwise both be handled)."""
+        held = self._heartbeats.get(addr)
+        if held is not None and not held[1].done() and held[0] == data:
+            return asyncio.shield(held[1])
+        task = asyncio.ensure_future(self._quietly(self.api.heartbeat(addr, data, self.config.request_timeout),
+                                                   addr))
+        self._heartbeats[addr] = (data, task)
+
+        def forget(t: asyncio.Task[None], addr: str = addr) -> None:
+            if self._heartbeats.get(addr, (None, None))[1] is t:
+                del self._heartbeats[addr]
+        task.add_done_callback(forget)
+        return asyncio.shield(task)
 
     async def persist_all_offsets(self) -> None:
         for consumer in list(self.consumers.values()):

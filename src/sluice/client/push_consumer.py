@@ -349,6 +349,16 @@ class AsyncPushConsumer(AsyncClient):
             if o.pull_interval > 0:
                 await asyncio.sleep(o.pull_interval)
 
+    def _scan_room(self, sel: MessageSelector) -> int | None:
+        """The queue offsets a filtered pull may look at (maxScanUnits): consume_concurrently_max_span, so one
+        answer never spans more than the span rule allows (the broker's window alone is 800 units, which
+        takes a selective catch-up more than twice the round trips); as after any pull, the rule holds the
+        next pull while the cached span is over it. None for orderly listeners (no span rule) and
+        unfiltered subscriptions: the broker's own window."""
+        if self.orderly or (sel.is_tag and not sel.tags):
+            return None
+        return self.options.consume_concurrently_max_span
+
     async def _pull_once(self, mq: MessageQueue, offset: int, size: int) -> PullResult:
         o = self.options
         inst = self.instance
@@ -363,7 +373,8 @@ class AsyncPushConsumer(AsyncClient):
             consumer_group=self.group, topic=mq.topic, queue_id=mq.queue_id, queue_offset=offset,
             max_msg_nums=size, sys_flag=flags, commit_offset=max(commit, 0),
             suspend_timeout_millis=int(o.broker_suspend_max * 1000), subscription=sel.expression,
-            sub_version=version, expression_type=sel.wire_expression_type)
+            sub_version=version, expression_type=sel.wire_expression_type,
+            max_scan_units=self._scan_room(sel))
         if sel.is_class:  # a filter server of mq's broker runs the class; the broker never serves it
             response = await ClassFilters.of(inst).pull(self.group, mq, sel, header.to_ext(),
                                                          o.consumer_timeout_when_suspend)

@@ -33,6 +33,7 @@ from sluice.client.allocate import STRATEGIES
 from sluice.client.broker_api import decode_messages
 from sluice.client.consume_directly import consume_directly
 from sluice.client.push_options import ConsumeFromWhere, MessageModel
+from sluice.client.offset_store import RemoteBrokerOffsetStore
 from sluice.client.process_queue import ProcessQueue
 from sluice.client.push_requests import consumer_id_list, lock_batch, unlock_batch
 from sluice.client.results import MessageQueue, queue_sort_key
@@ -81,6 +82,8 @@ class Rebalancer:
         self._wanted: dict[str, set[MessageQueue]] = {}
         self._pending: set[MessageQueue] = set()
         self._later_tasks: set[asyncio.Task[None]] = set()
+        #: Start offsets being committed while their queues already pull (_take).
+        self._commits: set[asyncio.Task[None]] = set()
 
     @property
     def _inst(self) -> ClientInstance:
@@ -180,11 +183,18 @@ class Rebalancer:
             return False
         c.offset_store.remove(mq)
         try:
-            offset = await self.compute_pull_from_where(mq)
+            offset, fresh = await self.start_offset(mq)
         except SluiceError as exc:
             log.warning("group %s: no start offset for %s (%s); not taking it this round", c.group, mq, exc)
             await self._unlock_quietly(mq)
             return True
+        if fresh:
+            # The start is committed at once (compute_pull_from_where's rule), but the first pull need not
+            # wait for the answer: the commit is written to the broker's connection first, a failed one is
+            # retried by the periodic persist (the offset stays dirty), and the first pull commits no lower.
+            task = asyncio.get_running_loop().create_task(c.offset_store.persist(mq))
+            self._commits.add(task)
+            task.add_done_callback(self._commits.discard)
         pq = ProcessQueue()
         pq.locked = True
         pq.last_lock_time = time.monotonic()
@@ -194,10 +204,11 @@ class Rebalancer:
         return True
 
     async def cancel_pending(self) -> None:
+        """Cancel the hand-off waits; let start commits on their way finish (never lost to a shutdown)."""
         tasks = list(self._later_tasks)
         for t in tasks:
             t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, *self._commits, return_exceptions=True)
 
     async def _release(self, mq: MessageQueue, pq: ProcessQueue) -> None:
         """removeUnnecessaryMessageQueue: stop pulling, let in-flight work finish briefly, commit, unlock."""
@@ -287,15 +298,41 @@ class Rebalancer:
 
     async def compute_pull_from_where(self, mq: MessageQueue) -> int:
         """The committed offset, else consume_from_where, exactly (RebalancePushImpl.computePullFromWhere
-        without its fall-backs to 0). Retry topics start at 0: every retry of the group is wanted."""
+        without its fall-backs to 0), which is then committed. Retry topics start at 0: every retry of the
+        group is wanted."""
+        offset, fresh = await self.start_offset(mq)
+        if fresh:
+            await self.consumer.offset_store.persist(mq)
+        return offset
+
+    async def start_offset(self, mq: MessageQueue) -> tuple[int, bool]:
+        """compute_pull_from_where without the commit: (offset, True when it is not the committed one and
+        must be committed; it is in the offset store's memory already)."""
         c = self.consumer
-        committed = await c.offset_store.read_store(mq)
+        where = c.options.from_where
+        first = None
+        if where is ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET and not mq.topic.startswith(RETRY_PREFIX) \
+                and isinstance(c.offset_store, RemoteBrokerOffsetStore):
+            # Asked beside the committed offset (a read either way): a group new to the queue, whose
+            # committed offset the broker does not have, starts a round trip sooner.
+            first = asyncio.ensure_future(self._first_offset(mq))
+        try:
+            committed = await c.offset_store.read_store(mq)
+        except BaseException:
+            if first is not None:
+                first.cancel()
+                await asyncio.gather(first, return_exceptions=True)
+            raise
         if committed >= 0:
-            return committed
+            if first is not None:
+                first.cancel()
+                await asyncio.gather(first, return_exceptions=True)
+            return committed, False
         if mq.topic.startswith(RETRY_PREFIX):
             offset = 0
+        elif first is not None:
+            offset = await first
         else:
-            where = c.options.from_where
             api, rt = self._inst.api, c.options.request_timeout
             addr = await self._inst.broker_addr_for(mq.topic, mq.broker_name, master_only=False)
             if where is ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET:
@@ -305,8 +342,11 @@ class Rebalancer:
             else:
                 offset = await api.search_offset(addr, mq, c.consume_timestamp_ms, rt)
         c.offset_store.update(mq, offset)
-        await c.offset_store.persist(mq)
-        return offset
+        return offset, True
+
+    async def _first_offset(self, mq: MessageQueue) -> int:
+        addr = await self._inst.broker_addr_for(mq.topic, mq.broker_name, master_only=False)
+        return await self._inst.api.min_offset(addr, mq, self.consumer.options.request_timeout)
 
     # ------------------------------------------------------------------------------ orderly locks
 

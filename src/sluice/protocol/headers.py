@@ -185,6 +185,10 @@ class PullMessageRequestHeader(Header):
     sub_version: int
     expression_type: str | None = None
     max_msg_bytes: int | None = None
+    #: Sluice's: how many consume-queue units a filtered pull may look at, when more than the broker's
+    #: window (RocketMQ's maxFilterMessageSize); the push consumer sends the queue offsets its span rule
+    #: leaves room for. RocketMQ brokers ignore it (an unknown extField).
+    max_scan_units: int | None = None
 
 
 @_HEADER

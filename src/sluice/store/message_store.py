@@ -410,11 +410,12 @@ class MessageStore:
 
     # ---- reads -------------------------------------------------------------------------------------
     def get_messages(self, topic: str, queue_id: int, offset: int, max_msgs: int = 32,
-                     message_filter: MessageFilter | None = None, max_bytes: int | None = None) -> GetMessageResult:
-        """A pull: up to ``max_msgs`` records from queue ``offset`` that pass ``message_filter``
-        (pull_read.py)."""
+                     message_filter: MessageFilter | None = None, max_bytes: int | None = None,
+                     scan_units: int = 0) -> GetMessageResult:
+        """A pull: up to ``max_msgs`` records from queue ``offset`` that pass ``message_filter``, a filtered
+        one looking at ``scan_units`` units when that is more than the store's window (pull_read.py)."""
         self._check_open()
-        return self.reader.get_messages(topic, queue_id, offset, max_msgs, message_filter, max_bytes)
+        return self.reader.get_messages(topic, queue_id, offset, max_msgs, message_filter, max_bytes, scan_units)
 
     def read_record(self, commitlog_offset: int) -> bytes | None:
         """The raw stored record at a commit-log offset (CRC-checked), or None when there is none."""

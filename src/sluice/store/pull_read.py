@@ -69,11 +69,14 @@ class PullReader:
         self.bytes_read = 0
 
     def get_messages(self, topic: str, queue_id: int, offset: int, max_msgs: int,
-                     message_filter: MessageFilter | None, max_bytes: int | None) -> GetMessageResult:
+                     message_filter: MessageFilter | None, max_bytes: int | None,
+                     scan_units: int = 0) -> GetMessageResult:
         """A pull: up to ``max_msgs`` records from queue ``offset`` that pass ``message_filter``, up to
         ``max_bytes`` (None: max_transfer_bytes) but never past PULL_BODY_CEILING, so an answer always fits a
         frame; the first record is always served (RocketMQ's DefaultMessageStore.isTheBatchFull). The broker
-        caps both by its settings first (broker/pull.py)."""
+        caps both by its settings first (broker/pull.py). A filtered pull's first window is
+        ``scan_units`` units when that is more than max_filter_scan_bytes' (at most max_filter_scan_units):
+        the caller's consumer has room for that span of queue offsets."""
         c = self.config
         max_msgs = max(1, max_msgs)
         if max_bytes is None or max_bytes <= 0:
@@ -95,7 +98,8 @@ class PullReader:
         # stops before the first record over it and goes on from there next time.
         budget = [(message_filter.max_evaluations if message_filter is not None else 0) or -1]
         # Like RocketMQ, a filtered pull looks at a bounded number of units (maxFilterMessageSize).
-        scan = max(max_msgs, self.config.max_filter_scan_bytes // CQ_UNIT_SIZE) if message_filter else max_msgs
+        scan = max(max_msgs, c.max_filter_scan_bytes // CQ_UNIT_SIZE, min(scan_units, c.max_filter_scan_units)) \
+            if message_filter else max_msgs
         units = cq.get_units(offset, scan)
         if units is None or len(units) == 0:
             upf = self.config.consumequeue_units_per_file
@@ -139,8 +143,10 @@ class PullReader:
         wanted = real
         check = None  # units whose record the filter must see
         if mf is not None:
-            ext = self.ext.get(cq.topic, cq.queue_id)
-            codes, batch, unresolved = resolve_units(ext, units["tag"])
+            if mf.needs_units:
+                codes, batch, unresolved = resolve_units(self.ext.get(cq.topic, cq.queue_id), units["tag"])
+            else:  # the filter decides without the units' ext rows: none are read
+                codes, batch, unresolved = units["tag"], None, None
             mask, check = mf.select_units(codes, batch, unresolved)
             if mask is not None:
                 wanted = real & np.asarray(mask, dtype=bool)

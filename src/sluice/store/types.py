@@ -104,6 +104,10 @@ class MessageFilter(Protocol):
     #: just before the first record over it and answers what it has; its next begin offset is that
     #: record, so the next pull goes on from there and nothing is skipped.
     max_evaluations: int
+    #: Whether :meth:`select_units` reads ``tag_codes`` and ``ext_batch``. False: the store skips resolving
+    #: the window's ConsumeQueueExt rows and passes the units' raw tag slots and no batch (a selector
+    #: evaluated on every record, with no Bloom data: a SQL92 group catching up).
+    needs_units: bool
 
     def select_units(self, tag_codes: np.ndarray, ext_batch: ExtBatch | None, unresolved: np.ndarray | None
                      ) -> tuple[np.ndarray | None, np.ndarray | None]:
@@ -159,6 +163,7 @@ class TagCodeFilter(MessageFilter):
     #: True when every unit that passes match_units must also pass match_record on its record.
     needs_record: bool = False
     max_evaluations: int = 0
+    needs_units: bool = True
 
     def match_units(self, tag_codes: np.ndarray) -> np.ndarray | None:
         """A boolean mask over ``tag_codes`` (int64) of units that may match; None for "all may"."""
