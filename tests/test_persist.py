@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from sluice import persist
-from sluice.persist import read_json, write_atomic, write_json_atomic
+from sluice.persist import JsonSaver, read_json, write_atomic, write_json_atomic
 
 
 def test_the_target_is_replaced_whole_and_no_temp_file_is_left(tmp_path: Path) -> None:
@@ -94,3 +95,72 @@ def test_json_documents_round_trip(tmp_path: Path) -> None:
     path.write_bytes(b"{not json")
     assert read_json(path, default={}) == {}
     assert (tmp_path / "sub" / "offsets.json.bad").exists()
+
+
+# ------------------------------------------------------------------------------------------ JsonSaver
+
+class _Table:
+    """A dict behind an RLock, as the broker's topic and group tables keep theirs."""
+
+    def __init__(self, path: Path) -> None:
+        self.lock = threading.RLock()
+        self.data: dict[str, int] = {}
+        self.gate = threading.Event()
+        self.gate.set()
+        self.saver = JsonSaver(path, self.snapshot, self.lock, "test-saver")
+
+    def snapshot(self) -> dict[str, int]:
+        self.gate.wait(10)
+        with self.lock:
+            return dict(self.data)
+
+    def put(self, key: str, value: int, *, soon: bool) -> None:
+        with self.lock:
+            self.data[key] = value
+            self.saver.soon() if soon else self.saver.now()
+
+
+def test_saver_now_writes_before_returning(tmp_path: Path) -> None:
+    t = _Table(tmp_path / "t.json")
+    t.put("a", 1, soon=False)
+    assert read_json(tmp_path / "t.json") == {"a": 1}
+
+
+def test_saver_soon_returns_before_writing_and_flush_writes(tmp_path: Path) -> None:
+    t = _Table(tmp_path / "t.json")
+    t.gate.clear()  # the background write cannot take its snapshot yet
+    t.put("a", 1, soon=True)  # returns although nothing can be written
+    assert not (tmp_path / "t.json").exists()
+    t.gate.set()
+    t.saver.flush()
+    assert read_json(tmp_path / "t.json") == {"a": 1}
+
+
+def test_saver_ends_with_the_latest_state_under_mixed_writers(tmp_path: Path) -> None:
+    t = _Table(tmp_path / "t.json")
+
+    def writer(prefix: str, soon: bool) -> None:
+        for i in range(200):
+            t.put(f"{prefix}{i % 7}", i, soon=soon)
+
+    threads = [threading.Thread(target=writer, args=(p, s)) for p, s in (("x", True), ("y", False), ("z", True))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    t.saver.flush()
+    assert read_json(tmp_path / "t.json") == t.data
+
+
+def test_saver_background_failure_is_counted_and_the_next_change_writes(tmp_path: Path) -> None:
+    target = tmp_path / "sub" / "t.json"
+    t = _Table(target)
+    (tmp_path / "sub").write_text("a file where the directory should be")
+    t.put("a", 1, soon=True)
+    deadline = time.monotonic() + 10
+    while t.saver.failures == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert t.saver.failures == 1
+    (tmp_path / "sub").unlink()
+    t.put("b", 2, soon=False)
+    assert read_json(target) == {"a": 1, "b": 2}

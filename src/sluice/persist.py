@@ -11,12 +11,14 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-__all__ = ["fsync_dir", "read_json", "write_atomic", "write_json_atomic"]
+__all__ = ["JsonSaver", "fsync_dir", "read_json", "write_atomic", "write_json_atomic"]
 
 log = logging.getLogger(__name__)
 
@@ -73,3 +75,74 @@ def read_json(path: Path, default: Any = None) -> Any:
         os.replace(path, bad)
         log.error("%s is not valid JSON (%s); moved to %s and starting without it", path, e, bad)
         return default
+
+
+class JsonSaver:
+    """One JSON document saved whole from ``snapshot()``: :meth:`now` writes before returning; :meth:`soon`
+    leaves the write to a daemon thread, coalescing the changes made meanwhile into one write.
+
+    ``soon`` is for what a crash may lose because it is made again (a group or retry topic auto-created by a
+    client's heartbeat): the caller, often an event loop, never waits on the fsyncs. ``lock`` is the table's
+    own (reentrant) lock: each snapshot is taken under it and numbered, and a write older than the last one
+    written is skipped, so the file always ends with the latest state whichever path wrote last. The lock is
+    never held while waiting for a write, except by a caller of :meth:`now` that holds it already.
+    :meth:`flush` (at shutdown) writes what is pending.
+    """
+
+    def __init__(self, path: Path, snapshot: Callable[[], Any], lock: threading.RLock,
+                 name: str = "json-saver") -> None:
+        self.path = path
+        self._snapshot = snapshot
+        self._lock = lock
+        self._write_lock = threading.Lock()
+        self._cond = threading.Condition()
+        self._pending = False
+        self._taken = 0  # number of the last snapshot taken (under self._lock)
+        self._written = 0  # number of the last snapshot on disk (under self._write_lock)
+        self._thread: threading.Thread | None = None
+        self._name = name
+        #: Background writes that failed (each logged); the next change tries again.
+        self.failures = 0
+
+    def now(self) -> None:
+        self._write(*self._take())
+
+    def soon(self) -> None:
+        with self._cond:
+            self._pending = True
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def flush(self) -> None:
+        """Write now what a :meth:`soon` left pending or is writing (broker stop)."""
+        with self._cond:
+            pending, self._pending = self._pending, False
+        if pending or self._thread is not None:  # also waits out a background write under way
+            self.now()
+
+    def _take(self) -> tuple[int, Any]:
+        with self._lock:
+            self._taken += 1
+            return self._taken, self._snapshot()
+
+    def _write(self, number: int, data: Any) -> None:
+        with self._write_lock:
+            if number <= self._written:  # a later snapshot is on disk already
+                return
+            write_json_atomic(self.path, data)
+            self._written = number
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending:
+                    self._cond.wait()
+                self._pending = False
+            try:
+                self._write(*self._take())
+            except OSError as exc:
+                self.failures += 1
+                log.error("could not save %s (kept in memory, written with the next change): %s",
+                          self.path, exc)

@@ -47,6 +47,7 @@ def test_auto_creation(tmp_path: Path):
     assert m.find("Pulled", create=False) == SubscriptionGroupConfig("Pulled", retry_max_times=5)
     assert m.get("Pulled") is None  # a pull's lookup leaves nothing behind
     assert m.find("Beat").retry_max_times == 5 and m.get("Beat") is not None
+    m.flush()  # a heartbeat's auto-creation is saved on the saver's thread; the broker's stop flushes it
     assert SubscriptionGroupManager(tmp_path / "on").get("Beat") is not None
     off = SubscriptionGroupManager(tmp_path / "off", auto_create=False)
     assert off.find("Beat") is None and off.get("Beat") is None

@@ -449,6 +449,11 @@ class BrokerController:
             self.offsets.persist(force=True)
         except OSError:
             log.exception("could not persist consumer offsets")
+        for table in (self.topics, self.subgroups):  # auto-created entries still on their saver's thread
+            try:
+                table.flush()
+            except OSError:
+                log.exception("could not save %s", table)
         try:
             self.filter_data.persist(force=True)
         except OSError:

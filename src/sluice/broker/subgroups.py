@@ -34,7 +34,7 @@ from collections.abc import Callable
 import orjson
 
 from sluice.errors import InvalidParameterError, SubscriptionGroupNotExistError
-from sluice.persist import read_json, write_json_atomic
+from sluice.persist import JsonSaver, read_json
 from sluice.protocol.bodies import loads_lenient
 from sluice.protocol.command import RemotingCommand
 from sluice.protocol.headers import DeleteSubscriptionGroupRequestHeader
@@ -147,6 +147,7 @@ class SubscriptionGroupManager:
         self._path = config_dir / "subscriptionGroup.json"
         self._lock = threading.RLock()
         self._groups: dict[str, SubscriptionGroupConfig] = {}
+        self._saver = JsonSaver(self._path, self.to_wire, self._lock, "subgroups-saver")
         self.auto_create = auto_create
         #: retryMaxTimes of auto-created groups (the broker's max_reconsume_times; RocketMQ's fixed 16)
         self.default_retry_max_times = default_retry_max_times
@@ -173,9 +174,18 @@ class SubscriptionGroupManager:
         if isinstance(data.get("dataVersion"), dict):
             self.data_version = dict(data["dataVersion"])
 
-    def _persist(self) -> None:
+    def _persist(self, *, soon: bool = False) -> None:
+        """Bump the data version and save: at once, or (``soon``) on the saver's thread for a group a
+        client's heartbeat auto-creates (the event loop never waits on its fsyncs; made again if lost)."""
         self.data_version = {"timestamp": int(time.time() * 1000), "counter": self.data_version["counter"] + 1}
-        write_json_atomic(self._path, self.to_wire())
+        if soon:
+            self._saver.soon()
+        else:
+            self._saver.now()
+
+    def flush(self) -> None:
+        """Write an auto-creation still waiting for the saver (broker stop)."""
+        self._saver.flush()
 
     def to_wire(self) -> dict[str, Any]:
         """SubscriptionGroupWrapper: GET_ALL_SUBSCRIPTIONGROUP_CONFIG's body and the file's content."""
@@ -223,7 +233,7 @@ class SubscriptionGroupManager:
             if existing is not None:
                 return existing
             self._groups[group] = cfg
-            self._persist()
+            self._persist(soon=True)
         return cfg
 
     def serves_unknown(self, group: str) -> bool:

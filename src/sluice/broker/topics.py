@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sluice.errors import InvalidParameterError, NoPermissionError, TopicNotExistError
-from sluice.persist import read_json, write_json_atomic
+from sluice.persist import JsonSaver, read_json
 from sluice.protocol.bodies import PERM_INHERIT, PERM_READ, PERM_WRITE  # RocketMQ PermName bits: the wire format owns them
 from sluice.protocol.record import check_topic
 
@@ -81,6 +81,7 @@ class TopicConfigManager:
         self._path = config_dir / "topics.json"
         self._lock = threading.RLock()
         self._topics: dict[str, TopicConfig] = {}
+        self._saver = JsonSaver(self._path, self._document, self._lock, "topics-saver")
         self.auto_create = auto_create
         self.max_auto_created = max_auto_created
         self.auto_created: set[str] = set()  # topics created by sends, counted against the cap
@@ -111,9 +112,22 @@ class TopicConfigManager:
         if "dataVersion" in data:
             self.data_version = dict(data["dataVersion"])
 
-    def _persist(self) -> None:
+    def _persist(self, *, soon: bool = False) -> None:
+        """Bump the data version and save: at once, or (``soon``) on the saver's thread, for what a client's
+        send or heartbeat auto-creates (made again if a crash loses it; the caller is the event loop)."""
         self.data_version = {"timestamp": int(time.time() * 1000), "counter": self.data_version["counter"] + 1}
-        write_json_atomic(self._path, {**self.to_wire(), "autoCreated": sorted(self.auto_created)})
+        if soon:
+            self._saver.soon()
+        else:
+            self._saver.now()
+
+    def _document(self) -> dict:
+        with self._lock:
+            return {**self.to_wire(), "autoCreated": sorted(self.auto_created)}
+
+    def flush(self) -> None:
+        """Write an auto-creation still waiting for the saver (broker stop)."""
+        self._saver.flush()
 
     def _ensure(self, cfg: TopicConfig) -> None:
         with self._lock:
@@ -205,12 +219,17 @@ class TopicConfigManager:
 
     def create_retry_or_dlq(self, topic: str, queue_nums: int = 1) -> TopicConfig:
         with self._lock:
-            return self._topics.get(topic) or self._create_system(topic, queue_nums)
+            # A retry topic a heartbeat makes is saved off the caller's thread (the event loop): a crash that
+            # loses it loses nothing else, since the group's next heartbeat makes it again. A DLQ, made when
+            # a message moves there, is saved before the move goes on.
+            return self._topics.get(topic) or self._create_system(topic, queue_nums,
+                                                                  soon=topic.startswith(RETRY_PREFIX))
 
-    def _create_system(self, topic: str, queue_nums: int, by: str | None = None) -> TopicConfig:
+    def _create_system(self, topic: str, queue_nums: int, by: str | None = None, *, soon: bool = False
+                       ) -> TopicConfig:
         cfg = TopicConfig(topic, queue_nums, queue_nums, PERM_READ | PERM_WRITE)
         self._topics[topic] = cfg
-        self._persist()
+        self._persist(soon=soon)
         log.info("topic %s auto-created%s: %s", topic, _by(by), _describe(cfg))
         return cfg
 
