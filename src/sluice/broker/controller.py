@@ -255,6 +255,7 @@ class BrokerController:
         self.retry_processor = RetryProcessor(
             store=store, pool=pool, topics=topics, topics_changed=changed, appender=appender,
             divert=self.schedule.divert, subgroups=subgroups)
+        self.retry_processor.on_send_back = self.stats.on_send_back
         processors: list[object] = [
             self.send_processor, self.pull_processor, self.retry_processor, self.transactions, self.replies,
             ClientManageProcessor(consumers=consumers, topics=topics, topics_changed=changed, filter_data=fm,
