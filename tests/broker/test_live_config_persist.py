@@ -38,6 +38,10 @@ def test_kept_settings_accumulate_and_overlay_a_fresh_config(tmp_path: Path, cap
     assert "override the command line / TOML" in line
     f.save(check_update(cfg, {"maxTransferCountOnMessageInMemory": "9"})[0])  # a later change replaces
     assert f.kept()["maxTransferCountOnMessageInMemory"] == "9"
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="sluice.broker.live_config"):
+        same = f.overlay(BrokerConfig(max_transfer_count=9, auto_create_topic=False, max_reconsume_times=3))
+    assert same.max_transfer_count == 9 and "override" not in caplog.text  # nothing differs: nothing to say
 
 
 def test_kept_values_a_broker_cannot_take_are_left_out_with_an_error(tmp_path: Path,

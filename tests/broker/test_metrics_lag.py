@@ -41,12 +41,14 @@ def test_the_last_result_is_served_until_it_is_refresh_seconds_old() -> None:
 
     async def main() -> None:
         assert cache.age() == 0.0
-        assert await cache.get(compute) == 1
+        assert await cache.get(compute) == 1  # the first caller waits for a run
         clock.now += 9.9
-        assert await cache.get(compute) == 1 and cache.age() == pytest.approx(9.9)
+        assert await cache.get(compute) == 1 and cache.age() == pytest.approx(9.9) and len(runs) == 1
         clock.now += 0.1
-        assert await cache.get(compute) == 2 and cache.age() == 0.0
-        assert cache.runs == 2
+        # Due: this caller starts the next run and is answered with the last figures at once.
+        assert await cache.get(compute) == 1
+        await turns()  # the run it started counts and finishes
+        assert len(runs) == 2 and await cache.get(compute) == 2 and cache.age() == 0.0 and cache.runs == 2
     asyncio.run(main())
 
 
@@ -66,28 +68,45 @@ def test_concurrent_askers_share_one_run_and_zero_means_every_time() -> None:
         gate.set()
         assert await asyncio.gather(*waiting) == [1] * 5 and runs == 1
         every: RefreshLimited[int] = RefreshLimited(0.0)
-        assert [await every.get(compute) for _ in range(3)] == [2, 3, 4]
+        assert [await every.get(compute) for _ in range(3)] == [2, 3, 4]  # each caller waits for its own
     asyncio.run(main())
 
 
-def test_a_failed_run_keeps_the_last_figures_and_is_retried() -> None:
+def test_a_failed_run_keeps_the_last_figures_and_is_retried(caplog: pytest.LogCaptureFixture) -> None:
     clock = Clock()
     cache: RefreshLimited[str] = RefreshLimited(5.0, clock)
+    calls = 0
 
-    async def good() -> str:
-        return "good"
-
-    async def bad() -> str:
-        raise OSError("disk gone")
+    async def flaky() -> str:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise OSError("disk gone")
+        return f"run{calls}"
 
     async def main() -> None:
-        assert await cache.get(good) == "good"
-        clock.now += 6
         with pytest.raises(OSError):
-            await cache.get(bad)
+            await RefreshLimited(5.0, clock).get(_raise)  # no figures yet: the first caller gets the failure
+        assert await cache.get(flaky) == "run1"
+        clock.now += 6
+        assert await cache.get(flaky) == "run1"  # starts the failing run
+        await turns()
         assert cache.age() == pytest.approx(6) and cache.runs == 1  # still the old figures
-        assert await cache.get(good) == "good" and cache.runs == 2
+        assert await cache.get(flaky) == "run1"  # due still: the next run starts
+        await turns()
+        assert await cache.get(flaky) == "run3" and cache.runs == 2
     asyncio.run(main())
+    assert "metrics lag count failed, serving the last one: disk gone" in caplog.text
+
+
+async def turns(n: int = 3) -> None:
+    """A few event-loop turns: a started run runs, and its done callback follows."""
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+async def _raise() -> str:
+    raise OSError("no figures yet")
 
 
 def test_a_negative_refresh_is_refused() -> None:

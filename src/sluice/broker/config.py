@@ -242,8 +242,9 @@ class BrokerConfig:
     metrics_listen: str = ""
     #: The lag side of a scrape (group diffs, filtered diffs, consumer and topic offsets, latency by store
     #: time) reads consume queues and counts every group's filtered lag: it is computed at most once per this
-    #: many seconds and served from the last computation in between (0: every scrape). rocketmq-exporter
-    #: collects these once a minute; Prometheus scrapes every 15 s by default.
+    #: many seconds and served from the last computation in between (a scrape that finds it due starts the
+    #: next count and gets the last one; 0: every scrape counts and waits). rocketmq-exporter collects these
+    #: once a minute; Prometheus scrapes every 15 s by default.
     metrics_lag_refresh_s: float = 15.0
     #: Root log level (DEBUG, INFO, WARNING, ERROR); the SLUICE_LOG_LEVEL environment variable when unset.
     log_level: str = ""

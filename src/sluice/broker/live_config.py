@@ -245,7 +245,8 @@ class LiveConfigFile:
                 log.error("%s: %s=%s left out: %s", self.path, name, text, exc)
                 continue
             for s, value in changes.items():
-                overridden.append(f"{wire_name(s)}={_show(s, value)} (was {_show(s, getattr(config, s))})")
+                if value != getattr(config, s):  # a kept value the TOML / command line now also gives is no news
+                    overridden.append(f"{wire_name(s)}={_show(s, value)} (was {_show(s, getattr(config, s))})")
             config = new
         if overridden:
             log.info("settings changed live by updateBrokerConfig (kept in %s) override the command line / "

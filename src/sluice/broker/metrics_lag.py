@@ -9,11 +9,14 @@ filtered lag: too much work to repeat on every scrape of a broker with many
 groups. :class:`RefreshLimited` bounds it: one computation per
 ``metrics_lag_refresh_s`` however often Prometheus scrapes (and however many
 scrapes arrive together); scrapes in between get the last figures, whose age
-``sluice_metrics_lag_age_seconds`` reports.
+``sluice_metrics_lag_age_seconds`` reports, and a scrape that finds them due
+starts the next count and is answered with the last one, so only the first
+scrape waits for a count.
 """
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -27,13 +30,17 @@ __all__ = ["GroupPlan", "LagCounts", "RefreshLimited", "count_lag", "lag_familie
 
 T = TypeVar("T")
 
+log = logging.getLogger(__name__)
+
 #: RocketMQ's MessageModel ordinals, as rocketmq-exporter writes them in rocketmq_group_diff's msgModel.
 _MSG_MODEL = {"BROADCASTING": "0", "CLUSTERING": "1"}
 
 
 class RefreshLimited(Generic[T]):
-    """The last result of an async computation, run again only when it is ``every_s`` old; callers that
-    arrive while it runs share that run. Runs on one event loop (no locks)."""
+    """The last result of an async computation, run again only when it is ``every_s`` old. Once there is a
+    result, a caller never waits: one that finds it stale starts the next run and gets the last result
+    (so a slow count never makes a scrape time out). The first caller, and every caller when ``every_s``
+    is 0, waits for a run; callers that arrive while one runs share it. Runs on one event loop (no locks)."""
 
     def __init__(self, every_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.every_s = every_s
@@ -54,14 +61,20 @@ class RefreshLimited(Generic[T]):
             started = self._clock()
             self._running = asyncio.ensure_future(compute())
             self._running.add_done_callback(lambda f, t0=started: self._done(f, t0))  # type: ignore[misc]
+        if self._value is not None and self.every_s > 0:
+            return self._value  # stale by less than one run: served while the next run counts
         # shield: a scrape that gives up (its timeout) does not cancel the run others wait on.
         return await asyncio.shield(self._running)
 
     def _done(self, fut: asyncio.Future[T], started: float) -> None:
         self._running = None
-        if not fut.cancelled() and fut.exception() is None:
-            self._value, self._started = fut.result(), started
-            self.runs += 1
+        if fut.cancelled():
+            return
+        if (exc := fut.exception()) is not None:  # retrieved here: a background run has no awaiting caller
+            log.warning("metrics lag count failed, serving the last one: %s", exc)
+            return
+        self._value, self._started = fut.result(), started
+        self.runs += 1
 
 
 @dataclass(frozen=True, slots=True)
