@@ -47,6 +47,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, ports: tuple[int, int]) ->
     ns_port, broker_port = ports
     with running_cluster(tmp_path_factory.mktemp("metrics"), ("broker-a",),
                          "--metrics-listen", f"127.0.0.1:{broker_port}",
+                         # lag figures recomputed on every scrape, so they follow the backlog at once
+                         config="metrics_lag_refresh_s = 0\n",
                          namesrv_extra=("--metrics-listen", f"127.0.0.1:{ns_port}")) as c:
         yield c
 
@@ -54,6 +56,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, ports: tuple[int, int]) ->
 def test_sends_pulls_lag_and_filters_show_in_the_broker_metrics(cluster: Cluster, ports: tuple[int, int]) -> None:
     port = ports[1]
     topic, group = "MetricsT", "MetricsG"
+    test_from = time.monotonic()
     with Producer("MetricsPG", cluster.ns, default_topic_queue_nums=2) as p:
         p.send(Message(topic, b"create", properties={"region": "none"}))
         wait_for_route(cluster.ns, topic)
@@ -81,6 +84,14 @@ def test_sends_pulls_lag_and_filters_show_in_the_broker_metrics(cluster: Cluster
             assert value(s, "sluice_put_latency_seconds_sum") > 0
             assert value(s, "sluice_store_commitlog_bytes") > 0
             assert 0 < value(s, "rocketmq_brokeruntime_commitlog_disk_ratio") < 1
+            # rocketmq-exporter's offsets and client counts, from the same traffic.
+            assert value(s, "rocketmq_producer_offset", topic=topic, broker="broker-a") == 31
+            # Every queue committed: the committed offsets and the diff add up to the queues' ends.
+            assert value(s, "rocketmq_consumer_offset", topic=topic, group=group) \
+                + value(s, "rocketmq_group_diff", topic=topic, group=group) == 31
+            assert value(s, "rocketmq_group_get_latency_by_storetime", topic=topic, group=group) >= 0
+            assert value(s, "rocketmq_producer_count", group="MetricsPG") == 1
+            assert value(s, "rocketmq_group_count", group=group) == 1
         finally:
             consumer.shutdown()
         before = scrape(port)
@@ -93,6 +104,10 @@ def test_sends_pulls_lag_and_filters_show_in_the_broker_metrics(cluster: Cluster
     after = wait_for(lambda: (s := scrape(port)) and value(s, "rocketmq_group_diff", group=group, topic=topic)
                      == diff0 + 7 and s, 20, "the backlog in rocketmq_group_diff")
     assert value(after, "sluice_group_filtered_diff", group=group, topic=topic) == 3
+    assert value(after, "rocketmq_producer_offset", topic=topic) == 38
+    # The oldest message the group has not consumed was stored during this test.
+    assert 0 <= value(after, "rocketmq_group_get_latency_by_storetime", topic=topic, group=group) \
+        <= (time.monotonic() - test_from) * 1000
     labels = next(dict(ls) for (n, ls), _ in after.items() if n == "rocketmq_group_diff" and ("group", group) in ls)
     assert labels["msgModel"] == "1" and "countOfOnlineConsumers" in labels
     assert not any(n == "rocketmq_group_diff" and dict(ls)["topic"].startswith("%") for (n, ls), _ in after.items())

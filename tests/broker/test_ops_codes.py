@@ -178,6 +178,30 @@ def test_view_broker_stats_data_counts_puts_and_gets(world: dict[str, Any]) -> N
     assert head["code"] == 1 and "not exist" in head["remark"]
 
 
+def test_send_backs_and_dead_letters_are_counted_by_origin_topic_and_group(world: dict[str, Any]) -> None:
+    """SNDBCK_PUT_NUMS (rocketmq-exporter's rocketmq_send_back_nums asks it) and DLQ_PUT_NUMS, keyed topic@group."""
+    from sluice.protocol.msgid import decode_offset_msg_id
+    group = "OpsBackGroup"  # no consumer: the retried message stays in %RETRY%OpsBackGroup
+    for i, max_times in ((0, "16"), (1, "16"), (2, "0")):  # the last is over its limit: dead-lettered
+        target = world["results"][i]
+        head, _ = call(world, 36, {"offset": str(decode_offset_msg_id(target.offset_msg_id).offset),
+                                   "group": group, "delayLevel": "0", "originMsgId": target.msg_id,
+                                   "originTopic": TOPIC, "maxReconsumeTimes": max_times})
+        assert head["code"] == 0, head
+    key = f"{TOPIC}@{group}"
+    head, body = call(world, 315, {"statsName": "SNDBCK_PUT_NUMS", "statsKey": key})
+    assert head["code"] == 0, head
+    data = orjson.loads(body)
+    assert set(data) == BROKER_STATS_DATA and all(set(v) == BROKER_STATS_ITEM for v in data.values())
+    assert data["statsMinute"]["sum"] == 3 and data["statsDay"]["sum"] == 3 and data["statsMinute"]["avgpt"] == 1.0
+    head, body = call(world, 315, {"statsName": "DLQ_PUT_NUMS", "statsKey": key})
+    assert head["code"] == 0, head
+    assert orjson.loads(body)["statsMinute"]["sum"] == 1
+    # A name RocketMQ creates but never adds to: "not exist" as RocketMQ answers, with what is kept.
+    head, _ = call(world, 315, {"statsName": "GROUP_GET_FROM_DISK_NUMS", "statsKey": key})
+    assert head["code"] == 1 and "not exist" in head["remark"] and "SNDBCK_PUT_NUMS" in head["remark"]
+
+
 def test_consume_stats_in_fastjson_form_with_real_tps(world: dict[str, Any]) -> None:
     head, body = call(world, 208, {"consumerGroup": GROUP, "topic": TOPIC})
     assert head["code"] == 0, head

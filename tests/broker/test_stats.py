@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from sluice.broker.config import BrokerConfig
 from sluice.broker.live_config import LIVE, apply_update, config_properties, parse_properties, wire_name
-from sluice.broker.stats import (_WINDOWS, BROKER_GET_NUMS, BROKER_PUT_NUMS, GROUP_GET_NUMS, TOPIC_PUT_NUMS,
-                                 TOPIC_PUT_SIZE, BrokerStats, StatsItem)
+from sluice.broker.stats import (_WINDOWS, BROKER_GET_NUMS, BROKER_PUT_NUMS, DLQ_PUT_NUMS, GROUP_GET_NUMS,
+                                 SNDBCK_PUT_NUMS, TOPIC_PUT_NUMS, TOPIC_PUT_SIZE, BrokerStats, StatsItem)
 from sluice.errors import InvalidParameterError, NoPermissionError
 
 
@@ -96,6 +96,19 @@ def test_lazy_sampling_equals_eager_sampling(steps: list[tuple[float, int]], tai
         assert snap.sum == want_sum
         span = clock.now - t0
         assert snap.tps == pytest.approx(want_sum / span if span > 0 else 0.0)
+
+
+def test_send_backs_count_per_origin_topic_and_group_and_dead_letters_apart() -> None:
+    clock = Clock()
+    stats = BrokerStats("C", clock=clock)
+    stats.on_send_back("T", "G", False)
+    stats.on_send_back("T", "G", True)
+    stats.on_send_back("U", "G", False)
+    assert stats.get(SNDBCK_PUT_NUMS, "T@G").value == 2 and stats.get(SNDBCK_PUT_NUMS, "U@G").value == 1
+    assert stats.get(DLQ_PUT_NUMS, "T@G").value == 1 and stats.get(DLQ_PUT_NUMS, "U@G") is None
+    clock.now += 5.0
+    snap = stats.get(SNDBCK_PUT_NUMS, "T@G").snapshot(0)
+    assert snap.sum == 2 and snap.avgpt == 1.0 and snap.tps == pytest.approx(2 / 5.0)
 
 
 # ---------------------------------------------------------------------------------------- live_config

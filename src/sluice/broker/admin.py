@@ -104,12 +104,13 @@ class AdminProcessor:
         entries = []
         for qid in range(cfg.write_queue_nums):
             lo, hi = store.get_min_offset(cfg.topic_name, qid), store.get_max_offset(cfg.topic_name, qid)
-            last = self._store_time(cfg.topic_name, qid, hi - 1) if hi > lo else 0
+            last = self.store_time(cfg.topic_name, qid, hi - 1) if hi > lo else 0
             entries.append({"topic": cfg.topic_name, "brokerName": name, "queueId": qid,
                             "minOffset": lo, "maxOffset": hi, "lastUpdateTimestamp": last})
         return {"offsetTable": entries}
 
-    def _store_time(self, topic: str, qid: int, offset: int) -> int:
+    def store_time(self, topic: str, qid: int, offset: int) -> int:
+        """The store timestamp (ms) of the message at ``offset`` of the queue; 0 when there is none."""
         store = self.store
         cq = store.queues.get(topic, qid)
         if cq is None or offset < 0:
@@ -139,7 +140,7 @@ class AdminProcessor:
             hi = store.get_max_offset(topic, qid)
             consumer = committed.get(qid, -1)
             lag = max(0, hi - max(consumer, 0)) if consumer >= 0 else hi - store.get_min_offset(topic, qid)
-            last = self._store_time(topic, qid, consumer - 1) if consumer > 0 else 0
+            last = self.store_time(topic, qid, consumer - 1) if consumer > 0 else 0
             entries.append({"topic": topic, "brokerName": self.broker_name, "queueId": qid,
                             "brokerOffset": hi, "consumerOffset": consumer, "lag": lag, "lastTimestamp": last})
         return entries

@@ -240,6 +240,12 @@ class BrokerConfig:
     #: Serve Prometheus text at http://HOST:PORT/metrics (metrics.py); empty: no endpoint, and the hot path
     #: pays nothing for metrics. Bound exactly as given: 127.0.0.1 keeps it local.
     metrics_listen: str = ""
+    #: The lag side of a scrape (group diffs, filtered diffs, consumer and topic offsets, latency by store
+    #: time) reads consume queues and counts every group's filtered lag: it is computed at most once per this
+    #: many seconds and served from the last computation in between (a scrape that finds it due starts the
+    #: next count and gets the last one; 0: every scrape counts and waits). rocketmq-exporter collects these
+    #: once a minute; Prometheus scrapes every 15 s by default.
+    metrics_lag_refresh_s: float = 15.0
     #: Root log level (DEBUG, INFO, WARNING, ERROR); the SLUICE_LOG_LEVEL environment variable when unset.
     log_level: str = ""
     #: A directory for broker.log, rotated by size (logsetup.py); empty: stderr only, as before.
@@ -311,6 +317,8 @@ class BrokerConfig:
                                         "and transaction_check_max must be positive")
         if self.metrics_listen:
             parse_metrics_listen(self.metrics_listen)
+        if not self.metrics_lag_refresh_s >= 0:
+            raise InvalidParameterError(f"metrics_lag_refresh_s must be 0 or more, got {self.metrics_lag_refresh_s}")
         if self.log_level:
             object.__setattr__(self, "log_level", check_level(self.log_level))
         if self.log_max_bytes < 1 or self.log_backups < 0:

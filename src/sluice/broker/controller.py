@@ -44,6 +44,7 @@ from sluice.broker.filter_data import ConsumerFilterManager
 from sluice.broker.filter_servers import EXPIRY_SCAN_S as FILTER_SERVER_SCAN_S
 from sluice.broker.filter_servers import FilterServerChildren, FilterServerManager, child_env
 from sluice.broker.filter_servers import tls_args as filtersrv_tls_args
+from sluice.broker.live_config import LiveConfigFile
 from sluice.broker.locks import RebalanceLockManager
 from sluice.broker.longpoll import HoldService
 from sluice.broker.offset_reset import OffsetResetProcessor
@@ -147,7 +148,10 @@ class BrokerController:
     started_at: float
 
     def __init__(self, config: BrokerConfig) -> None:
-        self.config = config = config.validate()
+        config = config.validate()
+        # Settings changed live by UPDATE_BROKER_CONFIG before a restart win over the command line / TOML.
+        self.live_file = LiveConfigFile(Path(config.store) / "config")
+        self.config = config = self.live_file.overlay(config)
         host, port = config.host_port
         if port == 0:  # the store needs the real port for message ids before the server binds
             port = _pick_port(host)
@@ -251,6 +255,7 @@ class BrokerController:
         self.retry_processor = RetryProcessor(
             store=store, pool=pool, topics=topics, topics_changed=changed, appender=appender,
             divert=self.schedule.divert, subgroups=subgroups)
+        self.retry_processor.on_send_back = self.stats.on_send_back
         processors: list[object] = [
             self.send_processor, self.pull_processor, self.retry_processor, self.transactions, self.replies,
             ClientManageProcessor(consumers=consumers, topics=topics, topics_changed=changed, filter_data=fm,
@@ -263,7 +268,8 @@ class BrokerController:
                 topics=topics, topics_changed=changed, offsets=offsets, consumers=consumers, locks=self.locks,
                 filter_data=fm, sub_guard=sub_guard, runtime_info=self.runtime_info, stats=self.stats),
             OpsProcessor(broker_name=config.broker_name, address=self.address, store=store, pool=pool, topics=topics,
-                         offsets=offsets, consumers=consumers, stats=self.stats, admin=admin, live=lambda: self),
+                         offsets=offsets, consumers=consumers, stats=self.stats, admin=admin, live=lambda: self,
+                         live_file=self.live_file),
             OffsetResetProcessor(broker_name=config.broker_name, store=store, pool=pool, topics=topics,
                                  offsets=offsets, consumers=consumers),
             FilterAdminProcessor(filter_data=fm, consumers=consumers, sub_guard=sub_guard),

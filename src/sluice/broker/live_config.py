@@ -14,21 +14,36 @@ change a running broker: each is read per request (or per check-back round) by
 the part that uses it. Any other known setting is refused with NO_PERMISSION
 naming it (RocketMQ refuses its black-listed ones the same way); an unknown
 name or a bad value is INVALID_PARAMETER. Nothing changes unless the whole
-update is accepted, and changes last until the broker restarts (its TOML file
-is not rewritten).
+update is accepted.
+
+Accepted changes persist, as RocketMQ's do (Configuration.update then persist(),
+which rewrites the broker's config file:
+remoting/src/main/java/org/apache/rocketmq/remoting/Configuration.java): every
+setting changed live so far is kept in ``<store>/config/liveConfig.json``
+(:class:`LiveConfigFile`, written atomically before the change applies), and a
+starting broker puts those values over its command line and TOML ones, logging
+which it overrode. The TOML file itself is never rewritten.
 """
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, Protocol
 
 from sluice.broker.config import BrokerConfig
-from sluice.errors import InvalidParameterError, NoPermissionError
+from sluice.errors import InvalidParameterError, NoPermissionError, SluiceError
+from sluice.persist import read_json, write_json_atomic
 
-__all__ = ["LIVE", "ConfigVersion", "LiveTargets", "apply_update", "config_properties", "parse_properties",
-           "wire_name"]
+__all__ = ["LIVE", "ConfigVersion", "LiveConfigFile", "LiveTargets", "apply_checked", "apply_update",
+           "check_update", "config_properties", "parse_properties", "wire_name"]
+
+log = logging.getLogger(__name__)
+
+#: Where the live changes are kept, in the store's config directory (beside topics.json).
+LIVE_FILE_NAME = "liveConfig.json"
 
 #: Sluice setting -> RocketMQ's property name, where RocketMQ has the same setting.
 ROCKETMQ_NAMES = {
@@ -160,8 +175,8 @@ def _convert(setting: str, text: str) -> object:
     return text
 
 
-def apply_update(target: LiveTargets, props: Mapping[str, str]) -> dict[str, object]:
-    """Check the whole update, then apply it to ``target``; returns the settings changed (Sluice names)."""
+def check_update(config: BrokerConfig, props: Mapping[str, str]) -> tuple[dict[str, object], BrokerConfig]:
+    """The settings ``props`` changes (Sluice names -> values) and the config they make, or the refusal."""
     unknown = sorted(k for k in props if k not in _BY_NAME)
     if unknown:
         raise InvalidParameterError(f"unknown broker setting(s): {', '.join(unknown)}")
@@ -173,14 +188,70 @@ def apply_update(target: LiveTargets, props: Mapping[str, str]) -> dict[str, obj
                                 f"(restart it with the new value); these can: {live}")
     changes = {s: _convert(s, v) for s, v in settings.items()}
     try:
-        new = dataclasses.replace(target.config, **changes).validate()  # refuses bad values before any change
+        new = dataclasses.replace(config, **changes).validate()  # refuses bad values before any change
     except InvalidParameterError as exc:
         asked = ", ".join(f"{wire_name(k)}={v}" for k, v in settings.items())
         raise InvalidParameterError(f"{asked} refused: {exc}") from None
+    return changes, new
+
+
+def apply_checked(target: LiveTargets, changes: Mapping[str, object], new: BrokerConfig) -> None:
+    """Make ``target`` run with ``new``: each changed setting reaches the part that reads it."""
     target.config = new
     for s, value in changes.items():
         LIVE[s](target, s, value)
+
+
+def apply_update(target: LiveTargets, props: Mapping[str, str]) -> dict[str, object]:
+    """Check the whole update, then apply it to ``target``; returns the settings changed (Sluice names)."""
+    changes, new = check_update(target.config, props)
+    apply_checked(target, changes, new)
     return changes
+
+
+class LiveConfigFile:
+    """The settings changed live, kept across restarts: ``{"settings": {wireName: text}}``, cumulative.
+
+    Stored as the same text an update carries, so a starting broker checks each kept value exactly as
+    UPDATE_BROKER_CONFIG would (a setting no longer live, unknown or invalid is logged and left out).
+    """
+
+    def __init__(self, config_dir: Path) -> None:
+        self.path = config_dir / LIVE_FILE_NAME
+
+    def kept(self) -> dict[str, str]:
+        """The kept settings as wireName -> text (empty without the file)."""
+        doc = read_json(self.path, {})
+        settings = doc.get("settings") if isinstance(doc, dict) else None
+        if not isinstance(settings, dict):
+            if doc:
+                log.error("%s has no \"settings\" object; starting without its live settings", self.path)
+            return {}
+        return {str(k): str(v) for k, v in settings.items()}
+
+    def save(self, changes: Mapping[str, object]) -> None:
+        """Add ``changes`` (Sluice names -> values) to the kept settings, replacing the file atomically."""
+        settings = self.kept()
+        settings.update({wire_name(s): _show(s, v) for s, v in changes.items()})
+        write_json_atomic(self.path, {"settings": dict(sorted(settings.items()))})
+
+    def overlay(self, config: BrokerConfig) -> BrokerConfig:
+        """``config`` with the kept settings over it; logs which values it overrode and what it left out."""
+        overridden: list[str] = []
+        for name, text in self.kept().items():
+            try:
+                changes, new = check_update(config, {name: text})
+            except SluiceError as exc:
+                log.error("%s: %s=%s left out: %s", self.path, name, text, exc)
+                continue
+            for s, value in changes.items():
+                if value != getattr(config, s):  # a kept value the TOML / command line now also gives is no news
+                    overridden.append(f"{wire_name(s)}={_show(s, value)} (was {_show(s, getattr(config, s))})")
+            config = new
+        if overridden:
+            log.info("settings changed live by updateBrokerConfig (kept in %s) override the command line / "
+                     "TOML values: %s", self.path, ", ".join(overridden))
+        return config
 
 
 class ConfigVersion:

@@ -10,11 +10,13 @@ observation per store call (the appender's ``latency``, set only when metrics
 are served). A scrape gathers everything on the broker's event loop, where the
 put/get statistics (stats.py), offsets and filter metrics live without locks;
 the lag counts, which read consume queues, run on the store pool with
-consumerProgress's own code (admin.py ``consume_stats_of``, filter_lag.py).
+consumerProgress's own code, at most once per ``metrics_lag_refresh_s``
+(metrics_lag.py).
 """
 from __future__ import annotations
 
 import shutil
+import time
 from bisect import bisect_left
 from typing import Any
 
@@ -22,9 +24,9 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, Hist
 from prometheus_client.registry import Collector
 
 from sluice import __version__
-from sluice.broker.stats import (BROKER_GET_NUMS, BROKER_PUT_NUMS, GROUP_GET_NUMS, GROUP_GET_SIZE, TOPIC_PUT_NUMS,
-                                 TOPIC_PUT_SIZE)
-from sluice.broker.topics import DLQ_PREFIX, RETRY_PREFIX
+from sluice.broker.metrics_lag import RefreshLimited, count_lag, lag_families, plan_groups
+from sluice.broker.stats import (BROKER_GET_NUMS, BROKER_PUT_NUMS, DLQ_PUT_NUMS, GROUP_GET_NUMS, GROUP_GET_SIZE,
+                                 SNDBCK_PUT_NUMS, TOPIC_PUT_NUMS, TOPIC_PUT_SIZE)
 from sluice.metrics_http import LoopGathered
 
 __all__ = ["PutLatency", "BrokerCollector", "PUT_LATENCY_BOUNDS"]
@@ -33,8 +35,6 @@ __all__ = ["PutLatency", "BrokerCollector", "PUT_LATENCY_BOUNDS"]
 #: a cold page or a full disk's refusal milliseconds; RocketMQ's putMessageDistributeTime starts at 0 ms too.
 PUT_LATENCY_BOUNDS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                       0.5, 1.0, 2.5, 5.0, 10.0)
-#: RocketMQ's MessageModel ordinals, as rocketmq-exporter writes them in rocketmq_group_diff's msgModel.
-_MSG_MODEL = {"BROADCASTING": "0", "CLUSTERING": "1"}
 
 
 class PutLatency:
@@ -65,11 +65,13 @@ class BrokerCollector(LoopGathered, Collector):
 
     def __init__(self, broker: Any) -> None:
         self.broker = broker
+        self.lag: RefreshLimited[list[Metric]] = RefreshLimited(broker.config.metrics_lag_refresh_s)
 
     async def gather(self) -> list[Metric]:
         """Every family, built on the broker's loop (the lag counts on its store pool)."""
         b = self.broker
         out = self._stats()
+        out += self._clients()
         out += await self._lag()
         out += self._store()
         out += self._filters()
@@ -123,57 +125,52 @@ class BrokerCollector(LoopGathered, Collector):
         for fam, table in ((broker_tps, BROKER_PUT_NUMS), (broker_qps, BROKER_GET_NUMS)):
             item = b.stats.get(table, cluster)
             fam.add_metric([cluster, b.address, name], item.snapshot(0).tps if item is not None else 0.0)
-        return [put_tps, put_size, put_total, get_tps, get_size, get_total, broker_tps, broker_qps]
+        back = GaugeMetricFamily("rocketmq_send_back_nums", "Messages the group sent back for re-consumption, "
+                                 "last minute (SNDBCK_PUT_NUMS)", labels=g_labels)
+        back_total = CounterMetricFamily("sluice_send_back_messages", "Messages the group sent back (to retry or "
+                                         "dead letter) since the broker started", labels=g_labels)
+        for key, item in tables[SNDBCK_PUT_NUMS].items():
+            topic, _, group = key.partition("@")
+            back.add_metric([cluster, name, topic, group], item.snapshot(0).sum)
+            back_total.add_metric([cluster, name, topic, group], item.value)
+        dead_total = CounterMetricFamily("sluice_dead_letter_messages", "Of those, the messages moved to the "
+                                         "group's %DLQ% topic (DLQ_PUT_NUMS)", labels=g_labels)
+        for key, item in tables[DLQ_PUT_NUMS].items():
+            topic, _, group = key.partition("@")
+            dead_total.add_metric([cluster, name, topic, group], item.value)
+        return [put_tps, put_size, put_total, get_tps, get_size, get_total, broker_tps, broker_qps, back, back_total,
+                dead_total]
 
-    # ---- lag: consumerProgress's figures --------------------------------------------------------------
-    async def _lag(self) -> list[Metric]:
+    # ---- clients (consumers.py) -----------------------------------------------------------------------
+    def _clients(self) -> list[Metric]:
         b = self.broker
-        plan: list[tuple[str, list[str], str, str]] = []
-        for group in sorted(set(b.offsets.groups()) | set(b.consumers.groups)):
-            topics = set(b.offsets.topics_of_group(group))
-            info = b.consumers.get(group)
-            if info is not None:
-                topics |= set(info.subscriptions)
-            online = str(len(info.channels)) if info is not None else "0"
-            model = _MSG_MODEL.get(info.message_model, "1") if info is not None else "1"
-            plan.append((group, sorted(topics), online, model))
-        admin = b.admin
+        producers = GaugeMetricFamily("rocketmq_producer_count", "Producer instances of the group connected",
+                                      labels=["cluster", "broker", "group"])
+        for group, pg in b.consumers.producers.items():
+            producers.add_metric([b.config.cluster_name, b.config.broker_name, group], len(pg.channels))
+        # rocketmq-exporter's buildClientAddresses: the connections' addresses and client ids, comma-joined.
+        consumers = GaugeMetricFamily("rocketmq_group_count", "Consumer instances of the group connected",
+                                      labels=["caddr", "localaddr", "group"])
+        for group, info in b.consumers.groups.items():
+            chans = [ch.to_wire() for ch in info.channels.values()]
+            consumers.add_metric([",".join(c["clientAddr"] for c in chans), ",".join(c["clientId"] for c in chans),
+                                  group], len(chans))
+        return [producers, consumers]
 
-        def count() -> list[tuple[str, str, str, dict[str, Any]]]:
-            return [(g, online, model, admin.consume_stats_of(g, topics, 0.0)) for g, topics, online, model in plan]
+    # ---- lag: consumerProgress's figures (metrics_lag.py), at most once per metrics_lag_refresh_s -------
+    async def _lag(self) -> list[Metric]:
+        out = await self.lag.get(self._count_lag)
+        age = GaugeMetricFamily("sluice_metrics_lag_age_seconds", "Age of the lag figures served "
+                                "(recomputed at most once per metrics_lag_refresh_s)")
+        age.add_metric([], self.lag.age())
+        return [*out, age]
 
-        bodies = await b.pool.run(count)
-        diff_labels = ["group", "topic", "countOfOnlineConsumers", "msgModel"]
-        diff = GaugeMetricFamily("rocketmq_group_diff", "Messages between the group's committed offsets and the "
-                                 "queues' ends (consumerProgress's Diff)", labels=diff_labels)
-        # rocketmq-exporter's addGroupDiffMetric: retry and dead-letter topics have families of their own.
-        retry_diff = GaugeMetricFamily("rocketmq_group_retrydiff", "The same for the group's %RETRY% topic",
-                                       labels=diff_labels)
-        dlq_diff = GaugeMetricFamily("rocketmq_group_dlqdiff", "The same for the group's %DLQ% topic",
-                                     labels=diff_labels)
-        fdiff = GaugeMetricFamily("sluice_group_filtered_diff", "Of those, the messages the group's subscription "
-                                  "matches (consumerProgress's filtered lag; a lower bound when not exact)",
-                                  labels=["group", "topic"])
-        fexact = GaugeMetricFamily("sluice_group_filtered_diff_exact",
-                                   "1 when sluice_group_filtered_diff is exact, 0 when the count stopped at its "
-                                   "work bound", labels=["group", "topic"])
-        for group, online, model, body in bodies:
-            lag: dict[str, int] = {}
-            filtered: dict[str, int] = {}
-            exact: dict[str, bool] = {}
-            for e in body["offsetTable"]:
-                t = e["topic"]
-                lag[t] = lag.get(t, 0) + e["lag"]
-                if "filteredLag" in e:  # not for a class-filter topic (counted in the filter servers)
-                    filtered[t] = filtered.get(t, 0) + e["filteredLag"]
-                    exact[t] = exact.get(t, True) and e["filteredLagExact"]
-            for t, n in lag.items():
-                fam = retry_diff if t.startswith(RETRY_PREFIX) else dlq_diff if t.startswith(DLQ_PREFIX) else diff
-                fam.add_metric([group, t, online, model], n)
-            for t, n in filtered.items():
-                fdiff.add_metric([group, t], n)
-                fexact.add_metric([group, t], 1.0 if exact[t] else 0.0)
-        return [diff, retry_diff, dlq_diff, fdiff, fexact]
+    async def _count_lag(self) -> list[Metric]:
+        b = self.broker
+        plan = plan_groups(b.offsets, b.consumers)  # on the loop, where offsets and clients live
+        queues = {cfg.topic_name: cfg.write_queue_nums for cfg in b.topics.all()}
+        counts = await b.pool.run(count_lag, b.admin, b.store, plan, queues, int(time.time() * 1000))
+        return lag_families(b.config.cluster_name, b.config.broker_name, counts)
 
     # ---- the store --------------------------------------------------------------------------------------
     def _runtime_labels(self) -> tuple[list[str], list[str]]:

@@ -11,6 +11,7 @@ Java caller and Sluice's list form otherwise (admin.py, docs/broker.md).
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -19,7 +20,15 @@ import orjson
 
 from sluice.broker.admin import AdminProcessor, queue_table_body
 from sluice.broker.consumers import ConsumerManager
-from sluice.broker.live_config import ConfigVersion, LiveTargets, apply_update, config_properties, parse_properties
+from sluice.broker.live_config import (
+    ConfigVersion,
+    LiveConfigFile,
+    LiveTargets,
+    apply_checked,
+    check_update,
+    config_properties,
+    parse_properties,
+)
 from sluice.broker.offsets import ConsumerOffsetManager
 from sluice.broker.pool import BlockingPool
 from sluice.broker.stats import STATS_NAMES, BrokerStats
@@ -44,7 +53,8 @@ CONSUME_MSG_TIMEOUT = 207
 class OpsProcessor:
     def __init__(self, *, broker_name: str, address: str, store: MessageStore, pool: BlockingPool,
                  topics: TopicConfigManager, offsets: ConsumerOffsetManager, consumers: ConsumerManager,
-                 stats: BrokerStats, admin: AdminProcessor, live: Callable[[], LiveTargets]) -> None:
+                 stats: BrokerStats, admin: AdminProcessor, live: Callable[[], LiveTargets],
+                 live_file: LiveConfigFile) -> None:
         self.broker_name = broker_name
         self.address = address
         self.store = store
@@ -56,6 +66,8 @@ class OpsProcessor:
         self.admin = admin
         self._live = live  # the broker itself (its config and the parts that read live settings)
         self.version = ConfigVersion()
+        self.live_file = live_file  # where accepted updates are kept across restarts
+        self._updating = asyncio.Lock()  # one update at a time: check, persist, apply against the same config
 
     # ---- configuration -----------------------------------------------------------------------------
     async def get_broker_config(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
@@ -70,7 +82,12 @@ class OpsProcessor:
             raise InvalidParameterError("the config update is not UTF-8 text") from None
         props = parse_properties(text)
         if props:
-            changes = apply_update(self._live(), props)
+            async with self._updating:
+                target = self._live()
+                changes, new = check_update(target.config, props)
+                # Kept first: an update the disk refuses (full, read-only) changes nothing.
+                await self.pool.run(self.live_file.save, changes)
+                apply_checked(target, changes, new)
             self.version.next()
             log.info("broker settings changed by %s: %s", conn.peer,
                      ", ".join(f"{k}={v}" for k, v in sorted(changes.items())))

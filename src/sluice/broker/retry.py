@@ -66,6 +66,7 @@ class RetryProcessor:
         self.subgroups = subgroups  # the group's retryMaxTimes and retryQueueNums
         self.retried = 0
         self.dead_lettered = 0
+        self.on_send_back: Callable[[str, str, bool], None] = lambda topic, group, dead: None  # stats.py
 
     async def handle(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         h = ConsumerSendMsgBackRequestHeader.from_command(request)
@@ -100,6 +101,7 @@ class RetryProcessor:
         msg = StoreMessage(topic, rec.body, queue_id, props, rec.flag, rec.sysflag, rec.born_timestamp, rec.born_host,
                            rec.reconsume_times + 1)
         await stored(self.appender.put(topic, queue_id, [msg], prepare=self.divert))
+        self.on_send_back(props[P.RETRY_TOPIC], h.group, topic != rt)
         if created:
             self.topics_changed()
         return request.make_response()

@@ -4,9 +4,18 @@ Kept per statistic name and key, as RocketMQ names them
 (store/src/main/java/org/apache/rocketmq/store/stats/BrokerStatsManager.java):
 ``TOPIC_PUT_NUMS`` / ``TOPIC_PUT_SIZE`` by topic, ``GROUP_GET_NUMS`` /
 ``GROUP_GET_SIZE`` by ``topic@group``, ``BROKER_PUT_NUMS`` /
-``BROKER_GET_NUMS`` by cluster name. Each item counts a value (messages or
-bytes) and the requests that added it (``times``); VIEW_BROKER_STATS_DATA (315)
-reads its snapshots and GET_CONSUME_STATS its minute TPS.
+``BROKER_GET_NUMS`` by cluster name, ``SNDBCK_PUT_NUMS`` (messages a consumer
+sent back, to retry or dead-letter: SendMessageProcessor.consumerSendMsgBack's
+incSendBackNums) by ``originTopic@group``, and ``DLQ_PUT_NUMS`` (of those, the
+ones dead-lettered) by ``originTopic@group`` too (RocketMQ 5 has the name, keyed
+by its commercial owner key; 4.x has no dead-letter count). Each item counts a
+value (messages or bytes) and the requests that added it (``times``);
+VIEW_BROKER_STATS_DATA (315) reads its snapshots and GET_CONSUME_STATS its
+minute TPS. rocketmq-dashboard asks TOPIC_PUT_NUMS and GROUP_GET_NUMS;
+rocketmq-exporter those, the two sizes, SNDBCK_PUT_NUMS and the two BROKER_*
+(its MetricsCollectTask.java). RocketMQ 4.x creates GROUP_GET_FROM_DISK_* and
+BROKER_GET_FROM_DISK_* but never adds to them, so it answers "not exist" for
+them as Sluice does.
 
 Counting is per request, never per message: an append or a pull adds its
 message count once. Samples are taken lazily, with no thread: RocketMQ samples
@@ -25,7 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 __all__ = ["BrokerStats", "StatsItem", "StatsSnapshot", "STATS_NAMES", "TOPIC_PUT_NUMS", "TOPIC_PUT_SIZE",
-           "GROUP_GET_NUMS", "GROUP_GET_SIZE", "BROKER_PUT_NUMS", "BROKER_GET_NUMS"]
+           "GROUP_GET_NUMS", "GROUP_GET_SIZE", "BROKER_PUT_NUMS", "BROKER_GET_NUMS", "SNDBCK_PUT_NUMS",
+           "DLQ_PUT_NUMS"]
 
 TOPIC_PUT_NUMS = "TOPIC_PUT_NUMS"
 TOPIC_PUT_SIZE = "TOPIC_PUT_SIZE"
@@ -33,7 +43,10 @@ GROUP_GET_NUMS = "GROUP_GET_NUMS"
 GROUP_GET_SIZE = "GROUP_GET_SIZE"
 BROKER_PUT_NUMS = "BROKER_PUT_NUMS"
 BROKER_GET_NUMS = "BROKER_GET_NUMS"
-STATS_NAMES = (TOPIC_PUT_NUMS, TOPIC_PUT_SIZE, GROUP_GET_NUMS, GROUP_GET_SIZE, BROKER_PUT_NUMS, BROKER_GET_NUMS)
+SNDBCK_PUT_NUMS = "SNDBCK_PUT_NUMS"
+DLQ_PUT_NUMS = "DLQ_PUT_NUMS"
+STATS_NAMES = (TOPIC_PUT_NUMS, TOPIC_PUT_SIZE, GROUP_GET_NUMS, GROUP_GET_SIZE, BROKER_PUT_NUMS, BROKER_GET_NUMS,
+               SNDBCK_PUT_NUMS, DLQ_PUT_NUMS)
 
 #: (seconds between samples, samples kept): a window spans its oldest sample to now, so the minute
 #: window covers the last 50..60 s.
@@ -131,6 +144,14 @@ class BrokerStats:
         self._item(GROUP_GET_NUMS, key).add(messages)
         self._item(GROUP_GET_SIZE, key).add(size)
         self._item(BROKER_GET_NUMS, self.cluster_name).add(messages)
+
+    def on_send_back(self, origin_topic: str, group: str, dead_letter: bool) -> None:
+        """One message ``group`` sent back (CONSUMER_SEND_MSG_BACK) from ``origin_topic``, stored in its retry
+        topic or, when ``dead_letter``, its %DLQ% topic."""
+        key = f"{origin_topic}@{group}"
+        self._item(SNDBCK_PUT_NUMS, key).add(1)
+        if dead_letter:
+            self._item(DLQ_PUT_NUMS, key).add(1)
 
     def get(self, name: str, key: str) -> StatsItem | None:
         table = self.tables.get(name)
