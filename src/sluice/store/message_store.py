@@ -46,6 +46,7 @@ from sluice.store.diskspace import DiskGuard
 from sluice.store.dispatch import DispatchService
 from sluice.store.dispatch_columns import PutRun
 from sluice.store.encode import EncodedBatch, encode_batch
+from sluice.store.background_flush import BackgroundFlush
 from sluice.store.flush import FlushService
 from sluice.store.group_commit import GroupCommit
 from sluice.store.index import IndexService
@@ -407,6 +408,12 @@ class MessageStore:
         FlushDiskTimeoutError after the flush timeout."""
         if self._sync:
             self.flusher.wait_flushed(end)
+
+    def background_flush(self) -> BackgroundFlush:
+        """Fsyncs asked for without waiting, each round's end signalled on an eventfd (background_flush.py):
+        how an event loop waits for synchronous flush."""
+        self._check_open()
+        return BackgroundFlush(self.flusher)
 
     # ---- reads -------------------------------------------------------------------------------------
     def get_messages(self, topic: str, queue_id: int, offset: int, max_msgs: int = 32,
