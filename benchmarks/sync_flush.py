@@ -13,6 +13,7 @@ PySyncer: the reference, a Python thread), and ``async`` (asynchronous flush: th
 Run alternately (``--rounds``), since the disk is shared: each case's figures are the medians of its rounds.
 
     .venv/bin/python benchmarks/sync_flush.py [--quick] [--rounds N] [--cases c,python,async] [--dir DIR]
+        [--warm-ahead BYTES]
 
 The last line is one JSON object.
 """
@@ -70,8 +71,9 @@ async def _drive(store: MessageStore, senders: int, batches: int) -> tuple[float
     return time.perf_counter() - t0, latencies
 
 
-def run_case(case: str, root: Path, senders: int, batches: int) -> dict[str, Any]:
-    config = StoreConfig(flush_mode="async" if case == "async" else "sync", commitlog_file_size=256 << 20)
+def run_case(case: str, root: Path, senders: int, batches: int, warm_ahead: int | None = None) -> dict[str, Any]:
+    config = StoreConfig(flush_mode="async" if case == "async" else "sync", commitlog_file_size=256 << 20,
+                         commitlog_warm_ahead=warm_ahead)
     store = MessageStore(root, config)
     made: list[Any] = []  # the BackgroundFlush the appender's waiter made: its time in fdatasync
     try:
@@ -110,6 +112,7 @@ def main() -> None:
     ap.add_argument("--senders", type=int, default=4)
     ap.add_argument("--messages", type=int, help="per round (default 100000, 20000 with --quick)")
     ap.add_argument("--dir", help="where the stores go (default: a temporary directory under /tmp)")
+    ap.add_argument("--warm-ahead", type=int, help="the store's commitlog_warm_ahead (default: its own; 0: off)")
     args = ap.parse_args()
     cases = [c for c in args.cases.split(",") if c]
     unknown = set(cases) - {"c", "python", "async"}
@@ -125,7 +128,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         for r in range(rounds):
             for case in cases:
-                res = run_case(case, Path(tmp) / f"{case}-{r}", args.senders, batches)
+                res = run_case(case, Path(tmp) / f"{case}-{r}", args.senders, batches, args.warm_ahead)
                 runs[case].append(res)
                 print(f"round {r} {case:6s} " + " ".join(f"{k}={v:,.2f}" for k, v in res.items()), flush=True)
     out: dict[str, Any] = {"quick": args.quick, "senders": args.senders, "batch": BATCH, "body_bytes": len(BODY),

@@ -84,7 +84,7 @@ class CommitLog:
     """Segments under {root}/commitlog, the write position, and the topic-queue offset table."""
 
     def __init__(self, directory: Path, file_size: int, *, warm_ahead: int = WARM_AHEAD,
-                 write_by_fd: bool = False) -> None:
+                 write_by_fd: bool = False, durable_warm: bool = False) -> None:
         # write_by_fd (synchronous flush): records are written with pwrite, which makes the fsyncs after
         # them several times cheaper than after writes through the mapping (mapped.py).
         self.queue = MappedFileQueue(directory, file_size, write_by_fd=write_by_fd,
@@ -102,7 +102,9 @@ class CommitLog:
         self.dispatch_idle = True  # the dispatch thread sleeps on ``appended`` (else it polls)
         #: puts appended but not yet dispatched, by the commit-log offset of their first record
         self.pending: dict[int, PutRun] = {}
-        self.warm = Warmer(self, min(warm_ahead, file_size // 4))
+        # durable_warm (synchronous flush): the warmer's zeros are made durable, so fsyncs after appends
+        # write no extent changes (warm.py).
+        self.warm = Warmer(self, min(warm_ahead, file_size // 4), durable=durable_warm)
 
     # ---- lifecycle -------------------------------------------------------------------------------
     def load(self) -> None:

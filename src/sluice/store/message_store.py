@@ -76,9 +76,9 @@ class MessageStore:
         c = self.config
         warm = c.commitlog_warm_ahead
         if warm is None:
-            warm = WARM_AHEAD if c.flush_mode == "async" else 0
+            warm = WARM_AHEAD
         self.commitlog = CommitLog(self.root / "commitlog", c.commitlog_file_size, warm_ahead=warm,
-                                   write_by_fd=c.flush_mode == "sync")
+                                   write_by_fd=c.flush_mode == "sync", durable_warm=c.flush_mode == "sync")
         self.queues = ConsumeQueueTable(self.root / "consumequeue", c.consumequeue_units_per_file,
                                         max_open=c.max_open_queues)
         self.index: IndexService | None = (
