@@ -254,3 +254,23 @@ def test_a_failed_round_is_an_error_for_its_offset_even_after_a_later_success(tm
         store.close()
         os.close(r)
         os.close(w)
+
+
+@pytest.mark.parametrize("use_c", [False, pytest.param(True, marks=pytest.mark.skipif(C is None, reason="no C"))])
+def test_a_backlog_over_more_segments_than_a_round_takes_is_flushed_first(tmp_path: Path, use_c: bool) -> None:
+    store = _store(tmp_path, file_size=128 * 1024)
+    bf = BackgroundFlush(store.flusher, use_c=use_c)
+    try:
+        for _ in range(MAX_FDS + 2):
+            end = _append(store, 100, 1000)  # about 100 KiB: a segment each
+        assert len(store.commitlog.segments()) > MAX_FDS
+        fsyncs = store.flusher.fsyncs
+        assert bf.request()
+        assert store.flusher.flushed_offset == end  # flushed synchronously, all segments
+        _await_round_fd(bf)
+        assert bf.collect() == (end, [])
+        assert store.flusher.fsyncs == fsyncs + 2  # the synchronous flush, and the (empty) round
+    finally:
+        bf.close()
+        bf.release()
+        store.close()

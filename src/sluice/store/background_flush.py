@@ -194,8 +194,14 @@ class BackgroundFlush:
         """The descriptors of the segments holding bytes [start, end); none after a synchronous flush when
         there are more than the syncer takes (a backlog of appends nobody asked durable: not in practice)."""
         queue = self.commitlog.queue
+        picked: list[int] = []
         with queue.lock:  # not closed by retention meanwhile; the syncer holds duplicates after this
-            fds = tuple(f._fd for f in queue.files if f.end > start and f.start < end and not f.closed)
+            for f in reversed(queue.files):  # the newest segments: usually the last one alone
+                if f.end <= start:
+                    break
+                if f.start < end and not f.closed:
+                    picked.append(f._fd)
+        fds = tuple(reversed(picked))
         if len(fds) > MAX_FDS:
             self.flusher.flush()  # covers ``end``: every byte below it was appended before
             return ()
