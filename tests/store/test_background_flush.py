@@ -274,3 +274,47 @@ def test_a_backlog_over_more_segments_than_a_round_takes_is_flushed_first(tmp_pa
         bf.close()
         bf.release()
         store.close()
+
+
+@pytest.mark.skipif(C is None, reason="sluice._speedups is not built")
+def test_the_c_thread_is_named_and_blocks_every_signal() -> None:
+    """Signals go to the interpreter's threads, never to the fsync thread."""
+    efd = _eventfd()
+    s = C.Syncer(efd)
+    try:
+        tasks = Path("/proc/self/task")
+        if not tasks.is_dir():
+            pytest.skip("no /proc")
+        mine = [t for t in tasks.iterdir() if (t / "comm").read_text().strip() == "sluice-fsync"]
+        assert len(mine) == 1
+        blocked = next(line for line in (mine[0] / "status").read_text().splitlines() if line.startswith("SigBlk:"))
+        mask = int(blocked.split()[1], 16)
+        assert mask & 0x7FFFFFFF == 0x7FFFFFFF & ~((1 << 8) | (1 << 18))  # all but SIGKILL (9) and SIGSTOP (19)
+    finally:
+        s.close()
+        os.close(efd)
+
+
+@pytest.mark.parametrize("use_c", [False, pytest.param(True, marks=pytest.mark.skipif(C is None, reason="no C"))])
+def test_a_segment_closed_while_a_round_is_asked_for_is_looked_up_again(tmp_path: Path, use_c: bool,
+                                                                        monkeypatch) -> None:
+    store = _store(tmp_path)
+    bf = BackgroundFlush(store.flusher, use_c=use_c)
+    real = BackgroundFlush._fds
+    calls = []
+
+    def fds(self: BackgroundFlush, start: int, end: int) -> tuple[int, ...]:
+        calls.append(end)
+        return (1 << 20,) if len(calls) == 1 else real(self, start, end)  # first: a descriptor closed meanwhile
+
+    monkeypatch.setattr(BackgroundFlush, "_fds", fds)
+    try:
+        end = _append(store, 3)
+        assert bf.request()
+        _await_round_fd(bf)
+        assert bf.collect() == (end, [])
+        assert calls == [end, end]
+    finally:
+        bf.close()
+        bf.release()
+        store.close()

@@ -162,7 +162,10 @@ class Appender:
 
     def _dispatch(self) -> None:
         if self._submit_scheduled:  # the durable wait first: its fsync runs on its own thread during dispatch
-            self._submit()
+            try:
+                self._submit()
+            except Exception:  # (as the loop would log it) dispatch still runs, and is scheduled again later
+                log.exception("answering this iteration's appends failed")
         self._dispatch_scheduled = False
         dispatch = self.store.dispatch
         if dispatch.error is not None:

@@ -185,22 +185,33 @@ class BackgroundFlush:
         if target <= self.flusher.flushed_offset:
             return False
         if target > self._asked:
-            self._syncer.request(target, self._fds(self.flusher.flushed_offset, target))
+            for _ in range(3):
+                try:
+                    self._syncer.request(target, self._fds(self.flusher.flushed_offset, target))
+                    break
+                except OSError:  # a segment closed under us (retention, flushed meanwhile): look again
+                    continue
+            else:
+                self.flusher.flush()  # (never seen) make it durable here, and let an empty round report it
+                self._syncer.request(target, ())
             self._asked = target
             self._stamps.append((target, ts))
         return True
 
     def _fds(self, start: int, end: int) -> tuple[int, ...]:
         """The descriptors of the segments holding bytes [start, end); none after a synchronous flush when
-        there are more than the syncer takes (a backlog of appends nobody asked durable: not in practice)."""
-        queue = self.commitlog.queue
+        there are more than the syncer takes (a backlog of appends nobody asked durable: not in practice).
+
+        The segment list is read without its lock, which a checkpoint holds through its fsync (the loop
+        must not wait for that): the list is replaced whole when it changes, and retention closes only
+        segments wholly below the flushed offset. One closed meanwhile makes the syncer's dup fail
+        (OSError), and ``request`` looks again."""
         picked: list[int] = []
-        with queue.lock:  # not closed by retention meanwhile; the syncer holds duplicates after this
-            for f in reversed(queue.files):  # the newest segments: usually the last one alone
-                if f.end <= start:
-                    break
-                if f.start < end and not f.closed:
-                    picked.append(f._fd)
+        for f in reversed(self.commitlog.queue.files):  # the newest segments: usually the last one alone
+            if f.end <= start:
+                break
+            if f.start < end and not f.closed:
+                picked.append(f._fd)
         fds = tuple(reversed(picked))
         if len(fds) > MAX_FDS:
             self.flusher.flush()  # covers ``end``: every byte below it was appended before

@@ -46,6 +46,9 @@ PAGE = mmap.PAGESIZE
 CHUNK = 1 << 20
 #: zeros written at a time when they must be durable (a commit fsync meanwhile waits for this many bytes)
 DURABLE_CHUNK = 256 * 1024
+#: durable zeros start this far past the write position at the least (a quarter of ``ahead`` if less): the
+#: appender must not reach a range while its (slower) durable write runs, or it waits for it on the loop
+DURABLE_MARGIN = 1024 * 1024
 _ZEROS = memoryview(bytes(CHUNK))
 
 
@@ -71,6 +74,7 @@ class Warmer:
         self.ahead = ahead
         self.durable = durable
         self.chunk = DURABLE_CHUNK if durable else CHUNK
+        self.margin = min(DURABLE_MARGIN, ahead // 4) if durable else 0
         self.low = ahead // 2  # wake the thread when less than this much is warm ahead of the writer
         self.cond = threading.Condition(commitlog.put_lock)
         self.end = 0  # absolute offset up to which the segment being written is warm (or written)
@@ -148,7 +152,7 @@ class Warmer:
             wpos = cl.write_pos
             if f is None or f.closed or not f.start <= wpos < f.end:
                 return False
-            start = max(self.end, -(-wpos // PAGE) * PAGE)  # never the page that holds written bytes
+            start = max(self.end, -(-wpos // PAGE) * PAGE + self.margin)  # never the page holding written bytes
             stop = min(wpos + self.ahead, f.end, start + self.chunk)
             if start >= stop:
                 return False
