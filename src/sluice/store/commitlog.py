@@ -55,12 +55,15 @@ if TYPE_CHECKING:
 
 # The record decoders live with the layout in sluice.format; these names stay importable from here.
 __all__ = ["CommitLog", "ParsedRecord", "parse_record", "verify_record_bytes", "MIN_RECORD_SIZE",
-           "MAX_PENDING_BATCHES", "WARM_AHEAD"]
+           "MAX_PENDING_BATCHES", "WARM_AHEAD", "SYNC_WARM_AHEAD"]
 
 #: how many appended batches may wait for dispatch with their metadata (beyond that, dispatch parses the log)
 MAX_PENDING_BATCHES = 8192
 #: how far ahead of the write position the warmer keeps pages in the page cache (warm.py)
 WARM_AHEAD = 16 * 1024 * 1024
+#: the same under synchronous flush, where the zeros are written durably (warm.py): each commit fsync meanwhile
+#: waits for the chunk being written, so less ahead keeps the burst at start and at each new segment short
+SYNC_WARM_AHEAD = 4 * 1024 * 1024
 #: bytes of a segment allocated at a time ahead of the writer (mapped.py); the warmer's zeros allocate too
 ALLOC_CHUNK = 4 * 1024 * 1024
 #: bytes a scan (recovery, check, rebuild) copies out of the mapping at a time; its pages are then released,

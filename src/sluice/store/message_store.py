@@ -38,7 +38,7 @@ from sluice.protocol.record import decode_record
 from sluice.speedups import C
 from sluice.store.check import rebuild_queue_from_log
 from sluice.store.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from sluice.store.commitlog import WARM_AHEAD, CommitLog, verify_record_bytes
+from sluice.store.commitlog import SYNC_WARM_AHEAD, WARM_AHEAD, CommitLog, verify_record_bytes
 from sluice.store.config import StoreConfig
 from sluice.store.consumequeue import PAD_SIZE, ConsumeQueueTable
 from sluice.ratelog import RateLimitedLog
@@ -76,7 +76,7 @@ class MessageStore:
         c = self.config
         warm = c.commitlog_warm_ahead
         if warm is None:
-            warm = WARM_AHEAD
+            warm = WARM_AHEAD if c.flush_mode == "async" else SYNC_WARM_AHEAD
         self.commitlog = CommitLog(self.root / "commitlog", c.commitlog_file_size, warm_ahead=warm,
                                    write_by_fd=c.flush_mode == "sync", durable_warm=c.flush_mode == "sync")
         self.queues = ConsumeQueueTable(self.root / "consumequeue", c.consumequeue_units_per_file,
