@@ -1,7 +1,9 @@
-"""The group-commit thread (broker/durable.py) behind synchronous-flush replies, over a real store."""
+"""The durable waits (broker/durable.py) behind synchronous-flush replies, over a real store, with the C
+fsync thread and with its Python reference (store/background_flush.py)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from pathlib import Path
 
@@ -10,18 +12,30 @@ import pytest
 from sluice.broker.appender import Appender, stored
 from sluice.broker.durable import DurableWaiter
 from sluice.errors import FlushDiskTimeoutError
+from sluice.speedups import C
 from sluice.store import MessageStore, StoreConfig, StoreMessage
+from sluice.store.background_flush import BackgroundFlush
 from sluice.store.encode import encode_batch
 
 
-def _store(tmp_path: Path) -> MessageStore:
-    store = MessageStore(tmp_path, StoreConfig(flush_mode="sync", commitlog_file_size=1 << 20, max_message_size=1024))
-    store.start()
-    store.dispatch.drive_externally()
-    return store
+@pytest.fixture(params=["python", pytest.param("c", marks=pytest.mark.skipif(C is None, reason="no C extension"))])
+def use_c(request: pytest.FixtureRequest) -> bool:
+    return request.param == "c"
 
 
-def test_no_reply_before_its_bytes_are_flushed(tmp_path: Path) -> None:
+@pytest.fixture
+def _store(use_c: bool):
+    def make(tmp_path: Path) -> MessageStore:
+        store = MessageStore(tmp_path, StoreConfig(flush_mode="sync", commitlog_file_size=1 << 20,
+                                                   max_message_size=1024))
+        store.background_flush = lambda: BackgroundFlush(store.flusher, use_c=use_c)  # type: ignore[method-assign]
+        store.start()
+        store.dispatch.drive_externally()
+        return store
+    return make
+
+
+def test_no_reply_before_its_bytes_are_flushed(tmp_path: Path, _store) -> None:
     store = _store(tmp_path)
     appender = Appender(store)
     flushed_at_reply: list[tuple[int, int]] = []
@@ -52,18 +66,18 @@ def test_no_reply_before_its_bytes_are_flushed(tmp_path: Path) -> None:
     assert store.flusher.fsyncs < 240  # requests shared fsyncs
 
 
-def test_a_failed_flush_answers_its_replies_with_the_error_and_later_ones_go_on(tmp_path: Path) -> None:
+def test_a_failed_flush_answers_its_replies_with_the_error_and_later_ones_go_on(tmp_path: Path, _store,
+                                                                              monkeypatch) -> None:
     store = _store(tmp_path)
-    real = store.wait_durable
+    r, w = os.pipe()  # the first round "syncs" a pipe: fdatasync fails with EINVAL
+    real = BackgroundFlush._fds
     calls = []
 
-    def wait_durable(end: int) -> None:
+    def fds(self: BackgroundFlush, start: int, end: int) -> tuple[int, ...]:
         calls.append(end)
-        if len(calls) == 1:
-            raise FlushDiskTimeoutError("commit log not flushed in time")
-        real(end)
+        return (r,) if len(calls) == 1 else real(self, start, end)
 
-    store.wait_durable = wait_durable  # type: ignore[method-assign]
+    monkeypatch.setattr(BackgroundFlush, "_fds", fds)
     appender = Appender(store)
 
     async def main() -> tuple[object, object]:
@@ -77,11 +91,45 @@ def test_a_failed_flush_answers_its_replies_with_the_error_and_later_ones_go_on(
     finally:
         appender.close()
         store.close()
-    assert isinstance(first, FlushDiskTimeoutError)
+        os.close(r)
+        os.close(w)
+    assert isinstance(first, FlushDiskTimeoutError) and "fsync failed" in str(first)
     assert second[1][0].queue_offset == 1  # type: ignore[index]
+    assert len(calls) == 2
 
 
-def test_close_makes_durable_what_was_asked_and_confirms_it(tmp_path: Path) -> None:
+def test_the_round_is_asked_for_before_the_iteration_dispatches(tmp_path: Path, _store, monkeypatch) -> None:
+    """The fsync thread starts while the loop dispatches, not after."""
+    store = _store(tmp_path)
+    order: list[str] = []
+    real_request, real_reput = BackgroundFlush.request, store.dispatch.reput
+
+    def request(self: BackgroundFlush) -> bool:
+        order.append("request")
+        return real_request(self)
+
+    def reput() -> None:
+        order.append("reput")
+        real_reput()
+
+    monkeypatch.setattr(BackgroundFlush, "request", request)
+    monkeypatch.setattr(store.dispatch, "reput", reput)
+    appender = Appender(store)
+    enc = encode_batch([StoreMessage("T", b"b%d" % k, 0, {}) for k in range(4)],
+                       store_host=store.config.store_host, max_body=1024)
+
+    async def main() -> None:
+        await asyncio.gather(stored(appender.put("T", 0, enc)), stored(appender.put("T", 1, [StoreMessage("T", b"s", 1, {})])))
+
+    try:
+        asyncio.run(main())
+    finally:
+        appender.close()
+        store.close()
+    assert order[:2] == ["request", "reput"]
+
+
+def test_close_makes_durable_what_was_asked_and_confirms_it(tmp_path: Path, _store) -> None:
     store = _store(tmp_path)
     confirmed: list[list[str]] = []
 
@@ -102,7 +150,7 @@ def test_close_makes_durable_what_was_asked_and_confirms_it(tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize("raising", [False, True])
-def test_a_confirm_that_raises_does_not_stop_the_thread(tmp_path: Path, raising: bool) -> None:
+def test_a_confirm_that_raises_does_not_stop_the_thread(tmp_path: Path, raising: bool, _store) -> None:
     store = _store(tmp_path)
     seen: list[str] = []
 

@@ -334,10 +334,12 @@ def test_warming_follows_the_flush_mode(tmp_path) -> None:
     from sluice.errors import InvalidParameterError as Bad
 
     for name, cfg, warms in (("a", small_config(flush_mode="async"), True),
-                             ("s", small_config(flush_mode="sync"), False),
-                             ("o", small_config(flush_mode="async", commitlog_warm_ahead=0), False)):
+                             ("s", small_config(flush_mode="sync"), True),  # durable zeros (warm.py)
+                             ("o", small_config(flush_mode="async", commitlog_warm_ahead=0), False),
+                             ("so", small_config(flush_mode="sync", commitlog_warm_ahead=0), False)):
         with MessageStore(tmp_path / name, cfg) as s:
             s.put_message(msg())
             assert (s.commitlog.warm.ahead > 0) is warms
+            assert s.commitlog.warm.durable is (cfg.flush_mode == "sync")
     with pytest.raises(Bad):
         small_config(commitlog_warm_ahead=-1)

@@ -13,6 +13,7 @@
  *   index.c    key-index hashes and entries
  *   reads.c    pulls and consumers: runs of stored records, records to MessageExt
  *   props.c    filtered pulls: records' property values judged once per distinct combination
+ *   syncer.c   synchronous flush: a thread that fdatasyncs without the GIL and signals an eventfd
  */
 #ifndef SLUICE_SPEEDUPS_H
 #define SLUICE_SPEEDUPS_H
@@ -148,5 +149,7 @@ extern const char *sluice_ext_fields[];
 extern PyMethodDef sluice_batches_methods[], sluice_records_methods[], sluice_index_methods[],
     sluice_reads_methods[], sluice_io_methods[], sluice_spans_methods[], sluice_props_methods[],
     sluice_ext_methods[];
+/* syncer.c: adds the Syncer type */
+int sluice_syncer_add(PyObject *m);
 
 #endif

@@ -3,7 +3,7 @@
 One call, whatever the request: a message list or a batch body encoded
 already (``store.encode.encode_batch_body``), checked against a duplicate
 window or not, waited for durably or not. Every write reaches the store in
-:meth:`Appender._write`, and every durable wait in one pool job per loop
+:meth:`Appender._write`, and every durable wait in one request per loop
 iteration.
 
 * **Merged.** Single messages, and every message list under ``sync``, wait
@@ -20,8 +20,10 @@ iteration.
   caller).
 * **Durable.** With ``sync`` the results are handed back once the store's
   group commit covers them: each loop iteration hands its replies and the
-  highest end appended in it to one fsync thread (durable.py), which answers
-  all that one fsync covered with one wake-up of the loop; none blocks it.
+  highest end appended in it to durable.py, which asks the store's fsync
+  thread for a round at once (before the iteration's dispatch, so the two
+  overlap) and answers all that one fsync covered with one wake-up of the
+  loop; none blocks it.
 * **Checked.** With a ``dedup`` window, replayed UNIQ_KEYs are answered with
   their originals and only the rest is written, by the rules above (dedup.py).
 
@@ -159,6 +161,11 @@ class Appender:
         return results
 
     def _dispatch(self) -> None:
+        if self._submit_scheduled:  # the durable wait first: its fsync runs on its own thread during dispatch
+            try:
+                self._submit()
+            except Exception:  # (as the loop would log it) dispatch still runs, and is scheduled again later
+                log.exception("answering this iteration's appends failed")
         self._dispatch_scheduled = False
         dispatch = self.store.dispatch
         if dispatch.error is not None:
@@ -183,6 +190,8 @@ class Appender:
             asyncio.get_running_loop().call_soon(self._submit)  # after the other handlers ready in this iteration
 
     def _submit(self) -> None:
+        if not self._submit_scheduled:  # run early by this iteration's _dispatch
+            return
         self._submit_scheduled = False
         merging, self._merging = self._merging, {}
         durable, self._durable = self._durable, []

@@ -55,12 +55,15 @@ if TYPE_CHECKING:
 
 # The record decoders live with the layout in sluice.format; these names stay importable from here.
 __all__ = ["CommitLog", "ParsedRecord", "parse_record", "verify_record_bytes", "MIN_RECORD_SIZE",
-           "MAX_PENDING_BATCHES", "WARM_AHEAD"]
+           "MAX_PENDING_BATCHES", "WARM_AHEAD", "SYNC_WARM_AHEAD"]
 
 #: how many appended batches may wait for dispatch with their metadata (beyond that, dispatch parses the log)
 MAX_PENDING_BATCHES = 8192
 #: how far ahead of the write position the warmer keeps pages in the page cache (warm.py)
 WARM_AHEAD = 16 * 1024 * 1024
+#: the same under synchronous flush, where the zeros are written durably (warm.py): each commit fsync meanwhile
+#: waits for the chunk being written, so less ahead keeps the burst at start and at each new segment short
+SYNC_WARM_AHEAD = 4 * 1024 * 1024
 #: bytes of a segment allocated at a time ahead of the writer (mapped.py); the warmer's zeros allocate too
 ALLOC_CHUNK = 4 * 1024 * 1024
 #: bytes a scan (recovery, check, rebuild) copies out of the mapping at a time; its pages are then released,
@@ -84,7 +87,7 @@ class CommitLog:
     """Segments under {root}/commitlog, the write position, and the topic-queue offset table."""
 
     def __init__(self, directory: Path, file_size: int, *, warm_ahead: int = WARM_AHEAD,
-                 write_by_fd: bool = False) -> None:
+                 write_by_fd: bool = False, durable_warm: bool = False) -> None:
         # write_by_fd (synchronous flush): records are written with pwrite, which makes the fsyncs after
         # them several times cheaper than after writes through the mapping (mapped.py).
         self.queue = MappedFileQueue(directory, file_size, write_by_fd=write_by_fd,
@@ -102,7 +105,9 @@ class CommitLog:
         self.dispatch_idle = True  # the dispatch thread sleeps on ``appended`` (else it polls)
         #: puts appended but not yet dispatched, by the commit-log offset of their first record
         self.pending: dict[int, PutRun] = {}
-        self.warm = Warmer(self, min(warm_ahead, file_size // 4))
+        # durable_warm (synchronous flush): the warmer's zeros are made durable, so fsyncs after appends
+        # write no extent changes (warm.py).
+        self.warm = Warmer(self, min(warm_ahead, file_size // 4), durable=durable_warm)
 
     # ---- lifecycle -------------------------------------------------------------------------------
     def load(self) -> None:

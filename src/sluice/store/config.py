@@ -66,8 +66,9 @@ class StoreConfig:
     #: Records the dispatcher reads per batch (bounds latency of each step and memory).
     dispatch_batch_bytes: int = 4 * MiB
     #: Bytes ahead of the commit log's write position kept in the page cache by the warming thread
-    #: (store/warm.py), so page faults stay off the appending thread. None: 16 MiB with async flush, 0
-    #: with sync flush, where appends wait for fsyncs anyway and the zeros would make each fsync heavier.
+    #: (store/warm.py), so page faults stay off the appending thread; with sync flush its zeros are made
+    #: durable, so the fsyncs after appends write no extent changes. None: 16 MiB (4 MiB with sync flush,
+    #: where each fsync waits for the durable zeros being written). 0: no warming.
     commitlog_warm_ahead: int | None = None
     #: Writes are refused (DiskFullError: SERVICE_NOT_AVAILABLE, reads go on) while the store's disk is more
     #: than this percent used (RocketMQ's diskMaxUsedSpaceRatio, 75) ...

@@ -5,8 +5,9 @@ bytes below ``offset`` are durable: it fsyncs itself when nobody is fsyncing,
 else waits for the fsync in progress and fsyncs again if that one did not cover
 it. Many synchronous writer threads do not wait here one by one: the store's
 puts go through group_commit.py, where one writer appends and fsyncs for all;
-what waits here are single callers (the broker's one pool job per loop
-iteration, ``MessageStore.wait_durable``).
+what waits here are single callers (``MessageStore.wait_durable``). The broker
+waits on neither: background_flush.py fsyncs for its event loop and reports the
+rounds here (``note_flushed``).
 """
 from __future__ import annotations
 
@@ -75,6 +76,16 @@ class FlushService:
             if target > self.flushed_offset:
                 self.flushed_offset = target
                 self.flush_time = ts
+
+    def note_flushed(self, offset: int, flush_time: int | None, fsyncs: int) -> None:
+        """Record rounds run elsewhere (background_flush.py): bytes below ``offset`` are durable, the newest
+        of them stored at ``flush_time``."""
+        with self._cond:
+            if offset > self.flushed_offset:
+                self.flushed_offset = offset
+                if flush_time is not None:
+                    self.flush_time = flush_time
+            self.fsyncs += fsyncs
 
     def flush(self) -> None:
         """Flush everything written so far (the group and async threads, checkpoints, close)."""

@@ -38,7 +38,7 @@ from sluice.protocol.record import decode_record
 from sluice.speedups import C
 from sluice.store.check import rebuild_queue_from_log
 from sluice.store.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from sluice.store.commitlog import WARM_AHEAD, CommitLog, verify_record_bytes
+from sluice.store.commitlog import SYNC_WARM_AHEAD, WARM_AHEAD, CommitLog, verify_record_bytes
 from sluice.store.config import StoreConfig
 from sluice.store.consumequeue import PAD_SIZE, ConsumeQueueTable
 from sluice.ratelog import RateLimitedLog
@@ -46,6 +46,7 @@ from sluice.store.diskspace import DiskGuard
 from sluice.store.dispatch import DispatchService
 from sluice.store.dispatch_columns import PutRun
 from sluice.store.encode import EncodedBatch, encode_batch
+from sluice.store.background_flush import BackgroundFlush
 from sluice.store.flush import FlushService
 from sluice.store.group_commit import GroupCommit
 from sluice.store.index import IndexService
@@ -75,9 +76,9 @@ class MessageStore:
         c = self.config
         warm = c.commitlog_warm_ahead
         if warm is None:
-            warm = WARM_AHEAD if c.flush_mode == "async" else 0
+            warm = WARM_AHEAD if c.flush_mode == "async" else SYNC_WARM_AHEAD
         self.commitlog = CommitLog(self.root / "commitlog", c.commitlog_file_size, warm_ahead=warm,
-                                   write_by_fd=c.flush_mode == "sync")
+                                   write_by_fd=c.flush_mode == "sync", durable_warm=c.flush_mode == "sync")
         self.queues = ConsumeQueueTable(self.root / "consumequeue", c.consumequeue_units_per_file,
                                         max_open=c.max_open_queues)
         self.index: IndexService | None = (
@@ -407,6 +408,12 @@ class MessageStore:
         FlushDiskTimeoutError after the flush timeout."""
         if self._sync:
             self.flusher.wait_flushed(end)
+
+    def background_flush(self) -> BackgroundFlush:
+        """Fsyncs asked for without waiting, each round's end signalled on an eventfd (background_flush.py):
+        how an event loop waits for synchronous flush."""
+        self._check_open()
+        return BackgroundFlush(self.flusher)
 
     # ---- reads -------------------------------------------------------------------------------------
     def get_messages(self, topic: str, queue_id: int, offset: int, max_msgs: int = 32,

@@ -12,6 +12,15 @@ Zeros go only where nothing is written yet: at or after the page that follows
 the write position, and an appender whose bytes would land in a range being
 zeroed waits for it (it never happens in practice: the warmer is far faster
 than the appender and works ``ahead`` bytes in front of it).
+
+Under synchronous flush the zeros are written durably (``durable``: RWF_DSYNC,
+in smaller chunks). A segment's bytes are allocated but unwritten
+(``posix_fallocate``), and the first write-back of an unwritten range changes
+the file's extent map: every fdatasync of freshly appended records then also
+wrote that metadata, a second disk round trip after the data. Over zeros made
+durable ahead of time the records overwrite written blocks, and an fdatasync
+writes only them. A commit fsync running while a chunk of zeros is being
+written back waits for it too, so durable chunks are small.
 """
 from __future__ import annotations
 
@@ -35,6 +44,11 @@ PAUSE_MAX_S = 30.0
 
 PAGE = mmap.PAGESIZE
 CHUNK = 1 << 20
+#: zeros written at a time when they must be durable (a commit fsync meanwhile waits for this many bytes)
+DURABLE_CHUNK = 256 * 1024
+#: durable zeros start this far past the write position at the least (a quarter of ``ahead`` if less): the
+#: appender must not reach a range while its (slower) durable write runs, or it waits for it on the loop
+DURABLE_MARGIN = 1024 * 1024
 _ZEROS = memoryview(bytes(CHUNK))
 
 
@@ -54,9 +68,13 @@ class WarmedLog(Protocol):
 class Warmer:
     """Runs beside one CommitLog; every method but ``stop`` is called with the commit log's put lock held."""
 
-    def __init__(self, commitlog: WarmedLog, ahead: int) -> None:
+    def __init__(self, commitlog: WarmedLog, ahead: int, *, durable: bool = False) -> None:
+        """``durable``: make the zeros durable before counting them warm (synchronous flush; see above)."""
         self.cl = commitlog
         self.ahead = ahead
+        self.durable = durable
+        self.chunk = DURABLE_CHUNK if durable else CHUNK
+        self.margin = min(DURABLE_MARGIN, ahead // 4) if durable else 0
         self.low = ahead // 2  # wake the thread when less than this much is warm ahead of the writer
         self.cond = threading.Condition(commitlog.put_lock)
         self.end = 0  # absolute offset up to which the segment being written is warm (or written)
@@ -134,8 +152,8 @@ class Warmer:
             wpos = cl.write_pos
             if f is None or f.closed or not f.start <= wpos < f.end:
                 return False
-            start = max(self.end, -(-wpos // PAGE) * PAGE)  # never the page that holds written bytes
-            stop = min(wpos + self.ahead, f.end, start + CHUNK)
+            start = max(self.end, -(-wpos // PAGE) * PAGE + self.margin)  # never the page holding written bytes
+            stop = min(wpos + self.ahead, f.end, start + self.chunk)
             if start >= stop:
                 return False
             self.busy = (start, stop)
@@ -147,7 +165,7 @@ class Warmer:
             # Allocated first, all or nothing (tmpfs; a short pwrite would fill the disk to its last page),
             # so the zeros below cannot meet ENOSPC half way.
             os.posix_fallocate(fd, start - base, stop - start)
-            done = os.pwrite(fd, _ZEROS[:stop - start], start - base)
+            done = _write_zeros(fd, stop - start, start - base, self.durable)
         finally:
             os.close(fd)
             with self.cond:
@@ -159,3 +177,11 @@ class Warmer:
                         f.alloc_end = max(f.alloc_end, start - base + done)
                 self.cond.notify_all()
         return done > 0
+
+
+def _write_zeros(fd: int, n: int, pos: int, durable: bool) -> int:
+    """pwrite ``n`` zeros at ``pos``; ``durable``: on disk when it returns (RWF_DSYNC syncs only this range,
+    where an fdatasync would also write back the appender's pages)."""
+    if durable:
+        return os.pwritev(fd, [_ZEROS[:n]], pos, os.RWF_DSYNC)
+    return os.pwrite(fd, _ZEROS[:n], pos)
