@@ -318,6 +318,8 @@ class MessageStore:
             except OSError as e:  # ENOSPC from a checkpoint replaced whole, say: once a while, not every tick
                 self._maint_log(logging.ERROR, "store maintenance failed: %s", e)
             except Exception:
+                if not self._open:  # close() began mid-tick (retention then finds the store closed): not a fault
+                    break
                 log.exception("store maintenance failed")
 
     def add_dispatcher(self, dispatcher: Dispatcher) -> None:
