@@ -77,3 +77,11 @@ def test_a_group_name_rocketmq_refuses_is_refused_naming_the_group(make):
     with pytest.raises(InvalidParameterError, match="limit is 255"):
         make("g" * 256)
     make("CID_orders-app|%v1")  # every allowed character
+
+
+def test_the_async_twins_the_docs_name_are_importable_from_sluice():
+    # docs/sdk.md names AsyncTransactionProducer as TransactionProducer's twin; only the latter was on the face.
+    import sluice
+    from sluice.client import AsyncTransactionProducer
+
+    assert sluice.AsyncTransactionProducer is AsyncTransactionProducer
