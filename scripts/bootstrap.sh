@@ -13,6 +13,9 @@ stamp="$venv/.sluice-installed"
 want="$(cat "$root/pyproject.toml" "$root/setup.py" "$root/constraints.txt" "$root"/src/csrc/speedups/* \
   | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  # pip runs quietly: say what the wait is for (the first install downloads PySpark, about 460 MB).
+  echo "Installing sluice and its pinned dependencies into $venv (the first time takes a minute or more)..." >&2
   "$venv/bin/python" -m pip install -q --disable-pip-version-check -c "$root/constraints.txt" -e "$root[test,spark,plot]"
   echo "$want" > "$stamp"
+  echo "Installed." >&2
 fi

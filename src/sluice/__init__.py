@@ -15,7 +15,7 @@ if TYPE_CHECKING:
         ConsumeOrderlyResult, ConsumeResult, MessageModel, MessageQueue, MessageSelector, Producer, PullConsumer,
         PullResult, PullStatus, PushConsumer, SendResult, SendStatus, select_by_hash,
     )
-    from sluice.client import LocalTransactionState, TransactionProducer
+    from sluice.client import AsyncTransactionProducer, LocalTransactionState, TransactionProducer
     from sluice.client import AsyncLitePullConsumer, LitePullConsumer, reply_to
     from sluice.acl.signature import Credentials
     from sluice.errors import SluiceError
@@ -27,7 +27,7 @@ __all__ = [
     "Credentials", "MessageModel", "PushConsumer",
     "AsyncProducer", "AsyncPullConsumer", "Message", "MessageExt", "MessageQueue", "MessageSelector", "Producer",
     "PullConsumer", "PullResult", "PullStatus", "SendResult", "SendStatus", "SluiceError", "__version__",
-    "select_by_hash", "LocalTransactionState", "TransactionProducer", "reply_to",
+    "select_by_hash", "AsyncTransactionProducer", "LocalTransactionState", "TransactionProducer", "reply_to",
     "AsyncLitePullConsumer", "LitePullConsumer",
 ]
 

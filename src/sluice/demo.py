@@ -165,5 +165,7 @@ def demo_command(messages: int, workdir: Path | None, spark: bool) -> None:
     finally:
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
+            # The output above names files under root: say they are gone, and how to keep them.
+            click.echo(f"Removed {root} (store, logs, exports); --workdir DIR keeps them.")
     if not ok:
         raise SystemExit(1)

@@ -107,6 +107,16 @@ def test_no_auto_create_flag_and_config_file(namesrv, tmp_path):
         broker.stop()
 
 
+def test_a_broker_without_namesrv_warns_that_clients_will_not_find_it(tmp_path):
+    # A newcomer who forgets --namesrv got a broker that looked healthy and that no client could find.
+    broker = SluiceProcess.start(["broker", "--store", str(tmp_path / "store")], tmp_path, name="lonely")
+    try:
+        err = broker.wait_for_stderr("listening on")
+        assert "no namesrv given" in err and "will not find it" in err
+    finally:
+        broker.stop()
+
+
 def test_bad_flags_exit_with_usage_error(tmp_path):
     import subprocess
     import sys

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from sluice import Message, Producer, PullConsumer
+from sluice import LitePullConsumer, Message, Producer, PullConsumer, PushConsumer
 from sluice.client import AsyncProducer
 from sluice.errors import ClientError, InvalidParameterError
 
@@ -59,3 +59,29 @@ def test_pull_consumer_heartbeat_data_follows_selectors_used():
     assert c.consumer_data().subscription_data_set[0].sub_version == sub.sub_version  # unchanged selector
     c._note_subscription("T", MessageSelector.by_tag("X"))
     assert c.consumer_data().subscription_data_set[0].expression_type == "TAG"
+
+
+@pytest.mark.parametrize("make", [
+    lambda g: Producer(g, "127.0.0.1:9876"),
+    lambda g: PullConsumer(g, "127.0.0.1:9876"),
+    lambda g: PushConsumer(g, "127.0.0.1:9876"),
+    lambda g: LitePullConsumer(g, "127.0.0.1:9876"),
+])
+def test_a_group_name_rocketmq_refuses_is_refused_naming_the_group(make):
+    # RocketMQ's Validators.checkGroup: before, a pull consumer and a producer took "my group" and a push consumer
+    # refused it as a bad *topic* '%RETRY%my group'.
+    with pytest.raises(InvalidParameterError, match=r"group 'my group' contains ' '"):
+        make("my group")
+    with pytest.raises(InvalidParameterError, match="group 'a.b' contains '.'"):
+        make("a.b")
+    with pytest.raises(InvalidParameterError, match="limit is 255"):
+        make("g" * 256)
+    make("CID_orders-app|%v1")  # every allowed character
+
+
+def test_the_async_twins_the_docs_name_are_importable_from_sluice():
+    # docs/sdk.md names AsyncTransactionProducer as TransactionProducer's twin; only the latter was on the face.
+    import sluice
+    from sluice.client import AsyncTransactionProducer
+
+    assert sluice.AsyncTransactionProducer is AsyncTransactionProducer

@@ -122,3 +122,30 @@ def test_namesrv_toml_reads_the_bounds(tmp_path) -> None:  # type: ignore[no-unt
     config = NamesrvConfig(**settings)
     assert (config.frame_budget, config.max_connections, config.idle_timeout) == (1 << 20, 10, 30.0)
     assert (config.kv_max_entries, config.kv_max_key_bytes, config.kv_max_value_bytes) == (5, 64, 1024)
+
+
+def test_a_server_that_is_not_a_namesrv_is_named_as_such() -> None:
+    # A broker's address given as the namesrv's: the broker answers REQUEST_CODE_NOT_SUPPORTED, which used to reach
+    # the user as "request code 105 not supported". Queries and registrations now say what is likely wrong.
+    from sluice.errors import RequestCodeNotSupportedError
+    from sluice.transport.server import RemotingServer
+
+    async def main() -> None:
+        other = RemotingServer("127.0.0.1", 0)  # serves no namesrv request, as a broker does not
+        await other.start()
+        client = NamesrvClient(other.address)
+        try:
+            try:
+                await client.get_route("Orders")
+            except RequestCodeNotSupportedError as exc:
+                msg = str(exc)
+            else:
+                raise AssertionError("no error")
+            assert other.address in msg and "GET_ROUTEINFO_BY_TOPIC (105)" in msg and "is it a namesrv?" in msg
+            outcomes = await client.register_broker(cluster_name="C", broker_name="b", broker_addr="127.0.0.1:1")
+            assert len(outcomes) == 1 and isinstance(outcomes[0].error, RequestCodeNotSupportedError)
+            assert "REGISTER_BROKER (103)" in str(outcomes[0].error) and "is it a namesrv?" in str(outcomes[0].error)
+        finally:
+            await client.close()
+            await other.close()
+    run(main)

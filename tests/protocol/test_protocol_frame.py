@@ -148,6 +148,23 @@ def test_oversized_frame_refused_before_buffering_it() -> None:
         codec.next_frame()
 
 
+@pytest.mark.parametrize("raw, hint", [(b"HTTP/1.1 400 Bad Request\r\n", "'HTTP'"), (b"GET /metrics HTTP/1.1\r\n", "'GET '")])
+def test_text_where_a_frame_length_should_be_is_named(raw: bytes, hint: str) -> None:
+    # A wrong address (an HTTP proxy, the metrics port, curl at a broker) used to give only an absurd frame size.
+    codec = FrameCodec()
+    codec.receive_data(raw)
+    with pytest.raises(ProtocolError, match=f"exceeds the frame size limit.*starts with {hint}.*not RocketMQ remoting"):
+        codec.next_frame()
+
+
+def test_a_binary_oversized_length_gets_no_text_hint() -> None:
+    codec = FrameCodec()
+    codec.receive_data(struct.pack(">iI", 17 * 1024 * 1024, 10))
+    with pytest.raises(ProtocolError) as info:
+        codec.next_frame()
+    assert "text protocol" not in str(info.value)
+
+
 def test_eof_mid_frame_is_an_error_and_clean_eof_is_not() -> None:
     frame = encode_frame(RemotingCommand.request(10))
     codec = FrameCodec()

@@ -280,3 +280,30 @@ def test_mutual_tls_settings_are_checked(certs: Certs, tmp_path: Path) -> None:
         ClientTls(cert=certs.cert_file).context()
     with pytest.raises(InvalidParameterError, match="cannot use TLS client certificate"):
         ClientTls(cert=certs.cert_file, key=str(tmp_path / "missing.key")).context()
+
+
+def test_a_failed_handshake_is_logged_with_a_reason(certs: Certs, tmp_path: Path,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    # A client that does not trust the server's certificate aborts the handshake; the server's warning must
+    # still say what happened (the exception it gets can have an empty str()).
+    other = trustme.CA()
+    other.cert_pem.write_to_path(str(tmp_path / "other-ca.pem"))
+
+    async def main() -> None:
+        server = await start_server(certs, "enforcing")
+        try:
+            wrong_ca = RemotingClient(tls=ClientTls(ca=str(tmp_path / "other-ca.pem")))
+            with pytest.raises(RemotingError, match="CERTIFICATE_VERIFY_FAILED"):
+                await wrong_ca.invoke(server.address, RemotingCommand.request(ECHO, {}), timeout=5)
+            await wrong_ca.close()
+            assert server.tls is not None
+            await until(lambda: server.tls.handshake_failed == 1, "the server to count the failed handshake")
+        finally:
+            await server.close()
+    with caplog.at_level(logging.WARNING, logger="sluice.transport.tls"):
+        run(main)
+    failures = [r.getMessage() for r in caplog.records if "TLS handshake with" in r.getMessage()]
+    assert failures, caplog.text
+    for line in failures:
+        reason = line.split(" failed: ", 1)[1]
+        assert "closed the connection during the handshake" in reason, line

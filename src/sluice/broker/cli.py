@@ -96,6 +96,9 @@ def broker_command(config_path: Path | None, listen: str | None, namesrv: str | 
                           log_dir=config.log_dir or None, max_bytes=config.log_max_bytes, backups=config.log_backups)
     except SluiceError as exc:
         raise click.UsageError(str(exc)) from None
+    if not config.namesrv:  # legal (RocketMQ allows it), but clients find brokers only through a namesrv
+        log.warning("no namesrv given (--namesrv, or namesrv in the TOML file): this broker registers nowhere, "
+                    "so producers and consumers will not find it")
     try:
         asyncio.run(run_broker(config))
     except SluiceError as exc:

@@ -231,11 +231,24 @@ class ClientInstance:
         except TopicNotExistError:
             raise TopicNotExistError(
                 f"no route for topic {topic!r} and none for the auto-create topic {default_topic!r} "
-                f"(is autoCreateTopicEnable off on every broker?)") from None
+                f"({await self._why_no_default_route()})") from None
         if topic not in self.routes:  # a concurrent caller may have found the real route meanwhile
             self._set_route(topic, default_topic_route(base, default_queue_nums))
             self.from_default.add(topic)
         return self.routes[topic]
+
+    async def _why_no_default_route(self) -> str:
+        """The likelier of the two causes, asked of the namesrv (an error path only): no broker registered at all
+        (none started, or started without this --namesrv) or brokers that do not auto-create topics."""
+        try:
+            info = await self.namesrv.get_cluster_info()
+        except SluiceError:
+            return "is autoCreateTopicEnable off on every broker?"
+        if not info.broker_addr_table:
+            return (f"no broker is registered with the namesrv {';'.join(self.namesrv.addrs)}: is a broker running "
+                    "with --namesrv pointing at it?")
+        return ("autoCreateTopicEnable is off on every broker: create the topic with "
+                "`sluice admin updateTopic -t TOPIC -c CLUSTER`")
 
     async def _update_route(self, topic: str) -> None:
         route = await self.namesrv.get_route(topic)

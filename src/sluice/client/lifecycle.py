@@ -8,6 +8,7 @@ shutdown steps stay in its module.
 """
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from typing import Any, ClassVar, Literal, Self, TypeVar, cast
@@ -19,6 +20,10 @@ from sluice.errors import ClientError, InvalidParameterError, SluiceError
 __all__ = ["AsyncClient"]
 
 O = TypeVar("O")
+
+#: RocketMQ's Validators.checkGroup: the characters of topic names, at most 255 of them.
+_GROUP_RE = re.compile(r"[%|a-zA-Z0-9_-]+")
+_MAX_GROUP_LENGTH = 255
 
 
 class AsyncClient(ABC):
@@ -43,8 +48,19 @@ class AsyncClient(ABC):
         return own
 
     def _check_group(self, group: str) -> None:
+        """As RocketMQ's clients check it at start (Validators.checkGroup), but at construction: the group names
+        broker-side state (and, for consumers, the %RETRY% topic), so a bad one would fail later and obscurely."""
         if not group:
             raise InvalidParameterError(f"a {self._kind} needs a group name")
+        if not isinstance(group, str):
+            raise InvalidParameterError(f"{self._kind} group must be a str, not {type(group).__name__}")
+        if len(group) > _MAX_GROUP_LENGTH:
+            raise InvalidParameterError(f"{self._kind} group {group[:40]!r}... is {len(group)} characters long; "
+                                        f"the limit is {_MAX_GROUP_LENGTH}")
+        if not _GROUP_RE.fullmatch(group):
+            bad = next(c for c in group if not _GROUP_RE.fullmatch(c))
+            raise InvalidParameterError(f"{self._kind} group {group!r} contains {bad!r}; "
+                                        "allowed are A-Z a-z 0-9 _ % | -")
 
     def _check_not_started(self) -> None:
         if self._instance is not None:

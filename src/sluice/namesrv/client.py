@@ -13,7 +13,7 @@ import logging
 from collections.abc import Coroutine, Iterable, Sequence
 from typing import Any
 
-from sluice.errors import RemotingError, SluiceError
+from sluice.errors import RemotingError, RequestCodeNotSupportedError, SluiceError
 from sluice.protocol import headers as H
 from sluice.protocol.bodies import (
     ClusterInfo, DataVersion, RegisterBrokerBody, TopicConfig, TopicConfigSerializeWrapper, TopicList,
@@ -25,7 +25,7 @@ from sluice.protocol.codes import RequestCode, ResponseCode
 from sluice.protocol.command import RemotingCommand
 from sluice.transport.blocking import LoopBoundClient, LoopThread
 
-__all__ = ["NamesrvClient", "RegisterOutcome", "SyncNamesrvClient", "parse_namesrv_addrs"]
+__all__ = ["NamesrvClient", "RegisterOutcome", "SyncNamesrvClient", "not_a_namesrv", "parse_namesrv_addrs"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,15 @@ class RegisterOutcome:
     @property
     def ok(self) -> bool:
         return self.error is None
+
+
+def not_a_namesrv(addr: str, code: int, remark: str | None) -> RequestCodeNotSupportedError:
+    """A server that does not know a namesrv request is most likely not a namesrv (a broker's address given as
+    the namesrv's is the usual slip); the bare 'request code 105 not supported' does not say so."""
+    name = RequestCode(code).name if code in RequestCode._value2member_map_ else str(code)
+    return RequestCodeNotSupportedError(
+        f"{addr} does not serve {name} ({code}): is it a namesrv? (a broker's address given as the namesrv's "
+        f"is the usual cause; it answered: {remark or 'request code not supported'})")
 
 
 class NamesrvClient:
@@ -78,6 +87,8 @@ class NamesrvClient:
                 last = exc
                 continue
             self._next = (self._next + i) % len(self.addrs)
+            if response.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED:
+                raise not_a_namesrv(addr, request.code, response.remark)
             return response.raise_for_code()
         raise RemotingError(f"no namesrv answered (tried {', '.join(self.addrs)}): {last}")
 
@@ -110,7 +121,10 @@ class NamesrvClient:
     async def _broadcast(self, request: RemotingCommand) -> list[tuple[str, RemotingCommand | SluiceError]]:
         async def one(addr: str) -> tuple[str, RemotingCommand | SluiceError]:
             try:
-                return addr, (await self.remoting.invoke(addr, request, self.timeout)).raise_for_code()
+                response = await self.remoting.invoke(addr, request, self.timeout)
+                if response.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED:
+                    raise not_a_namesrv(addr, request.code, response.remark)
+                return addr, response.raise_for_code()
             except SluiceError as exc:
                 return addr, exc
 

@@ -209,7 +209,8 @@ class FrameCodec:
             return self._need(avail)
         total = _I32.unpack_from(buf, pos)[0]
         if total > self.max_frame_size:
-            raise ProtocolError(f"frame of {total} bytes exceeds the frame size limit of {self.max_frame_size} bytes")
+            raise ProtocolError(f"frame of {total} bytes exceeds the frame size limit of {self.max_frame_size} bytes"
+                                + _foreign_protocol_hint(bytes(buf[pos:pos + 4])))
         if total < 4:
             raise ProtocolError(f"frame length {total} is too small (at least 4: the header-length field)")
         end = pos + 4 + total
@@ -274,3 +275,13 @@ class FrameCodec:
             what = f"{have} of {want} bytes" if want else f"{have} bytes"
             raise ProtocolError(f"connection closed in the middle of a frame ({what} received)")
         return NEED_DATA
+
+
+def _foreign_protocol_hint(first: bytes) -> str:
+    """A "length" that is four printable ASCII bytes is text: the peer speaks another protocol (an HTTP server or
+    proxy answers b'HTTP', a browser or curl sends b'GET '), usually a wrong address; say so instead of leaving
+    only an absurd frame size."""
+    if len(first) == 4 and all(0x20 <= b < 0x7F for b in first):
+        return (f"; it starts with {first.decode('ascii')!r}: the peer speaks a text protocol (HTTP?), not "
+                "RocketMQ remoting: check the address")
+    return ""

@@ -280,7 +280,7 @@ class _Sniffer(asyncio.Protocol):
             return
         except Exception as exc:  # whatever the peer sent: its connection fails alone
             acc.handshake_failed += 1
-            acc.failure_log.warning("TLS handshake with %s failed: %s", self.peer, exc)
+            acc.failure_log.warning("TLS handshake with %s failed: %s", self.peer, _handshake_failure(exc))
             self._finish()
             transport.close()
             return
@@ -330,3 +330,12 @@ class _Sniffer(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+
+def _handshake_failure(exc: BaseException) -> str:
+    """Why a server-side handshake failed, never an empty string: a client that rejects the server's certificate
+    just closes the connection, which reaches the server as a bare ConnectionResetError()."""
+    if isinstance(exc, (ConnectionResetError, BrokenPipeError)):
+        return ("the client closed the connection during the handshake (does it trust this server's certificate "
+                "and its names? check the client's CA file and server name)")
+    return str(exc) or type(exc).__name__
