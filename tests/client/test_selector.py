@@ -5,7 +5,7 @@ import pytest
 
 from sluice import MessageSelector
 from sluice.client.selector import as_selector
-from sluice.errors import SelectorSyntaxError
+from sluice.errors import InvalidParameterError, SelectorSyntaxError
 from sluice.filter import java_string_hash
 
 
@@ -46,3 +46,14 @@ def test_equality_and_coercion():
     assert MessageSelector.by_sql("a = 1") != MessageSelector.by_tag("a = 1")
     with pytest.raises(TypeError):
         as_selector(5)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("expression", ["TagA | TagB", "TagA|TagB", "TagA || TagB | TagC", "|TagA"])
+def test_a_single_pipe_in_a_tag_expression_is_refused_naming_the_separator(expression: str) -> None:
+    with pytest.raises(InvalidParameterError, match=r"single '\|'.*'TagA \|\| TagB'"):
+        MessageSelector.by_tag(expression)
+
+
+def test_double_pipes_still_separate_tags() -> None:
+    sel = MessageSelector.by_tag("TagA||TagB || TagC")
+    assert sel.expression_type == "TAG"

@@ -27,6 +27,7 @@ SQL92 = "SQL92"
 #: Sluice's name for class-filter mode; on the wire it is a TAG subscription with classFilterMode=true.
 CLASS = "CLASS"
 
+_SINGLE_PIPE = re.compile(r"(?<!\|)\|(?!\|)")
 _CLASS_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -46,6 +47,12 @@ class MessageSelector:
         kind = (expression_type or TAG).upper()
         if kind == CLASS:
             raise InvalidParameterError("build a class filter with MessageSelector.by_class(name, source)")
+        if kind == TAG and expression and _SINGLE_PIPE.search(expression):
+            # RocketMQ splits tags on "||" only, so "TagA | TagB" is one tag no message has: zero results
+            # from a typo. The SDK refuses it (the broker still serves such a subscription from other clients).
+            raise InvalidParameterError(
+                f"tag expression {expression!r} has a single '|': tags are separated by '||', as in "
+                f"'TagA || TagB' (the SDK does not subscribe to tags that contain '|')")
         self.compiled: Selector = compile_selector(kind, expression)
         self.expression_type = kind
         # A TAG selector normalises None/"" to "*", as FilterAPI.buildSubscriptionData does.
