@@ -123,7 +123,7 @@ def test_producer_connection_and_consumer_status(world: dict[str, Any]) -> None:
     doc = ok(admin(ns, "producerConnection", "-g", PGROUP, "-t", TOPIC, "--json"))
     assert doc["connectionSet"] and {"clientId", "clientAddr", "language", "version"} <= set(doc["connectionSet"][0])
     r = admin(ns, "producerConnection", "-g", "NoSuchProducer", "-t", TOPIC)
-    assert r.status == ExitStatus.ERROR and "not exist" in r.stderr
+    assert r.status == ExitStatus.NOT_FOUND and "'NoSuchProducer' has no live connection" in r.stderr
     doc = ok(admin(ns, "consumerStatus", "-g", GROUP, "--json"))
     client = doc["clients"][0]
     assert client["properties"]["consumerGroup"] == GROUP
