@@ -206,6 +206,37 @@ def test_a_small_delivery_to_an_idle_pool_is_handed_over(monkeypatch: pytest.Mon
     asyncio.run(main())
 
 
+def test_a_hand_over_taken_late_stops_the_waiting_for_a_while(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A consume thread that does not take a hand-over within HANDOFF_WAIT_S (here: never waited for) counts it
+    late and the next small deliveries are queued without waiting until HANDOFF_BACKOFF_S has passed."""
+    monkeypatch.setattr(consume_service, "HANDOFF_WAIT_S", 0.0)
+    monkeypatch.setattr(consume_service, "HANDOFF_BACKOFF_S", 3600.0)
+    mq = MessageQueue(topic="T", broker_name="b", queue_id=0)
+    pq = ProcessQueue()
+
+    async def main() -> None:
+        consumer = SimpleNamespace(group="g", options=PushConsumerOptions(), offset_store=_Offsets(),
+                                   rebalancer=SimpleNamespace(process_queues={mq: pq}))
+        service = ConcurrentConsumeService(consumer, lambda msgs: ConsumeResult.SUCCESS)  # type: ignore[arg-type]
+        gate = threading.Event()
+        real_call = service._call
+
+        def slow_call(*args):  # type: ignore[no-untyped-def]
+            gate.wait(30)  # the thread takes the job only once the loop has stopped waiting
+            return real_call(*args)
+        service._call = slow_call  # type: ignore[method-assign]
+        service.submit(mq, pq, pq.put([_msg(0)]))
+        assert (service.handoffs, service.handoffs_late) == (1, 1)
+        gate.set()
+        while service.jobs:
+            await asyncio.sleep(0.01)
+        service.submit(mq, pq, pq.put([_msg(1)]))  # within the back-off: queued, no wait
+        assert (service.handoffs, service.handoffs_late) == (1, 1)
+        await service.shutdown(30)
+        assert service.consumed == 2 and pq.msg_count == 0
+    asyncio.run(main())
+
+
 def test_options_validate_and_default_like_rocketmq() -> None:
     o = PushConsumerOptions()
     assert (o.pull_batch_size, o.pull_threshold_for_queue, o.pull_threshold_size_for_queue,

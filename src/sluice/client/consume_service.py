@@ -19,7 +19,8 @@ A small delivery (HANDOFF_MAX_MESSAGES or fewer) given to an idle pool is
 handed over: the loop thread waits, at most HANDOFF_WAIT_S, until the consume
 thread has taken it, so the GIL passes to that thread at once. Otherwise the
 thread, woken while the loop goes on (building the next pull), would wait for
-the loop's next release of the GIL before the listener runs.
+the loop's next release of the GIL before the listener runs. A hand-over taken
+late (busy cores) stops the waiting for HANDOFF_BACKOFF_S.
 
 Orderly: one task per queue takes the next batch in offset order, only while
 the queue's broker lock is held, and keeps the queue's consume lock during the
@@ -69,6 +70,9 @@ HANDOFF_MAX_MESSAGES = 8
 #: The longest the loop thread waits for an idle consume thread to take a hand-over (a thread not scheduled
 #: by then takes it later, as any job).
 HANDOFF_WAIT_S = 0.001
+#: After a hand-over the thread took late (the cores are busy: waiting does not start the listener sooner),
+#: deliveries are queued without waiting for this long, so a loaded machine never stalls the loop per delivery.
+HANDOFF_BACKOFF_S = 0.1
 
 
 def job_count(batches: int, free_threads: int, call_cost: float) -> int:
@@ -121,6 +125,7 @@ class _Service:
         #: thread did not take within HANDOFF_WAIT_S.
         self.handoffs = 0
         self.handoffs_late = 0
+        self._handoff_from = 0.0  # time.monotonic() before which no hand-over waits (HANDOFF_BACKOFF_S)
         #: Seconds per listener call (moving average); unknown (high) until measured, so a slow listener's
         #: first batches already run in parallel.
         self.call_cost = SPREAD_COST_S
@@ -163,7 +168,8 @@ class _Service:
         call); counted busy until the job is done, however its waiter ends. A small delivery to an idle pool
         is handed over (the module doc)."""
         gate = None
-        if self.jobs == 0 and sum(map(len, batches)) <= HANDOFF_MAX_MESSAGES:
+        if self.jobs == 0 and sum(map(len, batches)) <= HANDOFF_MAX_MESSAGES \
+                and time.monotonic() >= self._handoff_from:
             gate = threading.Lock()
             gate.acquire()
         submitted = self.executor.submit(self._call, pq, batches, gate)
@@ -171,6 +177,7 @@ class _Service:
             self.handoffs += 1
             if not gate.acquire(timeout=HANDOFF_WAIT_S):
                 self.handoffs_late += 1
+                self._handoff_from = time.monotonic() + HANDOFF_BACKOFF_S
         job = asyncio.wrap_future(submitted)
         pq.busy += 1
         self.jobs += 1
