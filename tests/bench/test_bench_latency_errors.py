@@ -39,3 +39,22 @@ def test_failed_sends_are_the_rows_error_not_the_runs_end(tmp_path: Path, monkey
     assert row["rate"] == 200 and row["sent"] == 100
     assert row["error"].startswith("10 of 100 sends failed") and "RemotingTimeoutError" in row["error"]
     assert 0 < row["received"] <= row["expected"]  # the sends that went through were measured
+
+
+def test_sends_are_counted_as_they_complete_and_the_unanswered_fail() -> None:
+    """The run keeps no Future: _Sends counts completions and failures as they happen (one done before it was
+    tracked, one done later, one failed), and a send still unanswered at the deadline is a failure."""
+    sends = sluice_runner._Sends()
+    done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    done.set_result("ok")
+    later: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    bad: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    for f in (done, later, bad):
+        sends.track(f)
+    later.set_result("ok")
+    bad.set_exception(RemotingTimeoutError("no response"))
+    assert sends.wait(5) == sends.failed and [type(e) for e in sends.failed] == [RemotingTimeoutError]
+    assert (sends.sent, sends.done) == (3, 3)
+    sends.track(concurrent.futures.Future())  # never answered
+    failed = sends.wait(0.01)
+    assert [type(e) for e in failed] == [RemotingTimeoutError, TimeoutError] and sends.sent == 4

@@ -85,3 +85,42 @@ def test_appender_merges_single_sends_and_isolates_a_bad_one(tmp_path: Path, flu
     finally:
         appender.close()
         store.close()
+
+
+@pytest.mark.parametrize("flush", FLUSH)
+def test_merged_sends_are_dispatched_before_their_replies(tmp_path: Path, flush: str) -> None:
+    """Single sends merged at the end of an iteration are dispatched in that same step, before their
+    replies are written (so the pulls they wake are answered with the replies' write); an encoded batch,
+    answered at once, is dispatched in the next iteration, after its reply."""
+    store = MessageStore(tmp_path, StoreConfig(flush_mode=flush, commitlog_file_size=1 << 20,  # type: ignore[arg-type]
+                                               max_message_size=1024))
+    store.start()
+    appender = Appender(store)
+    store.dispatch.drive_externally()
+    store.dispatch.stop()  # only the loop dispatches: no thread may catch up meanwhile
+
+    async def reply(pending) -> int:  # what the send handler's task does: await the append, then answer
+        await stored(pending)
+        return store.dispatch.reput_offset
+
+    async def main() -> None:
+        # As the broker's send handler: the put, then the task that writes the reply.
+        tasks = [asyncio.ensure_future(reply(appender.put("T", 0, [StoreMessage("T", f"m{i}".encode(), 0, {})])))
+                 for i in range(3)]
+        seen = [await t for t in tasks]
+        end = store.commitlog.write_pos
+        assert seen == [end] * 3  # dispatched before any reply was written
+        assert store.get_max_offset("T", 0) == 3
+        enc = encode_batch([StoreMessage("T", b"e1", 0, {})], store_host=store.config.store_host, max_body=1024)
+        qid, results = await stored(appender.put("T", 0, enc))
+        if flush == "async":  # answered at once: dispatch waits for the next iteration
+            assert store.dispatch.reput_offset == end
+        await asyncio.sleep(0)
+        assert store.dispatch.reput_offset == results[-1].commitlog_offset + results[-1].size
+        assert store.get_max_offset("T", 0) == 4
+
+    try:
+        asyncio.run(main())
+    finally:
+        appender.close()
+        store.close()

@@ -18,6 +18,7 @@ from sluice.broker.schedule import (
     MAX_HOP_MS, MAX_TIMER_DELAY_MS, TIMER_BUCKETS, TIMER_TOPIC, parse_delay_levels, timer_bucket, timer_hop_ms,
 )
 from sluice.broker.topics import SCHEDULE_TOPIC
+from sluice.client import consume_service
 from sluice.client.consume_service import SPREAD_COST_S, ConcurrentConsumeService, call_listener, job_count
 from sluice.client.push_options import (
     ConsumeOrderlyResult, ConsumeResult, PushConsumerOptions, parse_consume_timestamp,
@@ -166,6 +167,73 @@ def test_a_pulled_batch_reaches_the_listener_without_waiting_for_the_loop() -> N
         await service.shutdown(30)
         assert offsets.updates == [(mq, 9)] and pq.msg_count == 0
         assert pq.busy == 0 and service.jobs == 0 and service.consumed == 2
+    asyncio.run(main())
+
+
+def test_a_small_delivery_to_an_idle_pool_is_handed_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A delivery of at most HANDOFF_MAX_MESSAGES to an idle pool: submit() returns once a consume thread has
+    taken it (with the bound raised here, never late). A larger one, or one while a job is in flight, is
+    queued without waiting. Every message reaches the listener once and the offset moves past them all."""
+    monkeypatch.setattr(consume_service, "HANDOFF_WAIT_S", 30.0)
+    mq = MessageQueue(topic="T", broker_name="b", queue_id=0)
+    pq = ProcessQueue()
+    release = threading.Event()
+    seen: list[int] = []
+
+    def listener(msgs: list[MessageExt]) -> ConsumeResult:
+        seen.extend(m.queue_offset for m in msgs)
+        if msgs[0].queue_offset == 0:  # the first job stays in flight until released
+            release.wait(30)
+        return ConsumeResult.SUCCESS
+
+    async def main() -> None:
+        offsets = _Offsets()
+        consumer = SimpleNamespace(group="g", options=PushConsumerOptions(consume_message_batch_max_size=32),
+                                   offset_store=offsets, rebalancer=SimpleNamespace(process_queues={mq: pq}))
+        service = ConcurrentConsumeService(consumer, listener)  # type: ignore[arg-type]
+        small = consume_service.HANDOFF_MAX_MESSAGES
+        service.submit(mq, pq, pq.put([_msg(i) for i in range(small)]))
+        assert (service.handoffs, service.handoffs_late) == (1, 0)  # taken by a thread before submit returned
+        service.submit(mq, pq, pq.put([_msg(small)]))  # a job is in flight: queued
+        release.set()
+        while service.jobs:
+            await asyncio.sleep(0.01)
+        service.submit(mq, pq, pq.put([_msg(i) for i in range(small + 1, 2 * small + 2)]))  # too many to wait
+        assert service.handoffs == 1
+        await service.shutdown(30)
+        assert sorted(seen) == list(range(2 * small + 2)) and service.consumed == 2 * small + 2
+        assert offsets.updates[-1] == (mq, 2 * small + 2) and pq.msg_count == 0 and service.handoffs_late == 0
+    asyncio.run(main())
+
+
+def test_a_hand_over_taken_late_stops_the_waiting_for_a_while(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A consume thread that does not take a hand-over within HANDOFF_WAIT_S (here: never waited for) counts it
+    late and the next small deliveries are queued without waiting until HANDOFF_BACKOFF_S has passed."""
+    monkeypatch.setattr(consume_service, "HANDOFF_WAIT_S", 0.0)
+    monkeypatch.setattr(consume_service, "HANDOFF_BACKOFF_S", 3600.0)
+    mq = MessageQueue(topic="T", broker_name="b", queue_id=0)
+    pq = ProcessQueue()
+
+    async def main() -> None:
+        consumer = SimpleNamespace(group="g", options=PushConsumerOptions(), offset_store=_Offsets(),
+                                   rebalancer=SimpleNamespace(process_queues={mq: pq}))
+        service = ConcurrentConsumeService(consumer, lambda msgs: ConsumeResult.SUCCESS)  # type: ignore[arg-type]
+        gate = threading.Event()
+        real_call = service._call
+
+        def slow_call(*args):  # type: ignore[no-untyped-def]
+            gate.wait(30)  # the thread takes the job only once the loop has stopped waiting
+            return real_call(*args)
+        service._call = slow_call  # type: ignore[method-assign]
+        service.submit(mq, pq, pq.put([_msg(0)]))
+        assert (service.handoffs, service.handoffs_late) == (1, 1)
+        gate.set()
+        while service.jobs:
+            await asyncio.sleep(0.01)
+        service.submit(mq, pq, pq.put([_msg(1)]))  # within the back-off: queued, no wait
+        assert (service.handoffs, service.handoffs_late) == (1, 1)
+        await service.shutdown(30)
+        assert service.consumed == 2 and pq.msg_count == 0
     asyncio.run(main())
 
 

@@ -102,3 +102,18 @@ def test_units_round_trip(tmp_path_factory, chunks, start) -> None:
     assert [(int(a), int(b), int(c)) for a, b, c in got.tolist()] == expect
     assert (q.min_offset, q.max_offset) == (start, off)
     q.close()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, (1 << 63) - 1), st.integers(-(1 << 31), (1 << 31) - 1),
+                          st.integers(-(1 << 63), (1 << 63) - 1)), max_size=40))
+def test_few_units_packed_equal_the_column_filled_array(rows: list[tuple[int, int, int]]) -> None:
+    """dispatch_columns.unit_array packs a few units with struct and fills columns for more; both give the
+    very units (bytes and fields) of the column-filled array."""
+    from sluice.store import dispatch_columns
+    phys, sizes, tags = ([r[i] for r in rows] for i in range(3))
+    expected = np.empty(len(rows), dtype=CQ_DTYPE)
+    expected["offset"], expected["size"], expected["tag"] = phys, sizes, tags
+    got = dispatch_columns.unit_array(phys, sizes, tags)
+    assert got.dtype == CQ_DTYPE and got.tobytes() == expected.tobytes()
+    assert (len(rows) <= dispatch_columns.FEW_UNITS) == (not got.flags.writeable)  # which way it took

@@ -224,6 +224,43 @@ def test_few_units_read_one_by_one_equal_the_numpy_gather(units: list[tuple[int,
         e.close()
 
 
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(LONG_MIN, LONG_MAX), st.integers(0, 1 << 50), st.binary(max_size=14)),
+                min_size=0, max_size=30),
+       st.lists(st.one_of(st.integers(0, 40), st.integers(LONG_MIN, LONG_MAX)), max_size=CQE.SMALL_BATCH),
+       st.integers(0, 40), st.booleans())
+def test_resolving_a_few_slots_equals_the_vectorised_resolve(units: list[tuple[int, int, bytes]], picks: list[int],
+                                                             below: int, no_ext: bool) -> None:
+    """ext_files.resolve_units on a few slots (a woken pull's window, decided on Python ints) gives the very
+    codes, ext batch and unresolved mask of the vectorised resolve: stored units, near misses, plain tag
+    codes, units retention removed, and no ext queue at all."""
+    from sluice.store import ext_files
+    with tempfile.TemporaryDirectory() as tmp:
+        e = ext(Path(tmp), file_size=128, bitmap_bytes_max=14)
+        addrs = [e.put(*u) for u in units]
+        queried = [addrs[p] if 0 <= p < len(addrs) else p for p in picks] + [a + 1 for a in addrs[:2]]
+        slots = np.array(queried[:CQE.SMALL_BATCH], dtype=">i8")  # as consume-queue units hold them
+        if addrs:
+            e.delete_below(addrs[min(below, len(addrs) - 1)])
+        q = None if no_ext else e
+        few = ext_files.resolve_units(q, slots)
+        small = ext_files.SMALL_BATCH
+        try:
+            ext_files.SMALL_BATCH = -1
+            vectorised = ext_files.resolve_units(q, slots)
+        finally:
+            ext_files.SMALL_BATCH = small
+        assert few[0].dtype == vectorised[0].dtype and np.array_equal(few[0], vectorised[0])
+        assert (few[1] is None) == (vectorised[1] is None) and (few[2] is None) == (vectorised[2] is None)
+        if few[1] is not None:
+            for name in ("tags_codes", "bitmaps", "bitmap_lengths", "msg_store_times", "valid"):
+                a, b = getattr(few[1], name), getattr(vectorised[1], name)
+                assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), name
+        if few[2] is not None:
+            assert few[2].dtype == vectorised[2].dtype and np.array_equal(few[2], vectorised[2])
+        e.close()
+
+
 @pytest.mark.skipif(CQE.C is None, reason="the C extension is not built")
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.integers(LONG_MIN, LONG_MAX), st.integers(0, 1 << 50), st.binary(max_size=14)),

@@ -30,7 +30,11 @@ iteration.
 Appends run on the event loop itself: they copy bytes into the mapped commit
 log (or its page cache) and never wait for the disk, and a hop to a pool thread
 and back costs more than the append. Dispatch runs on the loop after the
-appends of an iteration (``store.dispatch.drive_externally``).
+appends of an iteration (``store.dispatch.drive_externally``): merged appends
+dispatch at once, before their replies are written, so a pull their messages
+wake is answered in the next iteration, its answer leaving with those replies
+(and their write) rather than after them; other appends dispatch in the next
+iteration, once the replies their handlers gave at once went out.
 """
 from __future__ import annotations
 
@@ -82,6 +86,7 @@ class Appender:
         self._waiter: DurableWaiter[tuple[list[_Reply], list[_Outcome]]] | None = None  # made on first use
         self._submit_scheduled = False
         self._dispatch_scheduled = False
+        self._undispatched = False  # appended since the last dispatch
         self.jobs = 0  # store calls
         self.requests = 0  # requests those calls wrote
         self.messages = 0  # messages written
@@ -142,6 +147,7 @@ class Appender:
     # ---- the store -----------------------------------------------------------------------------------
     def _write(self, topic: str, queue_id: int, payload: Payload) -> list[PutResult]:
         """Every append of the broker: never waits for the disk (durability is waited for separately)."""
+        self._undispatched = True
         if not self._dispatch_scheduled:  # dispatch this iteration's appends once the replies went out
             self._dispatch_scheduled = True
             asyncio.get_running_loop().call_soon(self._dispatch)
@@ -167,6 +173,13 @@ class Appender:
             except Exception:  # (as the loop would log it) dispatch still runs, and is scheduled again later
                 log.exception("answering this iteration's appends failed")
         self._dispatch_scheduled = False
+        self.dispatch_now()
+
+    def dispatch_now(self) -> None:
+        """Dispatch what was appended since the last dispatch (nothing when nothing was)."""
+        if not self._undispatched:
+            return
+        self._undispatched = False
         dispatch = self.store.dispatch
         if dispatch.error is not None:
             return  # the dispatch thread retries and reports it (DispatchService._run)
@@ -215,11 +228,16 @@ class Appender:
             ends = [o[-1].commitlog_offset + o[-1].size for o in outcomes if o]  # type: ignore[index]
             if not ends:
                 _deliver(replies, outcomes)
-                return
-            waiter = self._waiter
-            if waiter is None:
-                waiter = self._waiter = DurableWaiter(self.store, asyncio.get_running_loop(), _confirm)
-            waiter.wait(max(ends), (replies, outcomes))
+            else:
+                waiter = self._waiter
+                if waiter is None:
+                    waiter = self._waiter = DurableWaiter(self.store, asyncio.get_running_loop(), _confirm)
+                waiter.wait(max(ends), (replies, outcomes))
+        # After asking for the durable wait (its fsync runs off the loop meanwhile). The replies delivered
+        # above are written by their requests' tasks after this call; dispatching now wakes the pulls these
+        # messages match first, so each is answered in the next iteration (with the replies' write when it
+        # shares their connection) instead of an iteration after the replies' write.
+        self.dispatch_now()
 
     def close(self) -> None:
         """Stop the fsync thread once what it was asked for is durable (the broker's stop, before the store's)."""

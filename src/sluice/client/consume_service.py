@@ -15,6 +15,13 @@ send-back fails stays cached (holding the offset) and is consumed again
 locally after ``consume_later_delay``. In BROADCASTING a failed batch is
 dropped with a warning, as RocketMQ does.
 
+A small delivery (HANDOFF_MAX_MESSAGES or fewer) given to an idle pool is
+handed over: the loop thread waits, at most HANDOFF_WAIT_S, until the consume
+thread has taken it, so the GIL passes to that thread at once. Otherwise the
+thread, woken while the loop goes on (building the next pull), would wait for
+the loop's next release of the GIL before the listener runs. A hand-over taken
+late (busy cores) stops the waiting for HANDOFF_BACKOFF_S.
+
 Orderly: one task per queue takes the next batch in offset order, only while
 the queue's broker lock is held, and keeps the queue's consume lock during the
 listener call, so a rebalance releases the queue only between batches and
@@ -26,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -55,6 +63,16 @@ _SUCCESS = (ConsumeResult.SUCCESS, ConsumeOrderlyResult.SUCCESS)
 #: this much work; below it a thread hand-off (future, wake-up, callback on the loop) costs more than
 #: running the calls one after another.
 SPREAD_COST_S = 0.001
+#: Deliveries of at most this many messages to an idle pool are handed over (the module doc): a live stream's
+#: pulls, each a few messages, where the wait is the thread's wake-up; a backlog's pulls are larger and keep
+#: the loop going.
+HANDOFF_MAX_MESSAGES = 8
+#: The longest the loop thread waits for an idle consume thread to take a hand-over (a thread not scheduled
+#: by then takes it later, as any job).
+HANDOFF_WAIT_S = 0.001
+#: After a hand-over the thread took late (the cores are busy: waiting does not start the listener sooner),
+#: deliveries are queued without waiting for this long, so a loaded machine never stalls the loop per delivery.
+HANDOFF_BACKOFF_S = 0.1
 
 
 def job_count(batches: int, free_threads: int, call_cost: float) -> int:
@@ -103,6 +121,11 @@ class _Service:
         self.failed = 0
         #: Pool jobs submitted and not finished.
         self.jobs = 0
+        #: Small deliveries handed over to an idle consume thread (the module doc), and those of them the
+        #: thread did not take within HANDOFF_WAIT_S.
+        self.handoffs = 0
+        self.handoffs_late = 0
+        self._handoff_from = 0.0  # time.monotonic() before which no hand-over waits (HANDOFF_BACKOFF_S)
         #: Seconds per listener call (moving average); unknown (high) until measured, so a slow listener's
         #: first batches already run in parallel.
         self.call_cost = SPREAD_COST_S
@@ -120,9 +143,12 @@ class _Service:
         if not task.cancelled() and task.exception() is not None:
             log.error("consume task failed", exc_info=task.exception())
 
-    def _call(self, pq: ProcessQueue, batches: list[list[MessageExt]]) -> list[bool | None]:
+    def _call(self, pq: ProcessQueue, batches: list[list[MessageExt]],
+              gate: threading.Lock | None = None) -> list[bool | None]:
         # On a pool thread, one listener call per batch. A batch whose queue was released meanwhile is
         # skipped: the queue's new owner starts from the committed offset, which does not include it.
+        if gate is not None:  # a hand-over: the loop thread waits for this, holding no GIL
+            gate.release()
         started = time.perf_counter()
         if self.trace is None:
             oks = [None if pq.dropped else call_listener(self.listener, b) for b in batches]
@@ -139,8 +165,20 @@ class _Service:
 
     def _start(self, pq: ProcessQueue, batches: list[list[MessageExt]]) -> asyncio.Future[list[bool | None]]:
         """Hand the batches to the pool now, as one job (a thread hand-off costs more than a fast listener
-        call); counted busy until the job is done, however its waiter ends."""
-        job = asyncio.wrap_future(self.executor.submit(self._call, pq, batches))
+        call); counted busy until the job is done, however its waiter ends. A small delivery to an idle pool
+        is handed over (the module doc)."""
+        gate = None
+        if self.jobs == 0 and sum(map(len, batches)) <= HANDOFF_MAX_MESSAGES \
+                and time.monotonic() >= self._handoff_from:
+            gate = threading.Lock()
+            gate.acquire()
+        submitted = self.executor.submit(self._call, pq, batches, gate)
+        if gate is not None:
+            self.handoffs += 1
+            if not gate.acquire(timeout=HANDOFF_WAIT_S):
+                self.handoffs_late += 1
+                self._handoff_from = time.monotonic() + HANDOFF_BACKOFF_S
+        job = asyncio.wrap_future(submitted)
         pq.busy += 1
         self.jobs += 1
 

@@ -445,6 +445,11 @@ class ConsumeQueueExt:
 
     def _get_few(self, addresses: list[int]) -> ExtBatch:
         """get_many's batch, unit by unit: the same checks as :meth:`get`, the same zero rows for the rest."""
+        return self.get_few(addresses)[2]
+
+    def get_few(self, addresses: list[int]) -> tuple[list[int], list[bool], ExtBatch]:
+        """get_many's batch for a few addresses (Python ints), read unit by unit, with its tag codes and valid
+        flags as lists too (ext_files.resolve_units decides a woken pull's few units on them, no numpy)."""
         n = len(addresses)
         tags = [0] * n
         times = [0] * n
@@ -472,10 +477,10 @@ class ConsumeQueueExt:
                     bitmaps[i] = f.mm[pos + MIN_UNIT_SIZE:pos + size]
         width = max(lengths, default=0)
         rows = b"".join(b.ljust(width, b"\0") for b in bitmaps) if width else b""
-        return ExtBatch(np.array(tags, dtype=np.int64),
-                        np.frombuffer(rows, dtype=np.uint8).reshape(n, width).copy(),
-                        np.array(lengths, dtype=np.int32), np.array(times, dtype=np.int64),
-                        np.array(valid, dtype=bool))
+        return tags, valid, ExtBatch(np.array(tags, dtype=np.int64),
+                                     np.frombuffer(rows, dtype=np.uint8).reshape(n, width).copy(),
+                                     np.array(lengths, dtype=np.int32), np.array(times, dtype=np.int64),
+                                     np.array(valid, dtype=bool))
 
     def max_address(self) -> int:
         """The address the next unit will get (RocketMQ's getMaxAddress)."""

@@ -15,14 +15,12 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 
-import numpy as np
-
 from sluice.errors import CorruptRecordError, DiskFullError, SluiceError
 from sluice.format import BLANK, CORRUPT, PARTIAL, RecordWalk, is_queued, tag_code
 from sluice.protocol import properties as P
 from sluice.store.commitlog import CommitLog
-from sluice.store.consumequeue import CQ_DTYPE, ConsumeQueueTable
-from sluice.store.dispatch_columns import DispatchBatch, PutRun, index_requests, index_runs, write_units
+from sluice.store.consumequeue import ConsumeQueueTable
+from sluice.store.dispatch_columns import DispatchBatch, PutRun, index_requests, index_runs, unit_array, write_units
 from sluice.store.ext_files import ExtTable
 from sluice.store.index import IndexService
 from sluice.store.types import Dispatcher, DispatchRequest
@@ -200,9 +198,6 @@ class DispatchService:
         write fails the slot keeps the plain tag code and pulls evaluate that message directly.
         """
         cq = self.queues.get_or_create(topic, qid)
-        units = np.empty(len(reqs), dtype=CQ_DTYPE)  # column-wise: far cheaper than a list of tuples
-        units["offset"] = [r.commitlog_offset for r in reqs]
-        units["size"] = [r.size for r in reqs]
         tags = [r.tag_code for r in reqs]
         if self.ext is not None:
             with_bits = [i for i, r in enumerate(reqs) if r.bitmap is not None]
@@ -216,7 +211,8 @@ class DispatchService:
                 else:
                     for i, a in zip(with_bits, addrs):
                         tags[i] = a
-        units["tag"] = tags
+        # column-wise (or packed, for a few): far cheaper than a list of tuples
+        units = unit_array([r.commitlog_offset for r in reqs], [r.size for r in reqs], tags)
         first = reqs[0].queue_offset
         if reqs[-1].queue_offset - first == len(reqs) - 1:
             cq.put(first, units)

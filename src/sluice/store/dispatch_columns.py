@@ -23,7 +23,7 @@ import numpy as np
 
 from sluice.format import FLAG_TRANSACTION_ROLLBACK as _TRAN_ROLLBACK
 from sluice.format import TRANSACTION_MASK as _TRAN_MASK
-from sluice.format import is_queued, tag_code
+from sluice.format import CQ_UNIT, is_queued, tag_code
 from sluice.protocol import properties as P
 from sluice.speedups import C
 from sluice.store.consumequeue import CQ_DTYPE, ConsumeQueueTable
@@ -31,7 +31,22 @@ from sluice.store.index import IndexService
 from sluice.store.keyhash import key_hashes, prefix_hash
 from sluice.store.dispatch_request import DispatchRequest
 
-__all__ = ["PutRun", "DispatchBatch", "write_units", "index_runs", "index_requests"]
+__all__ = ["PutRun", "DispatchBatch", "write_units", "index_runs", "index_requests", "unit_array", "FEW_UNITS"]
+
+#: Up to this many units a queue's write packs them with struct (one numpy call) rather than filling three
+#: columns of an empty array (four calls, each converting a list): a live stream dispatches one or a few per step.
+FEW_UNITS = 16
+
+
+def unit_array(phys: Sequence[int], sizes: Sequence[int], tags: Sequence[int]) -> np.ndarray:
+    """Consume-queue units (CQ_DTYPE) from their three columns."""
+    if len(phys) <= FEW_UNITS:
+        return np.frombuffer(b"".join(map(CQ_UNIT.pack, phys, sizes, tags)), dtype=CQ_DTYPE)
+    units = np.empty(len(phys), dtype=CQ_DTYPE)
+    units["offset"] = phys
+    units["size"] = sizes
+    units["tag"] = tags
+    return units
 
 
 @dataclass(slots=True)
@@ -118,10 +133,7 @@ def write_units(queues: ConsumeQueueTable, runs: list[PutRun]) -> None:
             if not rows:
                 continue
             phys, sizes, tags, qoffs = (list(c) for c in zip(*rows))
-        units = np.empty(len(phys), dtype=CQ_DTYPE)
-        units["offset"] = phys
-        units["size"] = sizes
-        units["tag"] = tags
+        units = unit_array(phys, sizes, tags)
         cq = queues.get_or_create(topic, qid)
         first = qoffs[0]
         if qoffs[-1] - first == len(qoffs) - 1:

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from sluice.store.consumequeue import PAD_SIZE, ConsumeQueue
-from sluice.store.consumequeue_ext import ConsumeQueueExt, ExtBatch, is_ext_address_array
+from sluice.store.consumequeue_ext import MAX_ADDR, SMALL_BATCH, ConsumeQueueExt, ExtBatch, is_ext_address_array
 from sluice.store.per_queue import OpenFilesLru, PerQueueTable
 
 __all__ = ["ExtTable", "resolve_units", "recover_ext", "retain_ext", "ext_addresses_ok"]
@@ -58,6 +58,8 @@ def resolve_units(ext: ConsumeQueueExt | None, tag_slots: np.ndarray
     of slots that hold an address whose unit cannot be read (code 0 there; the filter must decide those
     on the record, as RocketMQ lets them through its unit check).
     """
+    if len(tag_slots) <= SMALL_BATCH:
+        return _resolve_few(ext, np.asarray(tag_slots).tolist())
     codes = np.array(tag_slots, dtype=np.int64)
     is_ext = is_ext_address_array(codes)
     if not is_ext.any():
@@ -70,6 +72,22 @@ def resolve_units(ext: ConsumeQueueExt | None, tag_slots: np.ndarray
     unresolved = is_ext & ~batch.valid
     codes[unresolved] = 0
     return codes, batch, unresolved if unresolved.any() else None
+
+
+def _resolve_few(ext: ConsumeQueueExt | None, slots: list[int]
+                 ) -> tuple[np.ndarray, ExtBatch | None, np.ndarray | None]:
+    """resolve_units for a few slots (a woken held pull's window), decided on Python ints: the numpy steps'
+    fixed costs would outweigh the work. The same three results."""
+    is_ext = [s <= MAX_ADDR for s in slots]
+    if not any(is_ext):
+        return np.array(slots, dtype=np.int64), None, None
+    if ext is None:
+        return (np.array([0 if e else s for s, e in zip(slots, is_ext)], dtype=np.int64), None,
+                np.array(is_ext, dtype=bool))
+    tags, valid, batch = ext.get_few(slots)
+    codes = [(t if ok else 0) if e else s for s, e, t, ok in zip(slots, is_ext, tags, valid)]
+    bad = [e and not ok for e, ok in zip(is_ext, valid)]
+    return np.array(codes, dtype=np.int64), batch, np.array(bad, dtype=bool) if any(bad) else None
 
 
 def _real(units: np.ndarray) -> np.ndarray:

@@ -137,8 +137,7 @@ class PullReader:
         if mf is None and C is not None:  # the usual pull: no numpy work on the units at all
             parts, stop_at, removed = self._gather_runs(cq, offset, units, None, max_msgs, max_bytes, res)
             return _result(res, offset, stop_at, parts, False, removed)
-        phys = units["offset"].astype(np.int64)
-        sizes = units["size"].astype(np.int64)
+        phys, sizes = units["offset"], units["size"]  # views: read as scalars (int()) where used
         real = (sizes > 0) & (sizes != PAD_SIZE)
         wanted = real
         check = None  # units whose record the filter must see
@@ -150,7 +149,7 @@ class PullReader:
             mask, check = mf.select_units(codes, batch, unresolved)
             if mask is not None:
                 wanted = real & np.asarray(mask, dtype=bool)
-        filtered = bool((real & ~wanted).any())
+        filtered = wanted is not real and bool((real & ~wanted).any())
         if check is None and C is not None:
             # No record needs evaluating: C copies (and checks) runs of the wanted records at a time.
             parts, stop_at, removed = self._gather_runs(cq, offset, units, wanted, max_msgs, max_bytes, res)
