@@ -78,6 +78,9 @@ def test_needs_are_built_once_per_code_topic_and_group() -> None:
     b = need_of(ROUTE_BY_CODE[int(R.SEND_MESSAGE_V2)], _send("T"))
     c = need_of(ROUTE_BY_CODE[int(R.SEND_MESSAGE_V2)], _send("U"))
     assert a is b and a.key == (int(R.SEND_MESSAGE_V2), "T", None) and a.resources == {"T": PUB}
+    # A send needs PUB on its topic whatever group it names: one need (and one remembered decision) per topic.
+    named = RemotingCommand.request(R.SEND_MESSAGE_V2, {"a": "OtherPG", "b": "T", "e": "0"}, b"x")
+    assert need_of(ROUTE_BY_CODE[int(R.SEND_MESSAGE_V2)], named) is a
     assert c is not a and c.resources == {"U": PUB}
     pull = RemotingCommand.request(R.PULL_MESSAGE, {"consumerGroup": "G", "topic": "T"})
     assert need_of(ROUTE_BY_CODE[int(R.PULL_MESSAGE)], pull).key == (int(R.PULL_MESSAGE), "T", "G")
@@ -90,8 +93,8 @@ def test_the_memories_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(S, "_MAX_SHAPES", 16)
     for i in range(100):
         need_of(ROUTE_BY_CODE[int(R.SEND_MESSAGE_V2)], _send(f"T{i}"))
-        S.compute_signature("k", {f"k{i}": "v", "x": "y"}, b"")
-    assert len(broker_acl._NEEDS) <= 16 and len(S._ORDER) <= 16
+        S._signed_head({f"k{i}": "v", "x": "y"})  # the Python twin's memory (C remembers nothing)
+    assert len(broker_acl._NEEDS[int(R.SEND_MESSAGE_V2)]) <= 16 and len(S._ORDER) <= 16
 
 
 def test_one_shape_many_values_and_key_orders() -> None:
@@ -115,3 +118,27 @@ def test_keys_longer_than_a_block() -> None:
         sig = base64.b64encode(hmac.new(key.encode(), b"vbody", hashlib.sha1).digest()).decode()
         assert S.compute_signature(key, {"a": "v"}, b"body") == sig
     assert Need(1).key is None
+
+
+def test_the_broker_check_is_need_of_then_the_guard(tmp_path: Path) -> None:
+    """acl_check (what the broker calls before a handler) asks the guard exactly what need_of says."""
+    path = tmp_path / "plain_acl.yml"
+    path.write_text(_acl("PUB"))
+    guard = AclGuard(path, reload_interval=0.0)
+
+    class Conn:
+        peer = "10.1.2.3:4000"
+    check = broker_acl.acl_check(guard, ROUTE_BY_CODE[int(R.SEND_MESSAGE_V2)])
+    check(Conn(), _send())
+    with pytest.raises(NoPermissionError, match="no PUB permission for topic U"):
+        check(Conn(), _send("U"))
+    with pytest.raises(NoPermissionError, match="Check signature failed"):
+        check(Conn(), RemotingCommand.request(R.SEND_MESSAGE_V2, dict(_send().ext_fields), b"tampered"))
+    pull = RemotingCommand.request(R.PULL_MESSAGE, {"consumerGroup": "G", "topic": "T"})
+    sign_fields(USER, pull.ext_fields, None)
+    with pytest.raises(NoPermissionError, match="no SUB permission for topic T"):  # T is PUB only
+        broker_acl.acl_check(guard, ROUTE_BY_CODE[int(R.PULL_MESSAGE)])(Conn(), pull)
+    for code in (R.UPDATE_AND_CREATE_TOPIC, R.CHECK_CLIENT_CONFIG, R.HEART_BEAT):
+        route = ROUTE_BY_CODE[int(code)]
+        req = RemotingCommand.request(code, {"topic": "T"}, b"")
+        assert broker_acl.need_function(route)(req) == need_of(route, req)

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Hashable, Iterable, Mapping
+from hmac import compare_digest
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from sluice.acl.signature import ACCESS_KEY, signature_matches
+from sluice.acl.signature import ACCESS_KEY, SIGNATURE, Pads, key_pads, signature_b64
 from sluice.errors import AclConfigError, NoPermissionError
 
 __all__ = ["DENY", "PUB", "SUB", "ANY", "AddressPattern", "Account", "Policy", "Need", "load_policy",
@@ -152,6 +153,15 @@ class Account:
     default_group_perm: int = DENY
     #: resource -> perm; groups are keyed by their retry topic, as PlainAccessResource does
     perms: Mapping[str, int] = field(default_factory=dict)
+    #: HMAC-SHA1's keyed states for secret_key (signature.key_pads), made once per account
+    pads: Pads = field(init=False, repr=False, compare=False)
+    #: What this account may do, remembered per ``Need.key`` (an empty string: allowed; else the refusal).
+    #: A reload builds new accounts, so it forgets. Bounded: past _MAX_DECISIONS the memory starts over.
+    decisions: dict[Hashable, str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "pads", key_pads(self.secret_key))
+        object.__setattr__(self, "decisions", {})
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,8 +177,8 @@ class Need:
 
 
 _ALLOWED = ""  # a remembered decision: allowed; any other remembered string is the refusal's message
-#: Remembered decisions and white-address answers per policy (a reload makes a new policy, so it forgets);
-#: past these many the memory starts over.
+#: Remembered decisions per account and white-address answers per policy (a reload makes a new policy and
+#: new accounts, so it forgets); past these many the memory starts over.
 _MAX_DECISIONS = 65_536
 _MAX_HOSTS = 4096
 
@@ -178,7 +188,6 @@ class Policy:
     source: str
     global_white: tuple[AddressPattern, ...] = ()
     accounts: Mapping[str, Account] = field(default_factory=dict)
-    _decisions: dict[tuple[str, Hashable], str] = field(default_factory=dict, init=False, repr=False, compare=False)
     _white_hosts: dict[str, bool] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def whitelisted(self, host: str) -> bool:
@@ -206,12 +215,17 @@ class Policy:
             raise NoPermissionError(f"No acl config for {key}")
         if account.white is not None and account.white.match(host):
             return None
-        if not signature_matches(account.secret_key, ext_fields, body):
+        given = ext_fields.get(SIGNATURE)
+        if not isinstance(given, str) or not compare_digest(given.encode("utf-8", "replace"),
+                                                        signature_b64(account.pads, ext_fields, body)):
             raise NoPermissionError(f"Check signature failed for accessKey={key}")
         return account
 
     def decide(self, host: str, ext_fields: Mapping[str, Any], body: bytes | None, need: Need) -> None:
-        """PlainPermissionManager.validate: returns when allowed, raises NoPermissionError when not."""
+        """PlainPermissionManager.validate: returns when allowed, raises NoPermissionError when not.
+
+        Every request's signature is verified; only what a signed account may do for a need with a key is
+        remembered (per account, so a reloaded file forgets it)."""
         account = self.authenticate(host, ext_fields, body)
         if account is None:
             return
@@ -219,16 +233,17 @@ class Policy:
         if key is None:
             self._authorize(account, need)
             return
-        remembered = self._decisions.get((account.access_key, key))
+        decisions = account.decisions
+        remembered = decisions.get(key)
         if remembered is None:
             try:
                 self._authorize(account, need)
                 remembered = _ALLOWED
             except NoPermissionError as exc:
                 remembered = str(exc)
-            if len(self._decisions) >= _MAX_DECISIONS:
-                self._decisions.clear()
-            self._decisions[(account.access_key, key)] = remembered
+            if len(decisions) >= _MAX_DECISIONS:
+                decisions.clear()
+            decisions[key] = remembered
         if remembered:
             raise NoPermissionError(remembered)
 

@@ -8,15 +8,17 @@ content)) in extField ``Signature``; the key travels in ``AccessKey``, never the
 from __future__ import annotations
 
 import hashlib
-import hmac
+from hmac import compare_digest as _compare
 from binascii import b2a_base64
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 
-__all__ = ["ACCESS_KEY", "SIGNATURE", "Credentials", "signed_content", "compute_signature", "sign_fields",
-           "signature_matches"]
+from sluice.speedups import C
+
+__all__ = ["ACCESS_KEY", "SIGNATURE", "Credentials", "Pads", "signed_content", "compute_signature", "sign_fields",
+           "signature_matches", "key_pads", "signature_b64"]
 
 ACCESS_KEY = "AccessKey"
 SIGNATURE = "Signature"
@@ -95,12 +97,14 @@ def signed_content(ext_fields: Mapping[str, Any], body: bytes | None) -> bytes:
 
 #: Per secret key, SHA-1 states with HMAC's inner and outer pads already absorbed (RFC 2104): a signature
 #: then copies two states instead of keying a new HMAC, the same digest for less work. Bounded like _ORDER.
-_PADS: dict[str, tuple[Any, Any]] = {}
+Pads = tuple[Any, Any]
+_PADS: dict[str, Pads] = {}
 _MAX_KEYS = 1024
 _sha1 = hashlib.sha1
 
 
-def _pads(secret_key: str) -> tuple[Any, Any]:
+def key_pads(secret_key: str) -> Pads:
+    """HMAC-SHA1's keyed inner and outer states for ``secret_key`` (remembered; never mutated, only copied)."""
     pads = _PADS.get(secret_key)
     if pads is None:
         key = secret_key.encode("utf-8")
@@ -114,32 +118,48 @@ def _pads(secret_key: str) -> tuple[Any, Any]:
     return pads
 
 
-def _hmac_sha1(secret_key: str, head: bytes, body: bytes | None) -> bytes:
-    inner_pad, outer_pad = _pads(secret_key)
+def _py_signature(ext_fields: Mapping[str, Any], inner_pad: Any, outer_pad: Any, body: bytes | None) -> bytes:
+    """The Python twin of the C ``acl_signature``: base64 of HMAC-SHA1 over the signed head, then the body."""
     inner = inner_pad.copy()
-    inner.update(head)
+    inner.update(_signed_head(ext_fields))
     if body:
         inner.update(body)  # the body is signed after the header values, without copying it onto them
     outer = outer_pad.copy()
     outer.update(inner.digest())
-    return outer.digest()
+    return b2a_base64(outer.digest(), newline=False)
+
+
+# The C twin (sluice._speedups.acl_signature) does the same in one call, answering None where the head needs
+# Python (non-ASCII keys, non-string values), so a signature costs the hashing and little else.
+_c_signature = getattr(C, "acl_signature", None) if C is not None else None
+
+
+def signature_b64(pads: Pads, ext_fields: Mapping[str, Any], body: bytes | None) -> bytes:
+    """base64(HmacSHA1) of a request for the key whose ``key_pads`` these are, as ASCII bytes."""
+    if _c_signature is not None:
+        sig = _c_signature(ext_fields, pads[0], pads[1], body)
+        if sig is not None:
+            return sig
+    return _py_signature(ext_fields, pads[0], pads[1], body)
 
 
 def compute_signature(secret_key: str, ext_fields: Mapping[str, Any], body: bytes | None) -> str:
-    return b2a_base64(_hmac_sha1(secret_key, _signed_head(ext_fields), body), newline=False).decode("ascii")
+    return signature_b64(key_pads(secret_key), ext_fields, body).decode("ascii")
 
 
 def sign_fields(credentials: Credentials, ext_fields: dict[str, str], body: bytes | None) -> None:
     """Add ``AccessKey`` and ``Signature`` to a request's extFields in place (AclClientRPCHook.doBeforeRequest)."""
     ext_fields.pop(SIGNATURE, None)
     ext_fields[ACCESS_KEY] = credentials.access_key
-    ext_fields[SIGNATURE] = compute_signature(credentials.secret_key, ext_fields, body)
+    ext_fields[SIGNATURE] = signature_b64(key_pads(credentials.secret_key), ext_fields, body).decode("ascii")
 
 
-def signature_matches(secret_key: str, ext_fields: Mapping[str, Any], body: bytes | None) -> bool:
-    """Whether the request's ``Signature`` is right for ``secret_key`` (compared in constant time)."""
+def signature_matches(secret_key: str, ext_fields: Mapping[str, Any], body: bytes | None,
+                      pads: Pads | None = None) -> bool:
+    """Whether the request's ``Signature`` is right for ``secret_key`` (compared in constant time); ``pads``,
+    when given, are ``key_pads(secret_key)`` already at hand."""
     given = ext_fields.get(SIGNATURE)
     if not isinstance(given, str):
         return False
-    return hmac.compare_digest(given.encode("utf-8", "replace"),
-                               b2a_base64(_hmac_sha1(secret_key, _signed_head(ext_fields), body), newline=False))
+    return _compare(given.encode("utf-8", "replace"),
+                    signature_b64(key_pads(secret_key) if pads is None else pads, ext_fields, body))

@@ -1,6 +1,7 @@
 """A RemotingClient that signs every request it sends (RocketMQ's RPCHook on the client side)."""
 from __future__ import annotations
 
+from collections.abc import Coroutine
 from typing import Any
 
 from sluice.acl.signature import Credentials, sign_fields
@@ -18,9 +19,12 @@ class SigningRemotingClient(RemotingClient):
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.credentials = credentials
 
-    async def invoke(self, addr: str, request: RemotingCommand, timeout: float = DEFAULT_TIMEOUT) -> RemotingCommand:
+    def invoke(self, addr: str, request: RemotingCommand,  # type: ignore[override]
+               timeout: float = DEFAULT_TIMEOUT) -> Coroutine[Any, Any, RemotingCommand]:
+        # Signs now and hands back the plain client's coroutine: no coroutine of its own to create and step
+        # through per request. Awaited at once, as every caller does, it is the same as signing inside.
         sign_fields(self.credentials, request.ext_fields, request.body)
-        return await super().invoke(addr, request, timeout)
+        return super().invoke(addr, request, timeout)
 
     def request_with(self, conn: RemotingConnection, request: RemotingCommand, timeout: float | None,
                      waiter: ResponseWaiter) -> int:

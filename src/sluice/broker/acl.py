@@ -5,61 +5,115 @@ request names: its topic (``b`` in the compact V2 send header, ``originTopic`` f
 with that permission, and its consumer group as the group's retry topic with SUB. A heartbeat names the
 groups and subscribed topics in its body. ADMIN rows need an admin account.
 
-Each need but a heartbeat's is built once per (code, topic, group) and named by that tuple (``Need.key``),
-so the policy can remember its decision for a signed account instead of walking its permissions again.
+``need_function(route)`` is that reading specialised to one route, made once when the broker registers the
+route (``acl_check``), so a request pays for its own route's lookups only. Each need but a heartbeat's is
+built once per (code, topic, group) and named by that tuple (``Need.key``), so the policy can remember its
+decision for a signed account instead of walking its permissions again.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+from sluice.acl.guard import AclGuard
 from sluice.acl.policy import PUB, SUB, Need, retry_topic
 from sluice.broker.requests import Permission, Route
 from sluice.protocol.bodies import HeartbeatData, decode_body
 from sluice.protocol.codes import RequestCode as R
 from sluice.protocol.command import RemotingCommand
+from sluice.transport.connection import RemotingConnection
 
-__all__ = ["need_of"]
+__all__ = ["need_of", "need_function", "acl_check"]
+
+NeedFunction = Callable[[RemotingCommand], Need]
 
 _PERM = {Permission.PUBLISH: PUB, Permission.SUBSCRIBE: SUB}
-_V2 = (int(R.SEND_MESSAGE_V2), int(R.SEND_BATCH_MESSAGE))
-_SENDS = (int(R.SEND_MESSAGE), *_V2)
+_SENDS = (int(R.SEND_MESSAGE), int(R.SEND_MESSAGE_V2), int(R.SEND_BATCH_MESSAGE))
 #: A reply's header may come in either naming with either reply code (ReplyProcessor accepts both): its topic
 #: is ``b`` or ``topic``, never unnamed (an unnamed topic would ask no permission at all).
 _REPLY = (int(R.SEND_REPLY_MESSAGE), int(R.SEND_REPLY_MESSAGE_V2))
 _HEART_BEAT = int(R.HEART_BEAT)
 
-
-#: Needs by (code, topic, group): a client repeats the same few, so each is built once and carries that
-#: tuple as its ``key`` (the policy remembers its decisions by it). Bounded: past it the memory starts over.
-_NEEDS: dict[tuple[int, str | None, str | None], Need] = {}
+#: Needs per code, by topic (sends) or (topic, group) (the rest): a client repeats the same few, so each is
+#: built once. Bounded: past _MAX_NEEDS for one code, that code's memory starts over.
+_NEEDS: dict[int, dict[Any, Need]] = {}
 _MAX_NEEDS = 65_536
+_FUNCTIONS: dict[int, NeedFunction] = {}
 
 
 def need_of(route: Route, request: RemotingCommand) -> Need:
+    """What ``request``, served by ``route``, needs of the ACL."""
+    fn = _FUNCTIONS.get(int(route.code))
+    if fn is None:
+        fn = _FUNCTIONS[int(route.code)] = need_function(route)
+    return fn(request)
+
+
+def acl_check(guard: AclGuard, route: Route) -> Callable[[RemotingConnection, RemotingCommand], None]:
+    """The broker's check before ``route``'s handler: raises NoPermissionError unless ``guard`` allows it."""
+    need = need_function(route)
+    check = guard.check
+
+    def checked(conn: RemotingConnection, request: RemotingCommand) -> None:
+        check(conn.peer, request.ext_fields, request.body, need(request))
+    return checked
+
+
+def need_function(route: Route) -> NeedFunction:
+    """``need_of`` for requests of ``route`` alone."""
     code = int(route.code)
     if route.permission is Permission.ADMIN:
-        return Need(code, admin=True, key=(code, None, None))
+        admin = Need(code, admin=True, key=(code, None, None))
+        return lambda request: admin
     perm = _PERM.get(route.permission)
     if perm is None:
-        return Need(code, key=(code, None, None))
-    ext = request.ext_fields
-    if code != _HEART_BEAT:
-        if code in _REPLY:
-            topic = ext.get("b") or ext.get("topic")
-        elif code in _SENDS:
-            # The topic the send handler will use (SendMessageRequestHeader.from_command): either naming comes
-            # with any send code, so the code alone must not decide where the permission is looked up.
+        free = Need(code, key=(code, None, None))
+        return lambda request: free
+    if code == _HEART_BEAT:
+        return _heartbeat_need
+    needs = _NEEDS.setdefault(code, {})
+    if code in _SENDS:
+        # A send needs PUB on its topic alone, whatever group it names, so its needs are kept by topic.
+        def send_need(request: RemotingCommand) -> Need:
+            ext = request.ext_fields
+            # The topic the send handler will use (SendMessageRequestHeader.from_command): either naming
+            # comes with any send code, so the code alone must not decide where the permission is looked up.
             topic = ext.get("b") if "producerGroup" not in ext and "a" in ext else ext.get("topic")
-        else:
-            topic = ext.get("originTopic") or ext.get("topic")
+            need = needs.get(topic)
+            if need is None:
+                need = _remember(needs, topic, Need(code, resources={topic: perm} if topic else {},
+                                                    key=(code, topic, None)))
+            return need
+        return send_need
+    reply = code in _REPLY
+
+    def need_of_request(request: RemotingCommand) -> Need:
+        ext = request.ext_fields
+        topic = (ext.get("b") or ext.get("topic")) if reply else (ext.get("originTopic") or ext.get("topic"))
         group = ext.get("consumerGroup") or ext.get("group")
-        k = (code, topic, group)
-        need = _NEEDS.get(k)
+        k = (topic, group)
+        need = needs.get(k)
         if need is None:
-            need = _build(code, perm, topic, group, k)
-            if len(_NEEDS) >= _MAX_NEEDS:
-                _NEEDS.clear()
-            _NEEDS[k] = need
+            resources: dict[str, int] = {}
+            if topic:
+                resources[topic] = perm
+            if group:
+                resources[retry_topic(group)] = SUB
+            need = _remember(needs, k, Need(code, resources=resources, key=(code, topic, group)))
         return need
-    resources: dict[str, int] = {}  # a heartbeat: its resources come from its body (no key, not remembered)
+    return need_of_request
+
+
+def _remember(needs: dict[Any, Need], k: Any, need: Need) -> Need:
+    if len(needs) >= _MAX_NEEDS:
+        needs.clear()
+    needs[k] = need
+    return need
+
+
+def _heartbeat_need(request: RemotingCommand) -> Need:
+    """A heartbeat's resources come from its body (no key: not remembered)."""
+    resources: dict[str, int] = {}
     try:
         data = decode_body(HeartbeatData, request.body) if request.body else None
     except Exception:  # a body the handler will refuse precisely; here it names no resource
@@ -69,13 +123,4 @@ def need_of(route: Route, request: RemotingCommand) -> Need:
         for sub in consumer.subscription_data_set:
             if not sub.topic.startswith("%RETRY%"):
                 resources[sub.topic] = SUB
-    return Need(code, resources=resources)
-
-
-def _build(code: int, perm: int, topic: str | None, group: str | None, key: tuple) -> Need:
-    resources: dict[str, int] = {}
-    if topic:
-        resources[topic] = perm
-    if group and code not in _V2 and code != int(R.SEND_MESSAGE):
-        resources[retry_topic(group)] = SUB
-    return Need(code, resources=resources, key=key)
+    return Need(_HEART_BEAT, resources=resources)

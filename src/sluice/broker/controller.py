@@ -30,7 +30,7 @@ from sluice.acl.guard import AclGuard
 from sluice.acl.policy import PUB, Need
 from sluice.acl.signature import Credentials
 from sluice.acl.signing import remoting_client
-from sluice.broker.acl import need_of
+from sluice.broker.acl import acl_check
 from sluice.broker.admin import AdminProcessor
 from sluice.broker.appender import Appender
 from sluice.broker.backfill import BackfillManager, BackfillProcessor
@@ -311,14 +311,15 @@ class BrokerController:
     def _acl_checked(acl: AclGuard, route: Route, handler: RequestHandler) -> RequestHandler:
         """``handler`` behind the ACL (PlainAccessValidator): a refusal raises NoPermissionError before it
         runs, so nothing changes. Keeps a plain handler plain and an async one async."""
+        check = acl_check(acl, route)
         if asyncio.iscoroutinefunction(handler):
             async def checked(conn: RemotingConnection, request: RemotingCommand) -> Any:
-                acl.check(conn.peer, request.ext_fields, request.body, need_of(route, request))
+                check(conn, request)
                 return await handler(conn, request)
             return checked
 
         def checked_now(conn: RemotingConnection, request: RemotingCommand) -> Any:
-            acl.check(conn.peer, request.ext_fields, request.body, need_of(route, request))
+            check(conn, request)
             return handler(conn, request)
         return checked_now
 
