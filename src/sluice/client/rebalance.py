@@ -101,9 +101,11 @@ class Rebalancer:
                     self._failing.discard(topic)
                 except SluiceError as exc:
                     # Soon again (a retry topic's route appears a moment after the first heartbeat);
-                    # warn once per failing spell.
+                    # warn once per failing spell, and only of the user's topics: the group's retry topic
+                    # fails with them (no broker yet) or briefly at start, which says nothing new.
                     ok = False
-                    level = logging.DEBUG if topic in self._failing else logging.WARNING
+                    level = (logging.DEBUG if topic in self._failing else
+                             logging.INFO if topic.startswith(RETRY_PREFIX) else logging.WARNING)
                     log.log(level, "rebalance of %s for group %s failed: %s", topic, self.consumer.group, exc)
                     self._failing.add(topic)
             for mq in [mq for mq in self.process_queues if mq.topic not in topics]:
