@@ -195,8 +195,8 @@ def test_graceful_stop_persists_offsets(make_broker, tmp_path):
 
 def test_requests_refused_while_stopping(broker):
     rpc = broker.rpc()
-    broker.broker._stopping = True
+    broker.broker.gate.stopping = True
     try:
         assert rpc.send("S", b"x").code == R.SERVICE_NOT_AVAILABLE
     finally:
-        broker.broker._stopping = False
+        broker.broker.gate.stopping = False

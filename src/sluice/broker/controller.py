@@ -23,14 +23,13 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sluice import __version__
 from sluice.acl.guard import AclGuard
 from sluice.acl.policy import PUB, Need
 from sluice.acl.signature import Credentials
 from sluice.acl.signing import remoting_client
-from sluice.broker.acl import acl_check
 from sluice.broker.admin import AdminProcessor
 from sluice.broker.appender import Appender
 from sluice.broker.backfill import BackfillManager, BackfillProcessor
@@ -44,6 +43,7 @@ from sluice.broker.filter_data import ConsumerFilterManager
 from sluice.broker.filter_servers import EXPIRY_SCAN_S as FILTER_SERVER_SCAN_S
 from sluice.broker.filter_servers import FilterServerChildren, FilterServerManager, child_env
 from sluice.broker.filter_servers import tls_args as filtersrv_tls_args
+from sluice.broker.gate import RequestGate, acl_checked
 from sluice.broker.live_config import LiveConfigFile
 from sluice.broker.locks import RebalanceLockManager
 from sluice.broker.longpoll import HoldService
@@ -63,15 +63,15 @@ from sluice.broker.subgroups import SubscriptionGroupManager, SubscriptionGroupP
 from sluice.broker.sub_conflicts import SubscriptionGuard
 from sluice.broker.topics import TopicConfigManager
 from sluice.broker.transactions import TransactionService
-from sluice.errors import ServiceNotAvailableError, SluiceError
+from sluice.errors import SluiceError
 from sluice.filter import BloomFilter
 from sluice.namesrv.client import NamesrvClient
 from sluice.protocol import bodies as B
-from sluice.protocol.codes import RequestCode, ResponseCode
+from sluice.protocol.codes import RequestCode
 from sluice.protocol.command import RemotingCommand
 from sluice.store import MessageStore, StoreConfig
 from sluice.transport.client import RemotingClient
-from sluice.transport.connection import RemotingConnection, RequestHandler
+from sluice.transport.connection import RemotingConnection
 from sluice.transport.server import RemotingServer
 from sluice.transport.tls import server_tls
 
@@ -279,12 +279,13 @@ class BrokerController:
         ]
         self.admin = admin
         by_class = {type(p): p for p in processors}
+        self.gate = RequestGate()  # every handler's: ACL-checked, refused while stopping, counted (gate.py)
         self.routes = {}
         for route in ROUTES:
             handler = getattr(by_class[route.processor], route.method)
             if self.acl is not None:
-                handler = self._acl_checked(self.acl, route, handler)
-            self.server.register(route.code, self._guard(handler))
+                handler = acl_checked(self.acl, route, handler)
+            self.server.register(route.code, self.gate.guard(handler))
             self.routes[int(route.code)] = route
         self.server.on_connection_close(self._connection_closed)
         # Metrics (metrics.py): gathered at scrape time; the only hot-path cost is the put latency histogram.
@@ -302,27 +303,10 @@ class BrokerController:
         self._reg_task: asyncio.Task[None] | None = None
         self._reg_dirty = False
         self._reg_lock = asyncio.Lock()
-        self._in_flight = 0
         self._stopping = False
         self._stopped = False
 
     # ---- request handling ----------------------------------------------------------------------------
-    @staticmethod
-    def _acl_checked(acl: AclGuard, route: Route, handler: RequestHandler) -> RequestHandler:
-        """``handler`` behind the ACL (PlainAccessValidator): a refusal raises NoPermissionError before it
-        runs, so nothing changes. Keeps a plain handler plain and an async one async."""
-        check = acl_check(acl, route)
-        if asyncio.iscoroutinefunction(handler):
-            async def checked(conn: RemotingConnection, request: RemotingCommand) -> Any:
-                check(conn, request)
-                return await handler(conn, request)
-            return checked
-
-        def checked_now(conn: RemotingConnection, request: RemotingCommand) -> Any:
-            check(conn, request)
-            return handler(conn, request)
-        return checked_now
-
     def _real_topic_check(self) -> Callable[[RemotingConnection, RemotingCommand, str], None]:
         """END_TRANSACTION's need once its half message is read: PUB on the real topic."""
         acl = self.acl
@@ -332,59 +316,6 @@ class BrokerController:
             acl.check(conn.peer, request.ext_fields, request.body,
                       Need(int(RequestCode.END_TRANSACTION), resources={topic: PUB}))
         return check
-
-    def _guard(self, handler: RequestHandler) -> RequestHandler:
-        """Refuse work while stopping, count requests in flight (a stop drains them), log refusals.
-
-        A plain-function handler stays one (the remoting layer answers it without a task) and may return
-        an awaitable for the requests it cannot answer at once; an ``async def`` one stays async."""
-        if asyncio.iscoroutinefunction(handler):
-            async def guarded(conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand | None:
-                if self._stopping:
-                    raise ServiceNotAvailableError("the broker is shutting down")
-                self._in_flight += 1
-                try:
-                    return await handler(conn, request)
-                except SluiceError as exc:
-                    self._log_refusal(conn, request, exc)
-                    raise
-                finally:
-                    self._in_flight -= 1
-            return guarded
-
-        def guarded_now(conn: RemotingConnection, request: RemotingCommand) -> Any:
-            if self._stopping:
-                raise ServiceNotAvailableError("the broker is shutting down")
-            self._in_flight += 1
-            try:
-                result = handler(conn, request)
-            except BaseException as exc:
-                self._in_flight -= 1
-                if isinstance(exc, SluiceError):
-                    self._log_refusal(conn, request, exc)
-                raise
-            if result is None or isinstance(result, RemotingCommand):
-                self._in_flight -= 1
-                return result
-            return self._finish(conn, request, result)
-        return guarded_now
-
-    async def _finish(self, conn: RemotingConnection, request: RemotingCommand,
-                      pending: Awaitable[RemotingCommand | None]) -> RemotingCommand | None:
-        """The rest of a plain handler's request that had to wait (a held pull, say), still counted."""
-        try:
-            return await pending
-        except SluiceError as exc:
-            self._log_refusal(conn, request, exc)
-            raise
-        finally:
-            self._in_flight -= 1
-
-    @staticmethod
-    def _log_refusal(conn: RemotingConnection, request: RemotingCommand, exc: SluiceError) -> None:
-        level = logging.WARNING if exc.code == ResponseCode.SYSTEM_ERROR else logging.DEBUG
-        log.log(level, "request code %d from %s refused (%s): %s", request.code, conn.peer,
-                getattr(exc.code, "name", exc.code), exc)
 
     # ---- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -432,7 +363,7 @@ class BrokerController:
         if self._stopped:
             return
         self._stopped = True
-        self._stopping = True
+        self._stopping = self.gate.stopping = True
         log.info("broker %s stopping", self.config.broker_name)
         if self.metrics is not None:
             self.metrics.close()
@@ -445,7 +376,7 @@ class BrokerController:
         if self.filter_server_children is not None:
             await self.filter_server_children.stop()
         deadline = time.monotonic() + DRAIN_TIMEOUT_S
-        while self._in_flight > 0 and time.monotonic() < deadline:
+        while self.gate.in_flight > 0 and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         await self.server.close()
         loop = asyncio.get_running_loop()
