@@ -20,7 +20,7 @@ from sluice.errors import FilterEvaluationError, SelectorSyntaxError, SluiceErro
 from sluice.filter import BloomFilter, BloomFilterData, Selector, TagSelector, compile_selector
 from sluice.protocol.bodies import SubscriptionData
 from sluice.protocol.codes import ResponseCode
-from sluice.store.consumequeue_ext import ExtBatch
+from sluice.store.consumequeue_ext import SMALL_BATCH, ExtBatch
 from sluice.store.pull_read import verdict_cache
 
 __all__ = ["CLASS_FILTER", "CompiledSubscription", "SelectorFilter", "class_subscription", "compile_subscription",
@@ -69,8 +69,8 @@ class SelectorFilter:
         self.bloom: BloomFilter | None = None
         self.bloom_data: BloomFilterData | None = None
         self.live_after = 0
-        self._hits: np.ndarray | None = None
-        self._skip: np.ndarray | None = None
+        self._hits: np.ndarray | list[bool] | None = None  # lists after _select_sql_few
+        self._skip: np.ndarray | list[bool] | None = None
         self._backfill = None  # broker.backfill.QueueBackfill of this pull's group and queue
         self._cursor = 0
         self._ruled_out: np.ndarray | None = None
@@ -155,13 +155,44 @@ class SelectorFilter:
         nbytes = bloom.m // 8
         if batch.bitmaps.shape[1] < nbytes:
             return None, check_all
+        if len(codes) <= SMALL_BATCH:
+            return self._select_sql_few(batch, nbytes, check_all)
+        return self._select_sql_many(batch, nbytes, check_all)
+
+    def _select_sql_many(self, batch: ExtBatch, nbytes: int, check_all: np.ndarray
+                         ) -> tuple[np.ndarray | None, np.ndarray]:
+        """_select_sql's Bloom check over a window of units, vectorised."""
         live = batch.valid & (batch.bitmap_lengths == nbytes) & (batch.msg_store_times > self.live_after)
         if not live.any():
             return None, check_all
-        hit = bloom.is_hit_batch(self.bloom_data, np.ascontiguousarray(batch.bitmaps[:, :nbytes]))
+        hit = self.bloom.is_hit_batch(self.bloom_data,  # type: ignore[union-attr]
+                                      np.ascontiguousarray(batch.bitmaps[:, :nbytes]))
         self._skip = live & ~hit
         self._hits = live & hit
         keep = ~self._skip
+        return keep, keep
+
+    def _select_sql_few(self, batch: ExtBatch, nbytes: int, check_all: np.ndarray
+                        ) -> tuple[np.ndarray | None, np.ndarray]:
+        """_select_sql's Bloom check for a few units (a woken held pull's window) on Python ints: the numpy
+        steps' fixed costs would outweigh the work. The same results (tests/broker/test_select_few.py)."""
+        after = self.live_after
+        live = [v and n == nbytes and t > after for v, n, t in
+                zip(batch.valid.tolist(), batch.bitmap_lengths.tolist(), batch.msg_store_times.tolist())]
+        if not any(live):
+            return None, check_all
+        need: dict[int, int] = {}  # byte of the bitmap -> the bits of it the group's data sets
+        for pos in self.bloom_data.bit_pos:  # type: ignore[union-attr]
+            need[pos >> 3] = need.get(pos >> 3, 0) | (1 << (pos & 7))
+        masks = tuple(need.items())
+        width = batch.bitmaps.shape[1]
+        raw = batch.bitmaps.tobytes()
+        hit = [ok and all(raw[at + c] & m == m for c, m in masks)
+               for ok, at in zip(live, range(0, len(live) * width, width))]
+        self._hits = hit  # lists: consumed, settle and match_record_at read them as they read arrays
+        self._skip = skip = [ok and not h for ok, h in zip(live, hit)]
+        keep = np.array(skip, dtype=bool)
+        np.logical_not(keep, out=keep)
         return keep, keep
 
     def consumed(self, n: int) -> None:
@@ -173,7 +204,10 @@ class SelectorFilter:
                 self._ruled_out = None
             self._cursor += n
         m = self.metrics
-        if m is not None and self._skip is not None:
+        if m is not None and isinstance(self._skip, list):  # _select_sql_few's
+            m.bitmap_skipped += sum(self._skip[:n])
+            m.bitmap_hits += sum(self._hits[:n])  # type: ignore[index]
+        elif m is not None and self._skip is not None:
             m.bitmap_skipped += int(np.count_nonzero(self._skip[:n]))
             m.bitmap_hits += int(np.count_nonzero(self._hits[:n]))  # type: ignore[index]
 
@@ -217,6 +251,9 @@ class SelectorFilter:
         m = self.metrics
         if m is None or len(verdicts) == 0:
             return
+        if len(verdicts) <= SMALL_BATCH:  # a woken pull's few: Python ints cost less than numpy's steps
+            self._settle_few(m, indexes.tolist(), verdicts.tolist())
+            return
         m.evaluated += len(verdicts)
         m.matched += int(np.count_nonzero(verdicts == 1))
         err = verdicts >= 2
@@ -226,6 +263,18 @@ class SelectorFilter:
             m.last_error = self._messages[int(verdicts[err][-1]) - 2]
         if self._hits is not None:
             m.bitmap_false_positives += int(np.count_nonzero(self._hits[indexes[verdicts != 1]]))
+
+    def _settle_few(self, m, indexes: list[int], verdicts: list[int]) -> None:  # type: ignore[no-untyped-def]
+        """settle's counts for a few verdicts, on Python ints (the same counts)."""
+        m.evaluated += len(verdicts)
+        m.matched += verdicts.count(1)
+        errs = [v for v in verdicts if v >= 2]
+        if errs:
+            m.errors += len(errs)
+            m.last_error = self._messages[errs[-1] - 2]
+        hits = self._hits
+        if hits is not None:
+            m.bitmap_false_positives += sum(1 for i, v in zip(indexes, verdicts) if v != 1 and hits[i])
 
     def match_dispatch(self, tag_code: int, properties: dict[str, str]) -> bool:
         """Would a just-dispatched message pass? (wakes held pulls only for messages they want)."""

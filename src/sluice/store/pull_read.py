@@ -25,6 +25,7 @@ from sluice.speedups import C
 from sluice.store.commitlog import CommitLog, parse_record, verify_record_bytes
 from sluice.store.config import PULL_BODY_CEILING, StoreConfig
 from sluice.store.consumequeue import CQ_DTYPE, CQ_UNIT_SIZE, PAD_SIZE, ConsumeQueue, ConsumeQueueTable
+from sluice.store.consumequeue_ext import SMALL_BATCH
 from sluice.store.ext_files import ExtTable, resolve_units
 from sluice.store.types import GetMessageResult, GetMessageStatus, MessageFilter
 
@@ -138,7 +139,14 @@ class PullReader:
             parts, stop_at, removed = self._gather_runs(cq, offset, units, None, max_msgs, max_bytes, res)
             return _result(res, offset, stop_at, parts, False, removed)
         phys, sizes = units["offset"], units["size"]  # views: read as scalars (int()) where used
-        real = (sizes > 0) & (sizes != PAD_SIZE)
+        # A few units (a woken held pull's window): the masks are lists of Python bools, since numpy's fixed
+        # costs per step would outweigh the work; the same outcome (tests/store/test_pull_few.py).
+        few = len(units) <= SMALL_BATCH
+        real: np.ndarray | list[bool]
+        if few:
+            real = [s > 0 and s != PAD_SIZE for s in sizes.tolist()]
+        else:
+            real = (sizes > 0) & (sizes != PAD_SIZE)
         wanted = real
         check = None  # units whose record the filter must see
         if mf is not None:
@@ -148,8 +156,16 @@ class PullReader:
                 codes, batch, unresolved = units["tag"], None, None
             mask, check = mf.select_units(codes, batch, unresolved)
             if mask is not None:
-                wanted = real & np.asarray(mask, dtype=bool)
-        filtered = wanted is not real and bool((real & ~wanted).any())
+                if few:
+                    wanted = [r and m for r, m in zip(real, np.asarray(mask, dtype=bool).tolist())]
+                else:
+                    wanted = real & np.asarray(mask, dtype=bool)
+        if wanted is real:
+            filtered = False
+        elif few:
+            filtered = any(r and not w for r, w in zip(real, wanted))
+        else:
+            filtered = bool((real & ~wanted).any())  # type: ignore[operator]
         if check is None and C is not None:
             # No record needs evaluating: C copies (and checks) runs of the wanted records at a time.
             parts, stop_at, removed = self._gather_runs(cq, offset, units, wanted, max_msgs, max_bytes, res)
@@ -162,14 +178,15 @@ class PullReader:
             filtered = filtered or evaluated_out
         else:
             parts, stop_at, removed, evaluated_out = self._read_each(cq, offset, len(units), phys, sizes,
-                                                                     np.flatnonzero(wanted), max_msgs, max_bytes,
-                                                                     mf, check, res, budget)
+                                                                     np.flatnonzero(np.asarray(wanted)), max_msgs,
+                                                                     max_bytes, mf, check, res, budget)
             filtered = filtered or evaluated_out
         if mf is not None:
             mf.consumed(stop_at)
         return _result(res, offset, stop_at, parts, filtered, removed)
 
-    def _gather_runs(self, cq: ConsumeQueue, offset: int, units: np.ndarray, wanted: np.ndarray | None,
+    def _gather_runs(self, cq: ConsumeQueue, offset: int, units: np.ndarray,
+                     wanted: np.ndarray | list[bool] | None,
                      max_msgs: int, max_bytes: int, res: GetMessageResult) -> tuple[list[bytes], int, bool]:
         """_read_each's outcome for records no filter needs to see (all of them, or the ``wanted`` units): C
         (speedups.gather_units) walks the units and copies and checks the records, one call per commit-log
@@ -183,7 +200,12 @@ class PullReader:
         removed = False
         if units.dtype != CQ_DTYPE or not units.flags.c_contiguous:  # C reads the big-endian 20-byte units
             units = np.ascontiguousarray(units, dtype=CQ_DTYPE)  # (np.concatenate of several files' gives native)
-        mask = None if wanted is None else np.ascontiguousarray(wanted, dtype=np.uint8)
+        if wanted is None:
+            mask = None
+        elif isinstance(wanted, list):  # _collect's few units: a byte per unit, as the array's
+            mask = bytes(wanted)
+        else:
+            mask = np.ascontiguousarray(wanted, dtype=np.uint8)
         n = len(units)
         stop_at = n
         u = total = 0
@@ -252,7 +274,8 @@ class PullReader:
             raise e
 
     def _scan_each(self, cq: ConsumeQueue, offset: int, units: np.ndarray, phys: np.ndarray, sizes: np.ndarray,
-                   wanted: np.ndarray, check: np.ndarray, max_msgs: int, max_bytes: int, mf: MessageFilter,
+                   wanted: np.ndarray | list[bool], check: np.ndarray, max_msgs: int, max_bytes: int,
+                   mf: MessageFilter,
                    res: GetMessageResult, budget: list[int] | None) -> tuple[list[bytes], int, bool, bool]:
         """_read_each's outcome through C (speedups.scan_records), one call per commit-log file; a record
         C leaves alone (not in the file, damaged, of an unusual shape) takes _read_each's step for it."""
@@ -262,9 +285,15 @@ class PullReader:
         if units.dtype != CQ_DTYPE or not units.flags.c_contiguous:  # C reads the big-endian 20-byte units
             units = np.ascontiguousarray(units, dtype=CQ_DTYPE)
         n = len(units)
-        idxs = np.flatnonzero(wanted)
-        wmask = np.ascontiguousarray(wanted, dtype=np.uint8)
-        cmask = np.ascontiguousarray(check, dtype=np.uint8)
+        idxs: np.ndarray | list[int]
+        if isinstance(wanted, list):  # _collect's few units: lists and bytes, no numpy steps
+            idxs = [i for i, w in enumerate(wanted) if w]
+            wmask = bytes(wanted)
+            cmask = np.asarray(check, dtype=bool).tobytes()
+        else:
+            idxs = np.flatnonzero(wanted)
+            wmask = np.ascontiguousarray(wanted, dtype=np.uint8)
+            cmask = np.ascontiguousarray(check, dtype=np.uint8)
         ev_idx = np.empty(n, dtype=np.int32)
         ev_code = np.empty(n, dtype=np.int32)
         keys, verdicts, judge = mf.record_keys, mf.record_verdicts, mf.judge
@@ -308,6 +337,7 @@ class PullReader:
                 break
             if budget is not None:  # 3, 4, 5: the Python step for that one record
                 budget[0] = left
+            idxs = np.asarray(idxs)
             _, at, gone, out = self._read_each(cq, offset, n, phys, sizes, idxs[idxs == stop], max_msgs,
                                                max_bytes, mf, check, res, budget, parts)
             removed, filtered = removed or gone, filtered or out
