@@ -24,6 +24,11 @@ iteration.
   thread for a round at once (before the iteration's dispatch, so the two
   overlap) and answers all that one fsync covered with one wake-up of the
   loop; none blocks it.
+* **Called back.** With ``then``, a result that has to wait is handed to
+  ``then(stored, error)`` on the loop instead of a future, and ``put``
+  returns None: a round's replies are then written by the callback that
+  learns of the fsync, in one write per connection (``begin_writes``),
+  with no task and no loop iteration per request.
 * **Checked.** With a ``dedup`` window, replayed UNIQ_KEYs are answered with
   their originals and only the rest is written, by the rules above (dedup.py).
 
@@ -48,12 +53,13 @@ from sluice.broker.durable import DurableWaiter
 from sluice.errors import DiskFullError
 from sluice.store import MessageStore, PutResult, StoreMessage
 from sluice.store.encode import EncodedBatch
+from sluice.transport.connection import begin_writes, end_writes
 
 if TYPE_CHECKING:
     from sluice.broker.dedup import DedupWindow
     from sluice.broker.metrics import PutLatency
 
-__all__ = ["Appender", "Payload", "Stored", "stored"]
+__all__ = ["Appender", "Payload", "Stored", "Then", "stored"]
 
 log = logging.getLogger(__name__)
 
@@ -63,11 +69,42 @@ Payload = list[StoreMessage] | EncodedBatch
 #: queue but reported in its own; a pure replay names its originals' queue, results in order).
 Stored = tuple[int, list[PutResult]]
 Prepare = Callable[[list[StoreMessage]], None]
+#: A waiting result's receiver: (the results, None) once durable, or (None, the error); called on the loop.
+Then = Callable[[Stored | None, BaseException | None], None]
 
 Key = tuple[str, int]
-_Waiting = tuple[list[StoreMessage], int, bool, "asyncio.Future[Stored]"]  # messages, queue asked, sync, reply
-_Reply = tuple["asyncio.Future[Stored]", int]  # the request's future, the queue it asked for
+_Waiting = tuple[list[StoreMessage], int, bool, "_Sink"]  # messages, queue asked, sync, reply
+_Reply = tuple["_Sink", int]  # the request's future (or callback), the queue it asked for
 _Outcome = list[PutResult] | BaseException
+
+
+class _Callback:
+    """A future's setting side around a :data:`Then`: called at once, no loop iteration in between."""
+    __slots__ = ("then", "called")
+
+    def __init__(self, then: Then) -> None:
+        self.then = then
+        self.called = False
+
+    def done(self) -> bool:
+        return self.called
+
+    def set_result(self, stored: Stored) -> None:
+        self.called = True
+        self._call(stored, None)
+
+    def set_exception(self, exc: BaseException) -> None:
+        self.called = True
+        self._call(None, exc)
+
+    def _call(self, stored: Stored | None, exc: BaseException | None) -> None:
+        try:
+            self.then(stored, exc)
+        except Exception:  # one bad reply must not strand the others delivered with it
+            log.exception("answering a stored request failed")
+
+
+_Sink = asyncio.Future | _Callback
 
 
 async def stored(result: Stored | Awaitable[Stored]) -> Stored:
@@ -96,27 +133,31 @@ class Appender:
         self.latency: PutLatency | None = None
 
     def put(self, topic: str, queue_id: int, payload: Payload, *, dedup: DedupWindow | None = None,
-            sync: bool | None = None, prepare: Prepare | None = None) -> Stored | Awaitable[Stored]:
+            sync: bool | None = None, prepare: Prepare | None = None,
+            then: Then | None = None) -> Stored | Awaitable[Stored] | None:
         """Store one request's messages (all for ``topic``/``queue_id`` as asked); see the module doc.
 
         ``sync`` (default: the store's flush mode) hands the results back only once they are durable;
         ``dedup`` checks each UNIQ_KEY against that window (message lists only); ``prepare`` is applied
         in place to the messages about to be written, after the duplicate check (the schedule service's
         divert of delayed messages). Returns the results at once when nothing had to wait, otherwise an
-        awaitable of them (see :func:`stored`)."""
+        awaitable of them (see :func:`stored`), or, given ``then`` (not with ``dedup``), None: ``then``
+        gets them (or the error) on the loop, never before ``put`` returned."""
         if sync is None:
             sync = self.sync_flush
         if dedup is not None:
+            if then is not None:
+                raise TypeError("a duplicate check answers through its awaitable, not a callback")
             return self._put_checked(dedup, topic, queue_id, payload, sync, prepare)  # type: ignore[arg-type]
-        return self._put(topic, queue_id, payload, sync, prepare)
+        return self._put(topic, queue_id, payload, sync, prepare, then)
 
     def _put(self, topic: str, queue_id: int, payload: Payload, sync: bool,
-             prepare: Prepare | None) -> Stored | asyncio.Future[Stored]:
+             prepare: Prepare | None, then: Then | None = None) -> Stored | asyncio.Future[Stored] | None:
         if type(payload) is list:
             if prepare is not None:
                 prepare(payload)
             if sync or len(payload) == 1:
-                return self._merge(payload, queue_id, sync)
+                return self._merge(payload, queue_id, sync, then)
             m = payload[0]
             results = self._write(m.topic, m.queue_id, payload)
         else:
@@ -124,10 +165,10 @@ class Appender:
         self.jobs += 1
         self.requests += 1
         if sync:
-            fut: asyncio.Future[Stored] = asyncio.get_running_loop().create_future()
-            self._durable.append(((fut, queue_id), results))
+            sink = _sink(then)
+            self._durable.append(((sink, queue_id), results))
             self._submit_soon()
-            return fut
+            return sink if then is None else None  # type: ignore[return-value]
         return queue_id, results
 
     async def _put_checked(self, window: DedupWindow, topic: str, queue_id: int, msgs: list[StoreMessage],
@@ -191,11 +232,12 @@ class Appender:
             log.exception("dispatch on the event loop failed; the dispatch thread takes over")
 
     # ---- the end of each loop iteration: merged appends, then one wait for durability -----------------
-    def _merge(self, msgs: list[StoreMessage], queue_id: int, sync: bool) -> asyncio.Future[Stored]:
-        fut: asyncio.Future[Stored] = asyncio.get_running_loop().create_future()
-        self._merging.setdefault((msgs[0].topic, msgs[0].queue_id), []).append((msgs, queue_id, sync, fut))
+    def _merge(self, msgs: list[StoreMessage], queue_id: int, sync: bool,
+               then: Then | None) -> asyncio.Future[Stored] | None:
+        sink = _sink(then)
+        self._merging.setdefault((msgs[0].topic, msgs[0].queue_id), []).append((msgs, queue_id, sync, sink))
         self._submit_soon()
-        return fut
+        return sink if then is None else None  # type: ignore[return-value]
 
     def _submit_soon(self) -> None:
         if not self._submit_scheduled:
@@ -289,6 +331,10 @@ class Appender:
         return out2
 
 
+def _sink(then: Then | None) -> _Sink:
+    return asyncio.get_running_loop().create_future() if then is None else _Callback(then)
+
+
 def _deliver(replies: list[_Reply], outcomes: list[_Outcome]) -> None:
     for (fut, qid), outcome in zip(replies, outcomes):
         if fut.done():  # the request was cancelled (its connection closed) meanwhile
@@ -300,7 +346,12 @@ def _deliver(replies: list[_Reply], outcomes: list[_Outcome]) -> None:
 
 
 def _confirm(groups: list[tuple[list[_Reply], list[_Outcome]]], error: BaseException | None) -> None:
-    """The group commit covered these iterations' appends (or failed: each of their requests gets the error)."""
-    for replies, outcomes in groups:
-        _deliver(replies, outcomes if error is None else [o if isinstance(o, BaseException) else error
-                                                          for o in outcomes])
+    """The group commit covered these iterations' appends (or failed: each of their requests gets the error).
+    What the callbacks write leaves here, in one write per connection, not at the loop's next iteration."""
+    batch = begin_writes()
+    try:
+        for replies, outcomes in groups:
+            _deliver(replies, outcomes if error is None else [o if isinstance(o, BaseException) else error
+                                                              for o in outcomes])
+    finally:
+        end_writes(batch)

@@ -501,6 +501,16 @@ class RemotingConnection(asyncio.BufferedProtocol):
             if self._blocked and not self._closed:
                 self._loop.call_soon(self._unblock)  # type: ignore[union-attr]
 
+    def answer(self, request: RemotingCommand, response: RemotingCommand | Exception) -> None:
+        """Answer a request whose handler returned None and counted it in :attr:`busy` (the caller takes it
+        off again): ``response``, or the error reply for the exception a handler would have raised. Written
+        with the other frames of this loop iteration (or of the open write batch, :func:`begin_writes`);
+        nothing when the request is oneway or the connection closed meanwhile."""
+        if not isinstance(response, RemotingCommand):
+            response = self._dispatcher.error_response(self, request, response)
+        self._active = True
+        self._answer(request, response)
+
     def _answer(self, request: RemotingCommand, response: RemotingCommand | None) -> None:
         if response is None or request.flag & FLAG_ONEWAY or self._closed:
             return
