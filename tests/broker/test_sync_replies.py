@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import threading
+import time
 from functools import partial
 from pathlib import Path
 
@@ -220,3 +222,44 @@ def test_sync_sends_through_the_broker_are_answered_and_leave_nothing_waiting(ma
     assert reply.code == 0 and len(reply.ext_fields["msgId"].split(",")) == 5
     assert [bytes(r.body) for r in b.pull_all("T", 0)][-5:] == [b"b%d" % i for i in range(5)]
     assert b.broker.send_processor.waiting == 0
+
+
+def test_a_graceful_stop_waits_for_the_replies_of_a_round_still_running(make_broker, monkeypatch) -> None:
+    b = make_broker(flush="sync", handle=Broker)
+    assert b.send("T", b"warm", {}).code == 0
+    held: list[BackgroundFlush] = []
+    real = BackgroundFlush.request
+
+    def request(self: BackgroundFlush) -> bool:  # the round is asked for only when the test says so
+        held.append(self)
+        return True
+
+    monkeypatch.setattr(BackgroundFlush, "request", request)
+    replies: list[object] = []
+
+    def send() -> None:
+        try:
+            replies.append(b.send_batch("T", [(b"x", {}), (b"y", {})], group="PG"))
+        except Exception as exc:  # the connection closed before the reply
+            replies.append(exc)
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    while not held:
+        time.sleep(0.005)
+    assert b.broker.send_processor.waiting == 1
+    stopper = threading.Thread(target=lambda: b.loop.run(b.broker.stop(), 30))
+    stopper.start()
+    while not b.broker.gate.stopping:
+        time.sleep(0.005)
+    time.sleep(0.2)  # the stop has reached its drain (without waiting for the reply it would be past it)
+
+    async def release() -> None:
+        real(held[0])
+
+    b.loop.run(release(), 10)
+    sender.join(30)
+    stopper.join(30)
+    (reply,) = replies
+    assert isinstance(reply, RemotingCommand) and reply.code == ResponseCode.SUCCESS
+    assert len(reply.ext_fields["msgId"].split(",")) == 2
