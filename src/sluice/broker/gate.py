@@ -13,6 +13,7 @@ from typing import Any
 
 from sluice.acl.guard import AclGuard
 from sluice.broker.acl import acl_check
+from sluice.broker.deferred import Deferred
 from sluice.broker.requests import Route
 from sluice.errors import ServiceNotAvailableError, SluiceError
 from sluice.protocol.codes import ResponseCode
@@ -77,8 +78,17 @@ class RequestGate:
             if result is None or isinstance(result, RemotingCommand):
                 self.in_flight -= 1
                 return result
+            if type(result) is Deferred:  # still in flight until the handler's own answer settles it
+                result.on_settle = lambda exc: self._settled(conn, request, exc)
+                return None
             return self._finish(conn, request, result)
         return guarded_now
+
+    def _settled(self, conn: RemotingConnection, request: RemotingCommand, exc: BaseException | None) -> None:
+        """A Deferred request was answered by its handler's callback."""
+        self.in_flight -= 1
+        if isinstance(exc, SluiceError):
+            log_refusal(conn, request, exc)
 
     async def _finish(self, conn: RemotingConnection, request: RemotingCommand,
                       pending: Awaitable[RemotingCommand | None]) -> RemotingCommand | None:
