@@ -174,3 +174,47 @@ def test_a_deferred_awaited_without_the_gate_gives_none() -> None:
     async def main() -> object:
         return await Deferred()
     assert asyncio.run(main()) is None
+
+
+# ---- through a real broker (in process) -------------------------------------------------------------------
+
+def _held_by_callback(b, n: int = 1) -> None:  # noqa: ANN001
+    import time
+    deadline = time.monotonic() + 5
+    while sum(len(v) for v in b.broker.hold._later_by_owner.values()) < n:
+        assert time.monotonic() < deadline, "the pull was not held by a callback"
+        time.sleep(0.005)
+
+
+def test_broker_holds_a_pull_without_a_task_and_answers_it(broker) -> None:  # noqa: ANN001
+    from test_broker_longpoll import _pull_in_thread
+    from broker_support import bodies
+    consumer, producer = broker.rpc(), broker.rpc()
+    producer.send("CB", b"first")
+    t, out = _pull_in_thread(consumer, "CB", offset=1, suspend_ms=10_000)
+    _held_by_callback(broker)
+    b = broker.broker
+    assert b.gate.in_flight == 1  # the held pull is still counted
+    conns = [c for c in b.server.connections if c.busy]
+    assert len(conns) == 1 and not conns[0]._tasks  # no handler task behind it
+    producer.send("CB", b"second")
+    t.join(10)
+    assert bodies(out["resp"]) == [b"second"]
+    assert b.gate.in_flight == 0 and b.hold.held_count == 0 and conns[0].busy == 0
+
+
+def test_a_pull_woken_before_dispatch_caught_up_waits_for_it_then_answers(broker) -> None:  # noqa: ANN001
+    """The wake value says how far dispatch must be; one it has not reached (the dispatch thread lags) is
+    waited for off the loop (here it never comes: the wait's 1 s bound ends it) and the pull is answered."""
+    from test_broker_longpoll import _pull_in_thread
+    from sluice.protocol.codes import ResponseCode
+    consumer, producer = broker.rpc(), broker.rpc()
+    producer.send("Lag", b"first")
+    t, out = _pull_in_thread(consumer, "Lag", offset=1, suspend_ms=10_000)
+    _held_by_callback(broker)
+    b = broker.broker
+    b.hold._loop.call_soon_threadsafe(b.hold._arrived, {("Lag", 0): [(1, 0, {})]}, 1 << 50)
+    t.join(10)
+    assert out["resp"].code == ResponseCode.PULL_NOT_FOUND  # nothing new: pulled again, answered as it is
+    assert b.gate.in_flight == 0 and b.hold.held_count == 0
+    assert all(c.busy == 0 for c in b.server.connections)
