@@ -121,6 +121,33 @@ def test_close_releases_the_owners_pulls_only() -> None:
     asyncio.run(main())
 
 
+def test_a_pull_held_for_a_closed_connection_is_released_at_once() -> None:
+    class _Closed(_Owner):
+        def on_close(self, cb) -> None:  # noqa: ANN001
+            cb(self)  # as RemotingConnection.on_close does once closed
+
+    async def main() -> None:
+        hold = HoldService(lambda t, q: 0, check_interval_s=3600)
+        hold.start()
+        owner, calls = _Closed(), []
+        assert hold.hold_then("T", 0, 0, None, 3600, owner, _recorder(calls)) == HELD
+        assert calls == [(CLOSED, False)] and hold.held_count == 0 and not hold._held
+        assert hold._later_by_owner == {} and hold._per_owner == {} and owner not in hold._watched_owners
+        await hold.stop()
+    asyncio.run(main())
+
+
+def test_gate_counts_a_deferred_settled_before_it_returned_as_done() -> None:
+    gate = RequestGate()
+
+    def handler(conn, request):  # noqa: ANN001, ANN202
+        d = Deferred()
+        d.settle()
+        return d
+
+    assert gate.guard(handler)(_Conn(), RemotingCommand.request(11)) is None and gate.in_flight == 0
+
+
 def test_limits_and_a_grown_queue() -> None:
     async def main() -> None:
         sizes = {("T", 0): 0, ("T", 1): 5}

@@ -14,14 +14,21 @@ __all__ = ["Deferred"]
 
 
 class Deferred:
-    __slots__ = ("on_settle",)
+    __slots__ = ("on_settle", "settled", "exc")
 
     def __init__(self) -> None:
         #: Set by whoever counts the request (the gate); called once, with the refusal if the answer was one.
         self.on_settle: Callable[[BaseException | None], None] | None = None
+        #: Settled already (maybe before the gate saw it: the gate then counts it done at once).
+        self.settled = False
+        self.exc: BaseException | None = None
 
     def settle(self, exc: BaseException | None = None) -> None:
         """The request is answered (or needs no answer any more); later calls do nothing."""
+        if self.settled:
+            return
+        self.settled = True
+        self.exc = exc
         cb = self.on_settle
         if cb is not None:
             self.on_settle = None

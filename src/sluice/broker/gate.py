@@ -79,7 +79,10 @@ class RequestGate:
                 self.in_flight -= 1
                 return result
             if type(result) is Deferred:  # still in flight until the handler's own answer settles it
-                result.on_settle = lambda exc: self._settled(conn, request, exc)
+                if result.settled:  # answered (or dropped) already
+                    self._settled(conn, request, result.exc)
+                else:
+                    result.on_settle = lambda exc: self._settled(conn, request, exc)
                 return None
             return self._finish(conn, request, result)
         return guarded_now

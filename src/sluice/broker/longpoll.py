@@ -250,11 +250,11 @@ class HoldService:
         mine_later = self._later_by_owner.get(owner)
         if mine_later is None:
             mine_later = self._later_by_owner[owner] = {}
-            if owner not in self._watched_owners:  # one hook per connection, kept until it closes
-                self._watched_owners.add(owner)
-                owner.on_close(self._owner_closed)  # type: ignore[attr-defined]
         mine_later[later] = None
         later.timer = loop.call_at(loop.time() + max(0.0, timeout_s), later.expire)
+        if owner not in self._watched_owners:  # one hook per connection, kept until it closes
+            self._watched_owners.add(owner)
+            owner.on_close(self._owner_closed)  # type: ignore[attr-defined]  # at once if closed: CLOSED now
         return HELD
 
     def _settle(self, later: _Later) -> None:

@@ -31,7 +31,7 @@ from sluice.broker.filtering import (
     CLASS_FILTER, SQL92_DISABLED, CompiledSubscription, SelectorFilter, SqlFilterDisabledError,
 )
 from sluice.broker.deferred import Deferred
-from sluice.broker.longpoll import CLOSED, FULL, HoldService
+from sluice.broker.longpoll import CLOSED, FULL, HELD, HoldService
 from sluice.broker.offsets import ConsumerOffsetManager
 from sluice.broker.pool import BlockingPool
 from sluice.broker.retry import retry_filter
@@ -301,13 +301,14 @@ class PullProcessor:
             conn.respond(request, response)
             deferred.settle()
 
+        conn.busy += 1  # not idle while held (as a handler task would keep it); ``then`` may run at once (closed)
         state = self.hold.hold_then(h.topic, h.queue_id, h.queue_offset, mf, max(0, timeout_ms) / 1000.0, conn, then)
+        if state == HELD:
+            return deferred
+        conn.busy -= 1
         if state == FULL:
             return self._answer(request, h, res, code)
-        if state == 0:  # the queue grew meanwhile: pull again now
-            return self._answer_now(request, h, max_msgs, mf, max_bytes)
-        conn.busy += 1  # not idle while held (as a handler task would keep it)
-        return deferred
+        return self._answer_now(request, h, max_msgs, mf, max_bytes)  # the queue grew meanwhile: pull again now
 
     def _answer_now(self, request: RemotingCommand, h: PullMessageRequestHeader, max_msgs: int,
                     mf: SelectorFilter | None, max_bytes: int | None) -> RemotingCommand:
