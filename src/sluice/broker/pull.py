@@ -107,6 +107,8 @@ class PullProcessor:
         self.compiler = compiler or SelectorCompiler(
             max_per_client_per_minute=config.max_selector_compiles_per_client_per_minute)
         self.pulled_messages = 0
+        #: Tasks of woken held pulls waiting for dispatch to catch up before their answer.
+        self._late: set[asyncio.Task[None]] = set()
         #: Told of each answered pull (topic, group, messages, bytes): the broker's stats.py.
         self.on_get: Callable[[str, str, int, int], None] | None = None
 
@@ -289,8 +291,10 @@ class PullProcessor:
                 return
             if woke > 0 and self.store.dispatch.reput_offset < woke:  # dispatch lags (its thread): wait off-loop
                 conn.busy += 1
-                asyncio.get_running_loop().create_task(self._late_answer(conn, request, h, max_msgs, mf, max_bytes,
-                                                                         woke, deferred))
+                task = asyncio.get_running_loop().create_task(
+                    self._late_answer(conn, request, h, max_msgs, mf, max_bytes, woke, deferred))
+                self._late.add(task)  # the loop keeps only a weak reference to a task
+                task.add_done_callback(self._late.discard)
                 return
             try:
                 response = self._answer_now(request, h, max_msgs, mf, max_bytes)
