@@ -2,7 +2,8 @@
 requests in flight (a graceful stop drains them) and the refusal log.
 
 A plain-function handler stays one (the remoting layer answers it without a task) and may return an awaitable
-for the requests it cannot answer at once; an ``async def`` one stays async.
+for the requests it cannot answer at once, or a ``Deferred`` (broker/deferred.py) when it answers them itself
+later (a held pull's callback: no task, no coroutine); an ``async def`` one stays async.
 """
 from __future__ import annotations
 
