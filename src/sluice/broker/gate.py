@@ -2,7 +2,8 @@
 requests in flight (a graceful stop drains them) and the refusal log.
 
 A plain-function handler stays one (the remoting layer answers it without a task) and may return an awaitable
-for the requests it cannot answer at once; an ``async def`` one stays async.
+for the requests it cannot answer at once, or a ``Deferred`` (broker/deferred.py) when it answers them itself
+later (a held pull's callback: no task, no coroutine); an ``async def`` one stays async.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 
 from sluice.acl.guard import AclGuard
 from sluice.broker.acl import acl_check
+from sluice.broker.deferred import Deferred
 from sluice.broker.requests import Route
 from sluice.errors import ServiceNotAvailableError, SluiceError
 from sluice.protocol.codes import ResponseCode
@@ -77,8 +79,20 @@ class RequestGate:
             if result is None or isinstance(result, RemotingCommand):
                 self.in_flight -= 1
                 return result
+            if type(result) is Deferred:  # still in flight until the handler's own answer settles it
+                if result.settled:  # answered (or dropped) already
+                    self._settled(conn, request, result.exc)
+                else:
+                    result.on_settle = lambda exc: self._settled(conn, request, exc)
+                return None
             return self._finish(conn, request, result)
         return guarded_now
+
+    def _settled(self, conn: RemotingConnection, request: RemotingCommand, exc: BaseException | None) -> None:
+        """A Deferred request was answered by its handler's callback."""
+        self.in_flight -= 1
+        if isinstance(exc, SluiceError):
+            log_refusal(conn, request, exc)
 
     async def _finish(self, conn: RemotingConnection, request: RemotingCommand,
                       pending: Awaitable[RemotingCommand | None]) -> RemotingCommand | None:

@@ -28,6 +28,16 @@ each woken pull reads the store and answers on the loop. At most
 (already out of the structure, so the dispatch thread no longer sees them) and
 are woken in the next iterations, so the loop polls its sockets between
 slices and other clients' requests are read and answered meanwhile.
+
+Two ways to hold: :meth:`HoldService.hold` (a coroutine awaiting a Future under
+``asyncio.timeout``) and :meth:`HoldService.hold_then` (a plain callback, the
+broker's pull path). A woken ``hold_then`` pull costs no future, task,
+coroutine resume or timeout context: its callback runs from one ``call_soon``
+batch in the next loop iteration (dispatchers run before the consume-queue
+units exist, so not at once), inside one write batch so each connection's
+answers leave in one write; its timeout is one ``call_at`` handle, cancelled
+(O(1)) when it is woken; a connection's close (one ``on_close`` hook per
+connection) hands its pulls ``CLOSED``.
 """
 from __future__ import annotations
 
@@ -43,8 +53,9 @@ from sluice.filter.tagcode import tag_code
 from sluice.protocol.properties import decode_properties
 from sluice.store.dispatch_columns import DispatchBatch
 from sluice.store.types import DispatchRequest
+from sluice.transport.connection import begin_writes, end_writes
 
-__all__ = ["HoldService", "TIMED_OUT", "FULL"]
+__all__ = ["HoldService", "TIMED_OUT", "FULL", "CLOSED", "HELD"]
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +64,10 @@ Key = tuple[str, int]
 TIMED_OUT = -1
 #: ``hold()`` result, at once, when the connection or the broker holds as many pulls as allowed.
 FULL = -2
+#: ``hold_then()`` callback value when the pull's connection closed: nothing is to be answered.
+CLOSED = -3
+#: ``hold_then()`` result: held, its callback will be called once.
+HELD = 1
 
 
 @dataclass(eq=False, slots=True)
@@ -61,7 +76,40 @@ class _Held:
     offset: int
     filter: SelectorFilter | None
     owner: object
-    future: asyncio.Future[int] = field(repr=False)
+    #: What a wake-up sets: the coroutine's Future (hold) or the callback's _Later (hold_then).
+    future: asyncio.Future[int] | _Later = field(repr=False)
+
+
+class _Later:
+    """A ``hold_then`` pull's waiter, shaped like the Future the rest of the service sets (done, set_result)."""
+    __slots__ = ("service", "held", "then", "timer", "fired")
+
+    def __init__(self, service: HoldService, then: Callable[[int], None]) -> None:
+        self.service = service
+        self.then = then
+        self.held: _Held | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.fired = False
+
+    def done(self) -> bool:
+        return self.fired
+
+    def set_result(self, value: int) -> None:
+        """Woken (or stopping): leave the counts now, run the callback in the next firing batch."""
+        if self.fired:
+            return
+        self.service._settle(self)
+        self.service._fire(self.then, value)
+
+    def expire(self) -> None:
+        """The timer: the pull's suspend timeout passed with nothing for it."""
+        if self.fired:
+            return
+        service = self.service
+        service.timed_out += 1
+        service._remove(self.held)  # type: ignore[arg-type]
+        self.timer = None
+        self.set_result(TIMED_OUT)
 
 
 class HoldService:
@@ -99,6 +147,12 @@ class HoldService:
         #: Held pulls taken out of the structure (for tests: releasing n pulls is n removals, no scans).
         self.removals = 0
         self._full_logged_at = 0.0
+        #: hold_then pulls by owner (released when the owner closes), and the owners whose close is watched.
+        self._later_by_owner: dict[object, dict[_Later, None]] = {}
+        self._watched_owners: set[object] = set()
+        #: hold_then callbacks to call in the next firing batch (one call_soon for all of them).
+        self._firing: list[tuple[Callable[[int], None], int]] = []
+        self._fire_scheduled = False
 
     # ---- lifecycle (event loop) --------------------------------------------------------------------
     def start(self) -> None:
@@ -117,6 +171,7 @@ class HoldService:
             h, value = self._to_wake.popleft()
             if not h.future.done():
                 h.future.set_result(value)
+        self._fire_all()  # hold_then pulls are answered now, before the broker waits for requests in flight
 
     @property
     def held_count(self) -> int:
@@ -166,6 +221,91 @@ class HoldService:
                 per_owner[owner] = left
             else:
                 del per_owner[owner]
+
+    def hold_then(self, topic: str, queue_id: int, offset: int, message_filter: SelectorFilter | None,
+                  timeout_s: float, owner: object, then: Callable[[int], None]) -> int:
+        """:meth:`hold` without a coroutine: HELD, and later ``then`` is called once (on the loop) with what
+        ``hold`` would return (or CLOSED when ``owner``'s connection closed first); FULL at once (not held)
+        over the limits; 0 at once (not held) when the queue grew past ``offset`` already (pull again).
+        ``owner`` needs ``on_close(callback)`` (a RemotingConnection)."""
+        per_owner = self._per_owner
+        mine = per_owner.get(owner, 0)
+        if mine >= self.max_per_owner or self._count >= self.max_total:
+            self.refused_full += 1
+            self._log_full(owner, mine)
+            return FULL
+        if self._max_offset(topic, queue_id) > offset:
+            self.woken_by_check += 1
+            return 0
+        loop = self._loop or asyncio.get_running_loop()
+        key = (topic, queue_id)
+        later = _Later(self, then)
+        h = later.held = _Held(key, offset, message_filter, owner, later)
+        waiters = self._held.get(key)
+        if waiters is None:
+            waiters = self._held[key] = {}
+        waiters[h] = None
+        self._count += 1
+        per_owner[owner] = mine + 1
+        mine_later = self._later_by_owner.get(owner)
+        if mine_later is None:
+            mine_later = self._later_by_owner[owner] = {}
+        mine_later[later] = None
+        later.timer = loop.call_at(loop.time() + max(0.0, timeout_s), later.expire)
+        if owner not in self._watched_owners:  # one hook per connection, kept until it closes
+            self._watched_owners.add(owner)
+            owner.on_close(self._owner_closed)  # type: ignore[attr-defined]  # at once if closed: CLOSED now
+        return HELD
+
+    def _settle(self, later: _Later) -> None:
+        """A hold_then pull leaves the counts (it is out of the structure already, or taken out here)."""
+        later.fired = True
+        h = later.held
+        assert h is not None
+        self._remove(h)
+        if later.timer is not None:
+            later.timer.cancel()
+            later.timer = None
+        self._count -= 1
+        owner = h.owner
+        left = self._per_owner[owner] - 1
+        if left:
+            self._per_owner[owner] = left
+        else:
+            del self._per_owner[owner]
+        mine = self._later_by_owner[owner]
+        del mine[later]
+        if not mine:
+            del self._later_by_owner[owner]
+
+    def _owner_closed(self, owner: object) -> None:
+        self._watched_owners.discard(owner)
+        for later in list(self._later_by_owner.get(owner, ())):
+            self._settle(later)
+            later.then(CLOSED)
+
+    def _fire(self, then: Callable[[int], None], value: int) -> None:
+        self._firing.append((then, value))
+        if not self._fire_scheduled:
+            self._fire_scheduled = True
+            (self._loop or asyncio.get_running_loop()).call_soon(self._fire_all)
+
+    def _fire_all(self) -> None:
+        """Call the woken pulls' callbacks, in one write batch: a connection's answers leave in one write, in
+        this iteration."""
+        self._fire_scheduled = False
+        firing, self._firing = self._firing, []
+        if not firing:
+            return
+        batch = begin_writes()
+        try:
+            for then, value in firing:
+                try:
+                    then(value)
+                except Exception:  # a callback answers its own errors; this is a bug: log it, go on
+                    log.exception("answering a held pull failed")
+        finally:
+            end_writes(batch)
 
     def _remove(self, h: _Held) -> None:
         waiters = self._held.get(h.key)

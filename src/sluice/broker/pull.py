@@ -19,6 +19,7 @@ the filter servers pull it and run the class.
 """
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -29,7 +30,8 @@ from sluice.broker.filter_data import LIVE_MARGIN_MS, ConsumerFilterData, Consum
 from sluice.broker.filtering import (
     CLASS_FILTER, SQL92_DISABLED, CompiledSubscription, SelectorFilter, SqlFilterDisabledError,
 )
-from sluice.broker.longpoll import FULL, HoldService
+from sluice.broker.deferred import Deferred
+from sluice.broker.longpoll import CLOSED, FULL, HELD, HoldService
 from sluice.broker.offsets import ConsumerOffsetManager
 from sluice.broker.pool import BlockingPool
 from sluice.broker.retry import retry_filter
@@ -105,6 +107,8 @@ class PullProcessor:
         self.compiler = compiler or SelectorCompiler(
             max_per_client_per_minute=config.max_selector_compiles_per_client_per_minute)
         self.pulled_messages = 0
+        #: Tasks of woken held pulls waiting for dispatch to catch up before their answer.
+        self._late: set[asyncio.Task[None]] = set()
         #: Told of each answered pull (topic, group, messages, bytes): the broker's stats.py.
         self.on_get: Callable[[str, str, int, int], None] | None = None
 
@@ -267,8 +271,69 @@ class PullProcessor:
         res = self._get_now(h, max_msgs, mf, max_bytes)
         code = pull_response_code(res.status, h.queue_offset)
         if code == _R.PULL_NOT_FOUND and h.sys_flag & FLAG_SUSPEND:
-            return self._wait_and_answer(conn, request, h, max_msgs, mf, max_bytes, res)
+            return self._hold_then_answer(conn, request, h, max_msgs, mf, max_bytes, res, code)
         return self._answer(request, h, res, code)
+
+    def _hold_then_answer(self, conn: RemotingConnection, request: RemotingCommand, h: PullMessageRequestHeader,
+                          max_msgs: int, mf: SelectorFilter | None, max_bytes: int | None,
+                          res: GetMessageResult, code: int) -> Any:
+        """:meth:`_wait_and_answer` for a pull read on the loop, without a task: the hold service calls back
+        when it is woken (or times out) and the callback pulls once more and writes the answer on ``conn``
+        itself; the gate counts the request in flight until then (``Deferred``)."""
+        config = self.config
+        timeout_ms = h.suspend_timeout_millis if config.long_polling_enable else config.short_polling_ms
+        deferred = Deferred()
+
+        def then(woke: int) -> None:
+            conn.busy -= 1
+            if woke == CLOSED:
+                deferred.settle()
+                return
+            if woke > 0 and self.store.dispatch.reput_offset < woke:  # dispatch lags (its thread): wait off-loop
+                conn.busy += 1
+                task = asyncio.get_running_loop().create_task(
+                    self._late_answer(conn, request, h, max_msgs, mf, max_bytes, woke, deferred))
+                self._late.add(task)  # the loop keeps only a weak reference to a task
+                task.add_done_callback(self._late.discard)
+                return
+            try:
+                response = self._answer_now(request, h, max_msgs, mf, max_bytes)
+            except Exception as exc:
+                conn.respond_error(request, exc)
+                deferred.settle(exc)
+                return
+            conn.respond(request, response)
+            deferred.settle()
+
+        conn.busy += 1  # not idle while held (as a handler task would keep it); ``then`` may run at once (closed)
+        state = self.hold.hold_then(h.topic, h.queue_id, h.queue_offset, mf, max(0, timeout_ms) / 1000.0, conn, then)
+        if state == HELD:
+            return deferred
+        conn.busy -= 1
+        if state == FULL:
+            return self._answer(request, h, res, code)
+        return self._answer_now(request, h, max_msgs, mf, max_bytes)  # the queue grew meanwhile: pull again now
+
+    def _answer_now(self, request: RemotingCommand, h: PullMessageRequestHeader, max_msgs: int,
+                    mf: SelectorFilter | None, max_bytes: int | None) -> RemotingCommand:
+        res = self._get_now(h, max_msgs, mf, max_bytes)
+        return self._answer(request, h, res, pull_response_code(res.status, h.queue_offset))
+
+    async def _late_answer(self, conn: RemotingConnection, request: RemotingCommand, h: PullMessageRequestHeader,
+                           max_msgs: int, mf: SelectorFilter | None, max_bytes: int | None, woke: int,
+                           deferred: Deferred) -> None:
+        exc: Exception | None = None
+        try:
+            await self.pool.run(self.store.dispatch.wait_for, woke, 1.0)
+            response = self._answer_now(request, h, max_msgs, mf, max_bytes)
+        except Exception as e:
+            exc = e
+            conn.respond_error(request, e)
+        else:
+            conn.respond(request, response)
+        finally:
+            conn.busy -= 1
+            deferred.settle(exc)
 
     async def _wait_and_answer(self, conn: RemotingConnection, request: RemotingCommand,
                                h: PullMessageRequestHeader, max_msgs: int,

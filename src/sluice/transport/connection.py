@@ -519,6 +519,17 @@ class RemotingConnection(asyncio.BufferedProtocol):
         except SluiceError as exc:  # a response that cannot be encoded
             log.error("could not answer request code %d from %s: %s", request.code, self.peer, exc)
 
+    def respond(self, request: RemotingCommand, response: RemotingCommand | None) -> None:
+        """Answer ``request`` later, outside its handler (whose result was None): a held pull's callback. The
+        frame leaves with this iteration's other writes (in the open write batch, or one call_soon flush)."""
+        self._active = True
+        self._answer(request, response)
+
+    def respond_error(self, request: RemotingCommand, exc: Exception) -> None:
+        """Answer ``request`` later with the error response ``exc`` maps to (as a handler raising it would)."""
+        self._active = True
+        self._answer(request, self._dispatcher.error_response(self, request, exc))
+
     def _hold(self, request: RemotingCommand) -> None:
         """Keep a request until we may serve it again, and stop reading: the rest waits in TCP buffers."""
         self._held.append(request)
