@@ -376,7 +376,7 @@ class BrokerController:
         if self.filter_server_children is not None:
             await self.filter_server_children.stop()
         deadline = time.monotonic() + DRAIN_TIMEOUT_S
-        while (self.gate.in_flight > 0 or self.send_processor.waiting > 0) and time.monotonic() < deadline:
+        while self.gate.in_flight > 0 and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         await self.server.close()
         loop = asyncio.get_running_loop()

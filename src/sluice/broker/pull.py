@@ -299,10 +299,10 @@ class PullProcessor:
             try:
                 response = self._answer_now(request, h, max_msgs, mf, max_bytes)
             except Exception as exc:
-                conn.respond_error(request, exc)
+                conn.answer(request, exc)
                 deferred.settle(exc)
                 return
-            conn.respond(request, response)
+            conn.answer(request, response)
             deferred.settle()
 
         conn.busy += 1  # not idle while held (as a handler task would keep it); ``then`` may run at once (closed)
@@ -328,9 +328,9 @@ class PullProcessor:
             response = self._answer_now(request, h, max_msgs, mf, max_bytes)
         except Exception as e:
             exc = e
-            conn.respond_error(request, e)
+            conn.answer(request, e)
         else:
-            conn.respond(request, response)
+            conn.answer(request, response)
         finally:
             conn.busy -= 1
             deferred.settle(exc)

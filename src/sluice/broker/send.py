@@ -33,6 +33,7 @@ from typing import Any
 
 from sluice.broker.appender import Appender, Payload, Prepare, Stored
 from sluice.broker.dedup import DedupWindow
+from sluice.broker.deferred import Deferred
 from sluice.broker.refusal_log import RefusalLog
 from sluice.broker.schedule import TIMER_TOPIC
 from sluice.broker.subgroups import SubscriptionGroupManager
@@ -43,7 +44,7 @@ from sluice.errors import (InvalidParameterError, MessageIllegalError, NoPermiss
 from sluice.format import FLAG_TRANSACTION_ROLLBACK, TRANSACTION_MASK
 from sluice.protocol import properties as P
 from sluice.protocol.batch import decode_batch_messages
-from sluice.protocol.codes import RequestCode, ResponseCode
+from sluice.protocol.codes import RequestCode
 from sluice.protocol.command import RemotingCommand
 from sluice.protocol.headers import SendMessageRequestHeader
 from sluice.protocol.record import FLAG_COMPRESSED, check_topic
@@ -126,16 +127,14 @@ class SendProcessor:
         self.reject_transactions = reject_transactions  # rejectTransactionMessage
         self.cluster_name = cluster_name
         self.refusals = RefusalLog(log, "send")
-        #: Requests stored and waiting for their durable reply (answered by a callback, counted in no
-        #: task): the broker's stop waits for them as for the requests in flight.
-        self.waiting = 0
 
     def handle(self, conn: RemotingConnection, request: RemotingCommand) -> Any:
         """A plain handler: answered at once when the append need not wait (asynchronous flush, a batch:
         no task, no loop iteration); otherwise (single sends merged with the others of this loop
         iteration, the duplicate window) returns the coroutine that finishes it. Under synchronous flush
-        (no duplicate window) returns None and the reply is written by a callback once the fsync round
-        covers it (with the round's other replies: Appender), with no task per request. A batch
+        (no duplicate window) returns a Deferred (broker/deferred.py: the gate counts it in flight, so a
+        stop waits for it) and the reply is written by a callback once the fsync round covers it (with the
+        round's other replies: Appender), with no task per request. A batch
         is encoded straight to records under either flush mode: under synchronous flush it is appended at
         once too and only its reply waits for the iteration's group commit."""
         appender = self.appender
@@ -153,36 +152,32 @@ class SendProcessor:
         # A half message is never delayed: its DELAY applies when it is committed.
         prepare = self.divert if type(payload) is not list or payload[0].topic != HALF_TOPIC else None
         if sync and window is None:
+            deferred = Deferred()
             result = appender.put(topic, queue_id, payload, sync=True, prepare=prepare,
-                                  then=partial(self._answer, conn, request, batch))
+                                  then=partial(self._answer, conn, request, batch, deferred))
             if result is None:  # answered by _answer, never before put returned
                 conn.busy += 1
-                self.waiting += 1
-                return None
+                return deferred
         else:
             result = appender.put(topic, queue_id, payload, dedup=window, sync=sync, prepare=prepare)
         if type(result) is tuple:
             return request.make_response(ext_fields=_reply_fields(result, batch))
         return self._reply_later(request, result, batch)  # type: ignore[arg-type]
 
-    def _answer(self, conn: RemotingConnection, request: RemotingCommand, batch: bool, stored: Stored | None,
-                error: BaseException | None) -> None:
-        """A stored request's reply, once durable or failed (on the loop, from the Appender)."""
+    def _answer(self, conn: RemotingConnection, request: RemotingCommand, batch: bool, deferred: Deferred,
+                stored: Stored | None, error: BaseException | None) -> None:
+        """A stored request's reply, once durable or failed (on the loop, from the Appender); settling the
+        Deferred ends the request for the gate, which logs a refusal as it logs a handler's."""
         conn.busy -= 1
-        self.waiting -= 1
         response: RemotingCommand | Exception
         try:
             if error is not None:
                 raise error
             response = request.make_response(ext_fields=_reply_fields(stored, batch))  # type: ignore[arg-type]
-        except SluiceError as exc:  # logged as gate.log_refusal logs what a handler's awaitable raised
-            log.log(logging.WARNING if exc.code == ResponseCode.SYSTEM_ERROR else logging.DEBUG,
-                    "request code %d from %s refused (%s): %s", request.code, conn.peer,
-                    getattr(exc.code, "name", exc.code), exc)
-            response = exc
         except Exception as exc:
             response = exc
         conn.answer(request, response)
+        deferred.settle(response if isinstance(response, Exception) else None)
 
     @staticmethod
     async def _reply_later(request: RemotingCommand, pending: Any, batch: bool) -> RemotingCommand:

@@ -502,8 +502,9 @@ class RemotingConnection(asyncio.BufferedProtocol):
                 self._loop.call_soon(self._unblock)  # type: ignore[union-attr]
 
     def answer(self, request: RemotingCommand, response: RemotingCommand | Exception) -> None:
-        """Answer a request whose handler returned None and counted it in :attr:`busy` (the caller takes it
-        off again): ``response``, or the error reply for the exception a handler would have raised. Written
+        """Answer a request outside its handler, whose result was None (a sync-flush send's reply from its fsync
+        round, a held pull's callback): ``response``, or the error reply for the exception a handler would
+        have raised. The caller keeps the request counted in :attr:`busy` meanwhile if it must. Written
         with the other frames of this loop iteration (or of the open write batch, :func:`begin_writes`);
         nothing when the request is oneway or the connection closed meanwhile."""
         if not isinstance(response, RemotingCommand):
@@ -518,17 +519,6 @@ class RemotingConnection(asyncio.BufferedProtocol):
             self._write(response, request.opaque, response.flag | FLAG_RESPONSE, request.serialize_type)
         except SluiceError as exc:  # a response that cannot be encoded
             log.error("could not answer request code %d from %s: %s", request.code, self.peer, exc)
-
-    def respond(self, request: RemotingCommand, response: RemotingCommand | None) -> None:
-        """Answer ``request`` later, outside its handler (whose result was None): a held pull's callback. The
-        frame leaves with this iteration's other writes (in the open write batch, or one call_soon flush)."""
-        self._active = True
-        self._answer(request, response)
-
-    def respond_error(self, request: RemotingCommand, exc: Exception) -> None:
-        """Answer ``request`` later with the error response ``exc`` maps to (as a handler raising it would)."""
-        self._active = True
-        self._answer(request, self._dispatcher.error_response(self, request, exc))
 
     def _hold(self, request: RemotingCommand) -> None:
         """Keep a request until we may serve it again, and stop reading: the rest waits in TCP buffers."""
