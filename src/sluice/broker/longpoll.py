@@ -187,21 +187,10 @@ class HoldService:
         """Wait for a message past ``offset``; returns the commit-log offset dispatch must reach, 0 when
         only a re-check noticed it, TIMED_OUT, or FULL at once (unheld) when ``owner`` (the connection)
         or the broker holds as many pulls as allowed."""
-        per_owner = self._per_owner
-        mine = per_owner.get(owner, 0)
-        if mine >= self.max_per_owner or self._count >= self.max_total:
-            self.refused_full += 1
-            self._log_full(owner, mine)
+        if not self._admit(owner):
             return FULL
-        loop = asyncio.get_running_loop()
-        key = (topic, queue_id)
-        h = _Held(key, offset, message_filter, owner, loop.create_future())
-        waiters = self._held.get(key)
-        if waiters is None:
-            waiters = self._held[key] = {}
-        waiters[h] = None
-        self._count += 1
-        per_owner[owner] = mine + 1
+        h = _Held((topic, queue_id), offset, message_filter, owner, asyncio.get_running_loop().create_future())
+        self._enter(h)
         try:
             # The queue may have grown between the pull and now (a send raced us): re-check first.
             if self._max_offset(topic, queue_id) > offset:
@@ -215,12 +204,7 @@ class HoldService:
                 return TIMED_OUT
         finally:  # also when cancelled: the connection closed (its handler tasks are cancelled)
             self._remove(h)
-            self._count -= 1
-            left = per_owner[owner] - 1
-            if left:
-                per_owner[owner] = left
-            else:
-                del per_owner[owner]
+            self._leave(owner)
 
     def hold_then(self, topic: str, queue_id: int, offset: int, message_filter: SelectorFilter | None,
                   timeout_s: float, owner: object, then: Callable[[int], None]) -> int:
@@ -228,25 +212,15 @@ class HoldService:
         ``hold`` would return (or CLOSED when ``owner``'s connection closed first); FULL at once (not held)
         over the limits; 0 at once (not held) when the queue grew past ``offset`` already (pull again).
         ``owner`` needs ``on_close(callback)`` (a RemotingConnection)."""
-        per_owner = self._per_owner
-        mine = per_owner.get(owner, 0)
-        if mine >= self.max_per_owner or self._count >= self.max_total:
-            self.refused_full += 1
-            self._log_full(owner, mine)
+        if not self._admit(owner):
             return FULL
         if self._max_offset(topic, queue_id) > offset:
             self.woken_by_check += 1
             return 0
         loop = self._loop or asyncio.get_running_loop()
-        key = (topic, queue_id)
         later = _Later(self, then)
-        h = later.held = _Held(key, offset, message_filter, owner, later)
-        waiters = self._held.get(key)
-        if waiters is None:
-            waiters = self._held[key] = {}
-        waiters[h] = None
-        self._count += 1
-        per_owner[owner] = mine + 1
+        h = later.held = _Held((topic, queue_id), offset, message_filter, owner, later)
+        self._enter(h)
         mine_later = self._later_by_owner.get(owner)
         if mine_later is None:
             mine_later = self._later_by_owner[owner] = {}
@@ -266,13 +240,8 @@ class HoldService:
         if later.timer is not None:
             later.timer.cancel()
             later.timer = None
-        self._count -= 1
         owner = h.owner
-        left = self._per_owner[owner] - 1
-        if left:
-            self._per_owner[owner] = left
-        else:
-            del self._per_owner[owner]
+        self._leave(owner)
         mine = self._later_by_owner[owner]
         del mine[later]
         if not mine:
@@ -306,6 +275,34 @@ class HoldService:
                     log.exception("answering a held pull failed")
         finally:
             end_writes(batch)
+
+    def _admit(self, owner: object) -> bool:
+        """Whether one more pull may be held for ``owner`` (the connection) and in all; a refusal is counted
+        and logged (rate-limited)."""
+        mine = self._per_owner.get(owner, 0)
+        if mine >= self.max_per_owner or self._count >= self.max_total:
+            self.refused_full += 1
+            self._log_full(owner, mine)
+            return False
+        return True
+
+    def _enter(self, h: _Held) -> None:
+        """Hold ``h``: in its queue's waiters (what a wake-up finds) and in the counts the limits read."""
+        waiters = self._held.get(h.key)
+        if waiters is None:
+            waiters = self._held[h.key] = {}
+        waiters[h] = None
+        self._count += 1
+        self._per_owner[h.owner] = self._per_owner.get(h.owner, 0) + 1
+
+    def _leave(self, owner: object) -> None:
+        """A held pull of ``owner`` left the counts (its waiters entry is gone already: _remove)."""
+        self._count -= 1
+        left = self._per_owner[owner] - 1
+        if left:
+            self._per_owner[owner] = left
+        else:
+            del self._per_owner[owner]
 
     def _remove(self, h: _Held) -> None:
         waiters = self._held.get(h.key)
