@@ -33,10 +33,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from servers import SluiceProcess  # noqa: E402
+from servers import SluiceProcess, wait_for_route  # noqa: E402
 
 from sluice import AsyncProducer, ConsumeResult, Message, Producer, PushConsumer  # noqa: E402
-from sluice.namesrv.client import SyncNamesrvClient  # noqa: E402
 
 QUEUES = 8
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -232,16 +231,7 @@ def main() -> None:
         with SluiceProcess.start(["namesrv"], tmp, name="namesrv") as ns:
             with SluiceProcess.start(["broker", "--namesrv", ns.addr, "--store", str(tmp / "store")], tmp,
                                      name="broker") as broker:
-                with SyncNamesrvClient(ns.addr) as nc:
-                    deadline = time.monotonic() + 20
-                    while True:
-                        try:
-                            nc.get_route("TBW102")
-                            break
-                        except Exception:
-                            if time.monotonic() > deadline:
-                                raise
-                            time.sleep(0.1)
+                wait_for_route(ns.addr, "TBW102", timeout=20)  # the broker registered
                 for mode in ("live", "drain"):
                     rows = []
                     for k in (1, 2, 4):

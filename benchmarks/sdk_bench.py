@@ -28,11 +28,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from servers import SluiceProcess  # noqa: E402
+from servers import SluiceProcess, wait_for_route  # noqa: E402
 
 from sluice import AsyncProducer, Message, MessageQueue, Producer, PullConsumer, PullStatus  # noqa: E402
 from sluice.client.encoding import build_send_request, prepare_batch, prepare_message  # noqa: E402
-from sluice.namesrv.client import SyncNamesrvClient  # noqa: E402
 
 
 def bench_prepare(n: int) -> float:
@@ -153,14 +152,7 @@ def main() -> None:
     with SluiceProcess.start(["namesrv"], tmp, name="namesrv") as ns:
         broker_argv = ["broker", "--namesrv", ns.addr, "--store", str(tmp / "store"), "--flush", args.flush]
         with SluiceProcess.start(broker_argv, tmp, name="broker"):
-            with SyncNamesrvClient(ns.addr) as nc:
-                deadline = time.monotonic() + 20
-                while time.monotonic() < deadline:
-                    try:
-                        nc.get_route("TBW102")
-                        break
-                    except Exception:
-                        time.sleep(0.1)
+            wait_for_route(ns.addr, "TBW102", timeout=20)  # the broker registered
             rate, cpu = bench_common_produce(ns.addr, "BenchCommon", 32000 if args.quick else 128000)
             out["common_produce_msgs_per_s"] = round(rate)
             out["common_produce_client_cpu_us_per_msg"] = round(cpu, 2)

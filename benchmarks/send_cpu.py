@@ -29,10 +29,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from servers import SluiceProcess  # noqa: E402
+from servers import SluiceProcess, wait_for_route  # noqa: E402
 
 from sluice import AsyncProducer, Message, Producer  # noqa: E402
-from sluice.namesrv.client import SyncNamesrvClient  # noqa: E402
 
 TOPIC = "BenchSendCpu"
 _REGIONS = ("eu", "us", "ap", "sa", "af", "me", "oc", "na", "ca", "in")
@@ -137,14 +136,7 @@ def main() -> None:
     with SluiceProcess.start(["namesrv"], tmp, name="namesrv") as ns:
         broker_argv = ["broker", "--namesrv", ns.addr, "--store", str(tmp / "store"), "--flush", "async"]
         with SluiceProcess.start(broker_argv, tmp, name="broker"):
-            with SyncNamesrvClient(ns.addr) as nc:
-                deadline = time.monotonic() + 20
-                while time.monotonic() < deadline:
-                    try:
-                        nc.get_route("TBW102")
-                        break
-                    except Exception:
-                        time.sleep(0.1)
+            wait_for_route(ns.addr, "TBW102", timeout=20)  # the broker registered
             with Producer("BenchSendCpu", ns.addr) as p:
                 p.send(_msg(0))
                 async_burst(p, 2000)  # warm-up
