@@ -1,6 +1,7 @@
-"""The blocking Producer's single sends through SendCall against a real broker: a burst of send_async made while
-the loop thread is busy reaches it in one wake-up, and every message is still its own request with its own
-result; sync sends from several threads; an invalid message fails only its own future."""
+"""The blocking Producer's single sends through SendCall against a real broker: unordered sends written from the
+caller's thread; a burst of send_async made while the loop thread is busy (after one that must go through it)
+reaches it in one wake-up, and every message is still its own request with its own result; sync sends from
+several threads; an invalid message fails only its own future."""
 from __future__ import annotations
 
 import threading
@@ -55,3 +56,29 @@ def test_sync_sends_from_several_threads_each_get_their_own_result(cluster: Clus
         got = {m.msg_id: m.body for m in pull_all(c, topic, expect=200)}
     assert set(got) == set(ids)
     assert all(got[msg_id] == f"t{k}-{i}".encode() for k, part in results.items() for i, msg_id in enumerate(part))
+
+
+def test_unordered_sends_leave_from_the_callers_thread_and_ordered_ones_through_the_loop(cluster: Cluster,
+                                                                                      topic: str) -> None:
+    with Producer("PG_direct", cluster.ns) as p:
+        p.send(Message(topic, b"warm-up"))  # route cached and connection open
+        loop_thread = p._loop
+        assert loop_thread is not None
+        inst = p.async_producer.instance
+        conn = inst.remoting._conns[cluster.broker.addr]
+        before, wakeups = conn.thread_writes, loop_thread.wakeups
+        results = [f.result(30) for f in [p.send_async(Message(topic, f"d{i}".encode())) for i in range(50)]]
+        results += [p.send(Message(topic, f"s{i}".encode())) for i in range(10)]
+        assert all(r.status is SendStatus.SEND_OK for r in results) and len({r.msg_id for r in results}) == 60
+        # The loop thread may be writing something of its own at a send's moment (then that send goes through
+        # it); most leave from here, without waking it.
+        assert conn.thread_writes - before >= 30 and loop_thread.wakeups - wakeups < 30
+        queue = results[0].queue
+        ordered_before = conn.thread_writes
+        ordered = [p.send(Message(topic, b"q"), queue=queue),
+                   p.send(Message(topic, b"s"), selector=lambda qs, m, a: qs[0]),
+                   p.send_async(Message(topic, b"qa"), queue=queue).result(30)]
+        assert conn.thread_writes == ordered_before and all(r.status is SendStatus.SEND_OK for r in ordered)
+    with PullConsumer("CG_direct", cluster.ns) as c:
+        got = {m.msg_id: m.body for m in pull_all(c, topic, expect=64)}
+    assert {r.msg_id for r in results} <= set(got)

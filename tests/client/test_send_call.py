@@ -44,6 +44,7 @@ class FakeRemoting:
     script: list[Outcome]
     connected: set[str] = field(default_factory=lambda: set(BROKERS.values()))
     sent: list[tuple[str, RemotingCommand, str]] = field(default_factory=list)  # (addr, request, path)
+    loop: Any = None
 
     def _answer(self, addr: str, req: RemotingCommand, path: str) -> RemotingCommand | BaseException:
         self.sent.append((addr, req, path))
@@ -59,6 +60,16 @@ class FakeRemoting:
         else:
             asyncio.get_running_loop().call_soon(waiter.set_result, outcome)
         return len(self.sent)
+
+    def request_from_thread(self, addr: str, req: RemotingCommand, timeout: float, waiter: Any) -> bool:
+        """As RemotingClient's: written from the caller's thread (False when ``addr`` has no open connection),
+        answered on the loop thread (``loop``, set by the test)."""
+        if addr not in self.connected:
+            return False
+        outcome = self._answer(addr, req, "thread")
+        how = waiter.set_exception if isinstance(outcome, BaseException) else waiter.set_result
+        self.loop.call_soon_threadsafe(how, outcome)
+        return True
 
     async def invoke(self, addr: str, req: RemotingCommand, timeout: float) -> RemotingCommand:
         await asyncio.sleep(0)
@@ -239,3 +250,53 @@ def test_an_invalid_message_never_reaches_the_wire() -> None:
     cancelled.cancel()
     settle(cancelled, 1, None)  # an owner's cancel wins; nothing raises
     assert cancelled.cancelled()
+
+
+def send_from_thread(producer: FakeProducer, msg: Message | None = None, **kw: Any) -> tuple[bool, Any]:
+    """SendCall.start_from_thread on a thread other than the running loop's: whether it wrote, and the future's
+    outcome (the exception when it failed; None when nothing was sent)."""
+    async def main() -> tuple[bool, Any]:
+        loop = asyncio.get_running_loop()
+        producer.remoting.loop = loop
+        m = msg or Message(TOPIC, b"body")
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        call = SendCall(producer, prepare_message(m), m, fut, timeout=3.0, **kw)  # type: ignore[arg-type]
+        wrote = await loop.run_in_executor(None, call.start_from_thread, loop)
+        if not wrote:
+            return False, None
+        return True, await asyncio.wrap_future(fut)
+    try:
+        return asyncio.run(main())
+    except SluiceError as exc:
+        return True, exc
+
+
+def test_the_first_attempt_leaves_from_the_callers_thread_and_its_answer_settles_the_future() -> None:
+    p = FakeProducer([ok])
+    wrote, result = send_from_thread(p)
+    assert wrote and isinstance(result, SendResult) and result.status is SendStatus.SEND_OK
+    assert [path for *_, path in p.remoting.sent] == ["thread"] and p.charged == [("broker-a", False)]
+
+
+def test_a_thread_written_attempt_refused_is_retried_from_the_loop_on_another_broker() -> None:
+    p = FakeProducer([refused(ResponseCode.SYSTEM_BUSY), ok])
+    wrote, result = send_from_thread(p)
+    assert wrote and isinstance(result, SendResult)
+    assert [path for *_, path in p.remoting.sent] == ["thread", "fast"] and brokers(p) == ["broker-a", "broker-b"]
+
+
+@pytest.mark.parametrize("case", ["ordered", "fault", "unrouted", "unconnected", "oneway"])
+def test_sends_that_need_the_loop_write_nothing_from_a_thread(case: str) -> None:
+    kw: dict[str, Any] = {}
+    options: dict[str, Any] = {}
+    if case == "ordered":
+        kw["queue"] = MessageQueue(topic=TOPIC, broker_name="broker-a", queue_id=0)
+    if case == "oneway":
+        kw["oneway"] = True
+    if case == "fault":
+        options["send_latency_fault_enable"] = True
+    p = FakeProducer([ok], routed=case != "unrouted", **options)
+    if case == "unconnected":
+        p.remoting.connected = set()
+    wrote, result = send_from_thread(p, **kw)
+    assert not wrote and result is None and p.remoting.sent == []

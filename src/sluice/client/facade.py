@@ -122,11 +122,24 @@ class Producer(_Facade):
     def _timeout(self, timeout: float | None) -> float:
         return self._impl.options.send_timeout if timeout is None else timeout
 
+    def _sent_from_here(self, loop: LoopThread, msg: Message, fut: Future[SendResult], timeout: float,
+                        selector: QueueSelector | None, queue: MessageQueue | None) -> bool:
+        """Whether an unordered send's request left from this thread (AsyncProducer.send_from_thread: no
+        wake-up of the loop thread first); False: nothing was sent, the loop must send it."""
+        if selector is not None or queue is not None or not loop.quiet():
+            return False
+        try:
+            return self._impl.send_from_thread(msg, fut, loop.loop, timeout=timeout)
+        except Exception:  # whatever it was, the loop's attempt raises it where the send's errors go
+            return False
+
     def send(self, msg: Message, *, timeout: float | None = None, selector: QueueSelector | None = None,
              arg: Any = None, queue: MessageQueue | None = None) -> SendResult:
         t = self._timeout(timeout)
         loop = self._started_loop()
         fut: Future[SendResult] = Future()
+        if self._sent_from_here(loop, msg, fut, t, selector, queue):
+            return loop.wait(fut, t + _SLACK)
         return loop.run_call(partial(self._impl.send_soon, msg, fut, timeout=t, selector=selector, arg=arg,
                                      queue=queue), fut, t + _SLACK)
 
@@ -156,8 +169,9 @@ class Producer(_Facade):
                    callback: Callable[[SendResult | None, BaseException | None], None] | None = None,
                    ) -> Future[SendResult]:
         """Send without blocking; the Future (and ``callback(result, error)``, on the loop thread) get
-        the outcome. Retries as :meth:`send` does. Sends made while the loop thread is busy reach it
-        together, in one wake-up, and each is still its own request with its own result."""
+        the outcome. Retries as :meth:`send` does. An unordered send whose route and connection are at hand
+        is written from this thread; sends made while the loop thread is busy reach it together, in one
+        wake-up, and each is still its own request with its own result."""
         loop = self._started_loop()
         fut: Future[SendResult] = Future()
         if callback is not None:
@@ -165,8 +179,11 @@ class Producer(_Facade):
                 exc = f.exception() if not f.cancelled() else ClientError("send cancelled")
                 callback(None if exc else f.result(), exc)
             fut.add_done_callback(done)
-        return loop.submit_call(partial(self._impl.send_soon, msg, fut, timeout=self._timeout(timeout),
-                                        selector=selector, arg=arg, queue=queue), fut)
+        t = self._timeout(timeout)
+        if self._sent_from_here(loop, msg, fut, t, selector, queue):
+            return fut
+        return loop.submit_call(partial(self._impl.send_soon, msg, fut, timeout=t, selector=selector, arg=arg,
+                                        queue=queue), fut)
 
     def send_oneway(self, msg: Message, *, selector: QueueSelector | None = None, arg: Any = None,
                     queue: MessageQueue | None = None) -> None:

@@ -10,6 +10,7 @@ one attempt: retrying elsewhere would break the order.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import functools
 import itertools
@@ -153,6 +154,22 @@ class AsyncProducer(AsyncClient):
             pub = functools.partial(self._pub_trace, trace, msg, int(time.time() * 1000))
         SendCall(self, prepared, msg, fut, timeout=timeout, selector=selector, arg=arg, queue=queue,
                  on_result=pub).start()
+
+    def send_from_thread(self, msg: Message, fut: concurrent.futures.Future[SendResult],
+                         loop: asyncio.AbstractEventLoop, *, timeout: float | None = None) -> bool:
+        """:meth:`send_soon`'s first attempt written from the calling thread, which is not ``loop``'s (the
+        blocking Producer's ``send`` and ``send_async``): True once written, ``fut`` then settled on the loop as
+        send_soon's is. False, with nothing sent, when the send needs the loop (SendCall.start_from_thread) or
+        the message is invalid: then call send_soon on the loop, which raises the error."""
+        try:
+            prepared = self._prepare(msg)
+        except Exception:
+            return False
+        trace = self.trace
+        pub = None
+        if trace is not None and prepared.topic != trace.topic:
+            pub = functools.partial(self._pub_trace, trace, msg, int(time.time() * 1000))
+        return SendCall(self, prepared, msg, fut, timeout=timeout, on_result=pub).start_from_thread(loop)
 
     def _pub_trace(self, trace: TraceDispatcher, msg: Message, begin: int, result: SendResult) -> None:
         try:

@@ -134,6 +134,36 @@ class SendCall:
         except Exception as exc:
             self._finish(None, exc)
 
+    def start_from_thread(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Write the first attempt from the calling thread, not ``loop``'s (the blocking Producer's sends: no
+        wake-up of the loop thread before the request leaves). True once written: the response, any retry and
+        the future's outcome then come on the loop, as after :meth:`start`. False, with nothing sent (drop this
+        call and :meth:`start` a new one on the loop), when the send needs the loop: ordered or oneway, the
+        fault strategy on (its tables are the loop's), no cached route or broker address, or a connection that
+        is not open to other threads or has other bytes waiting (RemotingClient.request_from_thread)."""
+        producer = self.producer
+        if self.ordered or self.oneway or self.timeout <= 0 or producer.fault.enabled:
+            return False
+        info = producer.publish_info_now(self.prepared.topic)
+        if info is None:
+            return False
+        inst = producer.instance
+        mq = info.select_one(None)
+        addr = inst.find_broker_addr(mq.broker_name)
+        if addr is None:
+            return False
+        request = self._request(mq)
+        # Everything the response's handling reads is set before the bytes leave: it may run at once.
+        self.loop = loop
+        self.begin = begin = loop.time()
+        self.deadline = begin + self.timeout
+        self.info = info
+        self.left -= 1
+        self.last_broker = mq.broker_name
+        self.tried.append(mq)
+        self.mq = mq
+        return inst.remoting.request_from_thread(addr, request, self.timeout, self)
+
     async def _fetch_route(self) -> None:
         try:
             info = await self.producer.publish_info(self.prepared.topic)

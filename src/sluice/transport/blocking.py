@@ -72,6 +72,11 @@ class LoopThread:
             fut.cancel()
             raise RemotingTimeoutError(f"call did not finish within {timeout:g} s") from None
 
+    def quiet(self) -> bool:
+        """Called from another thread while nothing submitted waits for the loop: work this thread does itself
+        now (a request written from it, RemotingClient.request_from_thread) overtakes nothing it submitted."""
+        return not self._submitted and threading.get_ident() != self._thread.ident
+
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         """``asyncio.run_coroutine_threadsafe(coro, self.loop)`` (cancelling the Future cancels the task), but
         coroutines submitted while the loop has not taken the last ones yet wait in a queue: a burst of sends
@@ -95,6 +100,11 @@ class LoopThread:
         if not self.running:
             raise RemotingError("the event loop thread is stopped")
         self._enqueue(fn, fut, True)
+        return self.wait(fut, timeout)
+
+    @staticmethod
+    def wait(fut: concurrent.futures.Future[T], timeout: float | None = None) -> T:
+        """``fut``'s result, as :meth:`run_call` waits for it (``timeout`` cancels ``fut``)."""
         try:
             return fut.result(timeout)
         except TimeoutError:

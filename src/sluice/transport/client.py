@@ -11,6 +11,10 @@ replaced on the next call. Requests the server sends on a client connection
 (NOTIFY_CONSUMER_IDS_CHANGED, ...) go to handlers registered with :meth:`register`.
 With ``tls=ClientTls(...)`` (transport/tls.py) every connection is TLS, its server's certificate
 checked against the CA file unless ``verify`` is off.
+
+Plain (not TLS) connections also take requests written from other threads
+(:meth:`RemotingClient.request_from_thread`, transport/thread_writes.py): the
+blocking SDK's sends leave from the caller's thread without waking the loop.
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ import ssl
 from sluice.errors import RemotingError, RemotingTimeoutError
 from sluice.protocol.command import RemotingCommand
 from sluice.transport.connection import Dispatcher, RemotingConnection, RequestHandler, ResponseWaiter, split_addr
+from sluice.transport.thread_writes import ThreadWritableConnection
 from sluice.protocol.frame import DEFAULT_MAX_FRAME_SIZE
 from sluice.transport.tls import ClientTls
 
@@ -91,7 +96,9 @@ class RemotingClient:
             return conn
 
     def _new_connection(self) -> RemotingConnection:
-        return RemotingConnection(dispatcher=self.dispatcher, max_frame_size=self.max_frame_size)
+        if self._ssl is not None:  # TLS records are the transport's to write
+            return RemotingConnection(dispatcher=self.dispatcher, max_frame_size=self.max_frame_size)
+        return ThreadWritableConnection(dispatcher=self.dispatcher, max_frame_size=self.max_frame_size)
 
     async def invoke(self, addr: str, request: RemotingCommand, timeout: float = DEFAULT_TIMEOUT) -> RemotingCommand:
         """Send ``request`` to ``addr`` and return the response, whatever its code."""
@@ -110,6 +117,20 @@ class RemotingClient:
         """Write ``request`` on ``conn`` (one of :meth:`open_connection`'s) with ``waiter`` for its response, as
         ``RemotingConnection.request_with``: the callback twin of :meth:`invoke`. Returns the request's opaque."""
         return conn.request_with(request, timeout, waiter)
+
+    def request_from_thread(self, addr: str, request: RemotingCommand, timeout: float,
+                            waiter: ResponseWaiter) -> bool:
+        """From a thread other than the loop's: write ``request`` to ``addr`` now, on this thread, with ``waiter``
+        for its response (answered on the loop thread, as :meth:`request_with`'s), if the connection is open
+        and has nothing else waiting to be written. False when it cannot (nothing was sent, ``waiter`` is not
+        registered): then go through the loop. A subclass that changes requests on their way out (by overriding
+        :meth:`request_with`, as the signing client does) gets False unless it overrides this too."""
+        if type(self).request_with is not RemotingClient.request_with:
+            return False
+        conn = self._conns.get(addr)
+        if type(conn) is not ThreadWritableConnection:
+            return False
+        return conn.request_from_thread(request, timeout, waiter)
 
     async def invoke_oneway(self, addr: str, request: RemotingCommand) -> None:
         conn = await self.connection(addr)

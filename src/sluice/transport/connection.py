@@ -258,7 +258,8 @@ class RemotingConnection(asyncio.BufferedProtocol):
         now = self._loop.time()  # type: ignore[union-attr]
         next_at = _NEVER
         due = []
-        for opaque, entry in self._pending.items():
+        # A snapshot: another thread may add a request meanwhile (transport/thread_writes.py).
+        for opaque, entry in list(self._pending.items()):
             if entry[1] <= now:
                 due.append(opaque)
             elif entry[1] < next_at:
