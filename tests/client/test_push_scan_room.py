@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from sluice.client import ConsumeResult, MessageSelector
+from sluice.client.process_queue import ProcessQueue
 from sluice.client.push_consumer import AsyncPushConsumer
 from sluice.client.results import MessageQueue, PullStatus
 from sluice.protocol.codes import ResponseCode
@@ -32,8 +33,9 @@ def sent_scan(selector: MessageSelector, *, orderly: bool = False, **options: An
     async def broker_addr_for(topic: str, name: str, *, master_only: bool = True) -> str:
         return "addr"
 
-    c._instance = SimpleNamespace(remoting=SimpleNamespace(invoke=invoke), broker_addr_for=broker_addr_for)  # type: ignore[assignment]
-    result = asyncio.run(c._pull_once(MQ, 0, 32))
+    remoting = SimpleNamespace(invoke=invoke, open_connection=lambda addr: None)  # no open connection: invoke
+    c._instance = SimpleNamespace(remoting=remoting, broker_addr_for=broker_addr_for)  # type: ignore[assignment]
+    result = asyncio.run(c._pull_once(MQ, ProcessQueue(), 0, 32))
     assert result.status is PullStatus.NO_NEW_MSG and len(seen) == 1
     return seen[0].ext_fields.get("maxScanUnits")
 

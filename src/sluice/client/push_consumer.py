@@ -313,7 +313,7 @@ class AsyncPushConsumer(AsyncClient):
                 await pq.wait_for_room(FLOW_CONTROL_DELAY_S)
                 continue
             try:
-                result = await self._pull_once(mq, offset, size)
+                result = await self._pull_once(mq, pq, offset, size)
             except FilterClassError as exc:  # logged at WARNING once per new error (class_filter.py)
                 log.debug("pull of %s at offset %d failed: %s", mq, offset, exc)
                 await asyncio.sleep(o.pull_time_delay_when_exception)
@@ -332,10 +332,7 @@ class AsyncPushConsumer(AsyncClient):
             status, nxt = result.status, result.next_begin_offset
             size = o.next_pull_size(result.max_offset - nxt)
             if status is PullStatus.FOUND and result.msg_found_list:
-                offset = nxt
-                fresh = pq.put(self._restore_topics(result.msg_found_list))
-                if fresh:
-                    self.service.submit(mq, pq, fresh)
+                offset = nxt  # the messages went to the consume service as the answer was read (_deliver)
             elif status is PullStatus.OFFSET_ILLEGAL:
                 log.warning("group %s: offset %d of %s is out of range [%d, %d]; moving to %d", self.group,
                             offset, mq, result.min_offset, result.max_offset, nxt)
@@ -359,7 +356,10 @@ class AsyncPushConsumer(AsyncClient):
             return None
         return self.options.consume_concurrently_max_span
 
-    async def _pull_once(self, mq: MessageQueue, offset: int, size: int) -> PullResult:
+    async def _pull_once(self, mq: MessageQueue, pq: ProcessQueue, offset: int, size: int) -> PullResult:
+        """One pull of ``mq`` at ``offset``; its FOUND messages are cached in ``pq`` and handed to the consume
+        service (:meth:`_deliver`) before this returns: on an open connection as the answer's frame is read
+        (_PullWaiter), not a loop iteration later when this task resumes."""
         o = self.options
         inst = self.instance
         sel, version = self._selector(mq.topic)
@@ -378,11 +378,36 @@ class AsyncPushConsumer(AsyncClient):
         if sel.is_class:  # a filter server of mq's broker runs the class; the broker never serves it
             response = await ClassFilters.of(inst).pull(self.group, mq, sel, header.to_ext(),
                                                          o.consumer_timeout_when_suspend)
-            return process_pull_response(response, sel, check_crc=o.check_crc)
+            return self._pulled(mq, pq, sel, response)
         addr = await inst.broker_addr_for(mq.topic, mq.broker_name, master_only=False)
         request = RemotingCommand.request(RequestCode.PULL_MESSAGE, header.to_ext())
-        response = await inst.remoting.invoke(addr, request, o.consumer_timeout_when_suspend)
-        return process_pull_response(response, sel, check_crc=o.check_crc)
+        remoting = inst.remoting
+        conn = remoting.open_connection(addr)
+        if conn is None:  # to connect, or the transport's buffer is full: wait as any request does
+            response = await remoting.invoke(addr, request, o.consumer_timeout_when_suspend)
+            return self._pulled(mq, pq, sel, response)
+        fut: asyncio.Future[PullResult] = asyncio.get_running_loop().create_future()
+        opaque = remoting.request_with(conn, request, o.consumer_timeout_when_suspend,
+                                       _PullWaiter(self, mq, pq, sel, fut))
+        try:
+            return await fut
+        finally:
+            conn.forget(opaque)  # a cancelled pull's late answer is dropped
+
+    def _pulled(self, mq: MessageQueue, pq: ProcessQueue, sel: MessageSelector,
+                response: RemotingCommand) -> PullResult:
+        result = process_pull_response(response, sel, check_crc=self.options.check_crc)
+        self._deliver(mq, pq, result)
+        return result
+
+    def _deliver(self, mq: MessageQueue, pq: ProcessQueue, result: PullResult) -> None:
+        """PullCallback.onSuccess's FOUND case: cache the new messages and submit them to the consume service
+        (not for a queue released meanwhile)."""
+        if result.status is PullStatus.FOUND and result.msg_found_list and not pq.dropped:
+            assert self.service is not None
+            fresh = pq.put(self._restore_topics(result.msg_found_list))
+            if fresh:
+                self.service.submit(mq, pq, fresh)
 
     def _restore_topics(self, msgs: list[MessageExt]) -> list[MessageExt]:
         """resetRetryAndNamespace: a retried message shows its original topic to the listener."""
@@ -398,6 +423,39 @@ class AsyncPushConsumer(AsyncClient):
 
     def owned_queues(self) -> list[MessageQueue]:
         return sorted(self.rebalancer.process_queues, key=lambda q: (q.topic, q.broker_name, q.queue_id))
+
+
+class _PullWaiter:
+    """A pull's response waiter (RemotingConnection.request_with): decodes the answer and delivers its messages
+    (AsyncPushConsumer._pulled) as the frame is read, then hands the PullResult, or the error, to the pull task's
+    future. A pull whose task was cancelled (its future with it) delivers nothing."""
+
+    __slots__ = ("consumer", "mq", "pq", "sel", "fut")
+
+    def __init__(self, consumer: AsyncPushConsumer, mq: MessageQueue, pq: ProcessQueue, sel: MessageSelector,
+                 fut: asyncio.Future[PullResult]) -> None:
+        self.consumer = consumer
+        self.mq = mq
+        self.pq = pq
+        self.sel = sel
+        self.fut = fut
+
+    def done(self) -> bool:
+        return self.fut.done()
+
+    def set_result(self, response: RemotingCommand) -> None:
+        if self.fut.done():
+            return
+        try:
+            result = self.consumer._pulled(self.mq, self.pq, self.sel, response)
+        except Exception as exc:  # the pull task logs it and pulls again, as for a failed invoke
+            self.fut.set_exception(exc)
+        else:
+            self.fut.set_result(result)
+
+    def set_exception(self, exc: BaseException) -> None:
+        if not self.fut.done():
+            self.fut.set_exception(exc)
 
 
 class PushConsumer(_Facade):
