@@ -20,6 +20,8 @@ __all__ = ["AclGuard"]
 
 log = logging.getLogger(__name__)
 
+_monotonic = time.monotonic
+
 #: A client refused for one reason is logged once per this many seconds.
 REFUSAL_LOG_INTERVAL = 60.0
 #: At most this many (client, reason) pairs are remembered for the rate limit; then the memory starts over.
@@ -64,7 +66,7 @@ class AclGuard:
 
         Every request's signature is verified; what a signed account may do is remembered per need by the
         policy (``Need.key``), and forgotten with it when the file is reloaded."""
-        now = time.monotonic()
+        now = _monotonic()
         if now - self._checked >= self.reload_interval:
             self.maybe_reload(now)
         host = peer.rpartition(":")[0] or peer

@@ -18,7 +18,7 @@ from typing import Any
 from sluice.speedups import C
 
 __all__ = ["ACCESS_KEY", "SIGNATURE", "Credentials", "Pads", "signed_content", "compute_signature", "sign_fields",
-           "signature_matches", "key_pads", "signature_b64"]
+           "signature_matches", "signature_valid", "key_pads", "signature_b64"]
 
 ACCESS_KEY = "AccessKey"
 SIGNATURE = "Signature"
@@ -96,8 +96,10 @@ def signed_content(ext_fields: Mapping[str, Any], body: bytes | None) -> bytes:
 
 
 #: Per secret key, SHA-1 states with HMAC's inner and outer pads already absorbed (RFC 2104): a signature
-#: then copies two states instead of keying a new HMAC, the same digest for less work. Bounded like _ORDER.
-Pads = tuple[Any, Any]
+#: then copies two states instead of keying a new HMAC, the same digest for less work. Four: hashlib's
+#: (the Python twin's), then the C functions' (``_speedups.acl_pads``' OpenSSL states when the extension
+#: has them, else hashlib's again). Bounded like _ORDER.
+Pads = tuple[Any, Any, Any, Any]
 _PADS: dict[str, Pads] = {}
 _MAX_KEYS = 1024
 _sha1 = hashlib.sha1
@@ -111,7 +113,9 @@ def key_pads(secret_key: str) -> Pads:
         if len(key) > 64:  # SHA-1's block size: a longer key is hashed first
             key = _sha1(key).digest()
         key = key.ljust(64, b"\0")
-        pads = (_sha1(bytes(b ^ 0x36 for b in key)), _sha1(bytes(b ^ 0x5C for b in key)))
+        inner, outer = _sha1(bytes(b ^ 0x36 for b in key)), _sha1(bytes(b ^ 0x5C for b in key))
+        native = _c_pads(key) if _c_pads is not None else None
+        pads = (inner, outer, *native) if native is not None else (inner, outer, inner, outer)
         if len(_PADS) >= _MAX_KEYS:
             _PADS.clear()
         _PADS[secret_key] = pads
@@ -129,15 +133,19 @@ def _py_signature(ext_fields: Mapping[str, Any], inner_pad: Any, outer_pad: Any,
     return b2a_base64(outer.digest(), newline=False)
 
 
-# The C twin (sluice._speedups.acl_signature) does the same in one call, answering None where the head needs
-# Python (non-ASCII keys, non-string values), so a signature costs the hashing and little else.
+# The C twins (sluice._speedups.acl_signature, acl_sign, acl_verify) do the same in one call each, answering
+# None (False for acl_sign) where the head needs Python (non-ASCII keys, non-string values), so a signature
+# costs the hashing and little else, on the client and on the server.
 _c_signature = getattr(C, "acl_signature", None) if C is not None else None
+_c_pads = getattr(C, "acl_pads", None) if C is not None else None
+_c_sign = getattr(C, "acl_sign", None) if C is not None else None
+_c_verify = getattr(C, "acl_verify", None) if C is not None else None
 
 
 def signature_b64(pads: Pads, ext_fields: Mapping[str, Any], body: bytes | None) -> bytes:
     """base64(HmacSHA1) of a request for the key whose ``key_pads`` these are, as ASCII bytes."""
     if _c_signature is not None:
-        sig = _c_signature(ext_fields, pads[0], pads[1], body)
+        sig = _c_signature(ext_fields, pads[2], pads[3], body)
         if sig is not None:
             return sig
     return _py_signature(ext_fields, pads[0], pads[1], body)
@@ -149,17 +157,33 @@ def compute_signature(secret_key: str, ext_fields: Mapping[str, Any], body: byte
 
 def sign_fields(credentials: Credentials, ext_fields: dict[str, str], body: bytes | None) -> None:
     """Add ``AccessKey`` and ``Signature`` to a request's extFields in place (AclClientRPCHook.doBeforeRequest)."""
+    pads = _PADS.get(credentials.secret_key) or key_pads(credentials.secret_key)
+    if _c_sign is not None and _c_sign(ext_fields, credentials.access_key, pads[2], pads[3], body):
+        return
     ext_fields.pop(SIGNATURE, None)
     ext_fields[ACCESS_KEY] = credentials.access_key
-    ext_fields[SIGNATURE] = signature_b64(key_pads(credentials.secret_key), ext_fields, body).decode("ascii")
+    ext_fields[SIGNATURE] = _py_signature(ext_fields, pads[0], pads[1], body).decode("ascii")
+
+
+def _py_valid(pads: Pads, ext_fields: Mapping[str, Any], body: bytes | None) -> bool:
+    """The Python twin of the C ``acl_verify``."""
+    given = ext_fields.get(SIGNATURE)
+    if not isinstance(given, str):
+        return False
+    return _compare(given.encode("utf-8", "replace"), _py_signature(ext_fields, pads[0], pads[1], body))
+
+
+def signature_valid(pads: Pads, ext_fields: Mapping[str, Any], body: bytes | None) -> bool:
+    """Whether the request's ``Signature`` is right for the key whose ``key_pads`` these are (constant time)."""
+    if _c_verify is not None:
+        ok = _c_verify(ext_fields, pads[2], pads[3], body)
+        if ok is not None:
+            return ok
+    return _py_valid(pads, ext_fields, body)
 
 
 def signature_matches(secret_key: str, ext_fields: Mapping[str, Any], body: bytes | None,
                       pads: Pads | None = None) -> bool:
     """Whether the request's ``Signature`` is right for ``secret_key`` (compared in constant time); ``pads``,
     when given, are ``key_pads(secret_key)`` already at hand."""
-    given = ext_fields.get(SIGNATURE)
-    if not isinstance(given, str):
-        return False
-    return _compare(given.encode("utf-8", "replace"),
-                    signature_b64(key_pads(secret_key) if pads is None else pads, ext_fields, body))
+    return signature_valid(key_pads(secret_key) if pads is None else pads, ext_fields, body)

@@ -12,10 +12,8 @@ import logging
 from collections.abc import Awaitable
 from typing import Any
 
-from sluice.acl.guard import AclGuard
-from sluice.broker.acl import acl_check
+from sluice.broker.acl import acl_checked
 from sluice.broker.deferred import Deferred
-from sluice.broker.requests import Route
 from sluice.errors import ServiceNotAvailableError, SluiceError
 from sluice.protocol.codes import ResponseCode
 from sluice.protocol.command import RemotingCommand
@@ -24,22 +22,6 @@ from sluice.transport.connection import RemotingConnection, RequestHandler
 __all__ = ["RequestGate", "acl_checked"]
 
 log = logging.getLogger("sluice.broker.controller")  # the refusal lines keep the logger operators filter on
-
-
-def acl_checked(acl: AclGuard, route: Route, handler: RequestHandler) -> RequestHandler:
-    """``handler`` behind the ACL (PlainAccessValidator): a refusal raises NoPermissionError before it runs,
-    so nothing changes. Keeps a plain handler plain and an async one async."""
-    check = acl_check(acl, route)
-    if asyncio.iscoroutinefunction(handler):
-        async def checked(conn: RemotingConnection, request: RemotingCommand) -> Any:
-            check(conn, request)
-            return await handler(conn, request)
-        return checked
-
-    def checked_now(conn: RemotingConnection, request: RemotingCommand) -> Any:
-        check(conn, request)
-        return handler(conn, request)
-    return checked_now
 
 
 class RequestGate:
