@@ -186,8 +186,8 @@ class IndexFile:
 
     def _put_c(self, hashes: object, phys: object, ts: object, last_phy: int, last_ts: int) -> None:
         """The entries (native int64 buffers, room allocated) written by speedups.index_put, then the header."""
-        self.count, added = C.index_put(self.mm, self._entries_at, self.slot_num, self.count,  # type: ignore[union-attr]
-                                        self.begin_ts, hashes, phys, ts)
+        put = C.index_put  # type: ignore[union-attr]
+        self.count, added = put(self.mm, self._entries_at, self.slot_num, self.count, self.begin_ts, hashes, phys, ts)
         self.slot_count += added
         self.end_phy, self.end_ts = last_phy, last_ts
         self._write_header()
