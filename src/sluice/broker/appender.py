@@ -3,12 +3,13 @@
 One call, whatever the request: a message list or a batch body encoded
 already (``store.encode.encode_batch_body``), checked against a duplicate
 window or not, waited for durably or not. Every write reaches the store in
-:meth:`Appender._write`, and every durable wait in one request per loop
-iteration.
+:meth:`Appender._write`, and every durable wait in one request per merge.
 
 * **Merged.** Single messages, and every message list under ``sync``, wait
-  for the end of the event-loop iteration: the lists of every request for the
-  same topic/queue seen in that iteration are appended with one
+  for the end of the read that brought them (``after_read``: the connection
+  runs it once the read's frames are handled, in the same loop iteration; a
+  put made outside a read waits for the end of the iteration): the lists of
+  every request for the same topic/queue seen meanwhile are appended with one
   ``put_messages`` call, and each request gets its own slice of the results.
   If the merged call fails (one request holds an illegal message or one the
   encoder cannot take; the store encodes and validates everything before
@@ -19,9 +20,9 @@ iteration.
   results (no future, no loop iteration; the store's errors propagate to the
   caller).
 * **Durable.** With ``sync`` the results are handed back once the store's
-  group commit covers them: each loop iteration hands its replies and the
-  highest end appended in it to durable.py, which asks the store's fsync
-  thread for a round at once (before the iteration's dispatch, so the two
+  group commit covers them: each merge hands its replies and the highest
+  end appended in it to durable.py, which asks the store's fsync thread
+  for a round at once (before the merge's dispatch, so the two
   overlap) and answers all that one fsync covered with one wake-up of the
   loop; none blocks it.
 * **Called back.** With ``then``, a result that has to wait is handed to
@@ -35,11 +36,13 @@ iteration.
 Appends run on the event loop itself: they copy bytes into the mapped commit
 log (or its page cache) and never wait for the disk, and a hop to a pool thread
 and back costs more than the append. Dispatch runs on the loop after the
-appends of an iteration (``store.dispatch.drive_externally``): merged appends
-dispatch at once, before their replies are written, so a pull their messages
-wake is answered in the next iteration, its answer leaving with those replies
-(and their write) rather than after them; other appends dispatch in the next
-iteration, once the replies their handlers gave at once went out.
+appends (``store.dispatch.drive_externally``): merged appends dispatch at once,
+before their replies are written (a sender that has its reply finds its message
+visible), and the held pulls the dispatch wakes are answered right after it
+(``HoldService.begin_fires``), their answers leaving in one write batch with
+the replies: a send, its reply and the pull it wakes take one loop iteration.
+Other appends dispatch at the end of their read (or iteration), once the
+replies their handlers gave at once went out.
 """
 from __future__ import annotations
 
