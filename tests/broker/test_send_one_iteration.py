@@ -24,13 +24,17 @@ TOPIC = "OneIteration"
 
 
 class _Transport(asyncio.Transport):
-    def __init__(self) -> None:
+    order: list[str] = []  # which transport wrote, in order, across both
+
+    def __init__(self, name: str) -> None:
         super().__init__()
+        self.name = name
         self.writes: list[bytes] = []
         self.conn: RemotingConnection | None = None
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         self.writes.append(bytes(data))
+        self.order.append(self.name)
 
     def get_extra_info(self, name: str, default: object = None) -> object:
         return ("127.0.0.1", 4242) if name == "peername" else default
@@ -79,10 +83,10 @@ def test_a_reads_single_sends_are_stored_replied_and_wake_their_pull_within_the_
                                                     flush=flush))
         await broker.start()
         try:
-            producer, pt = broker.server._new_connection(), _Transport()
+            producer, pt = broker.server._new_connection(), _Transport("producer")
             producer.connection_made(pt)
             pt.conn = producer
-            consumer, ct = broker.server._new_connection(), _Transport()
+            consumer, ct = broker.server._new_connection(), _Transport("consumer")
             consumer.connection_made(ct)
             ct.conn = consumer
             producer.data_received(_wire(_send(0, b"create", "none"), 1))  # creates the topic
@@ -103,6 +107,7 @@ def test_a_reads_single_sends_are_stored_replied_and_wake_their_pull_within_the_
             assert not replies_before
             sends = [(0, b"a", "us"), (0, b"b", "eu"), (1, b"c", "eu"), (0, b"d", "us")]
             ready = len(loop._ready)  # type: ignore[attr-defined]
+            _Transport.order.clear()
             producer.data_received(b"".join(_wire(_send(q, body, r), 10 + i) for i, (q, body, r) in
                                             enumerate(sends)))
             if flush == "sync":  # the replies wait for the fsync round; the pull needs only the dispatch
@@ -114,6 +119,7 @@ def test_a_reads_single_sends_are_stored_replied_and_wake_their_pull_within_the_
                 # renewal, and every reply and the pull's answer written.
                 left = [repr(h) for h in list(loop._ready)[ready:]]  # type: ignore[attr-defined]
                 assert all("_next_turn" in h for h in left), left
+                assert _Transport.order == ["consumer", "producer"]  # the woken pull's answer first, then replies
                 pulled = ct.take()
             replies = pt.take()
             assert sorted(f.opaque for f in replies) == [10, 11, 12, 13]

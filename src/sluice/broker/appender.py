@@ -272,40 +272,44 @@ class Appender:
         self._submit_scheduled = False
         merging, self._merging = self._merging, {}
         durable, self._durable = self._durable, []
-        batch = begin_writes()  # the replies given below (callbacks) and the pull answers leave in one write each
+        batch = begin_writes()  # the pull answers and the replies given below leave in one write each
+        now: list[_Reply] = []  # answered in this call (not waiting for an fsync), after the dispatch
+        now_outcomes: list[_Outcome] = []
         try:
             for group in merging.values():
                 for chunk in self._chunks(group):
                     self.jobs += 1
                     self.requests += len(chunk)
                     outcomes = self._append([m for m, *_ in chunk])
-                    now: list[_Reply] = []
-                    now_outcomes: list[_Outcome] = []
                     for (_, qid, sync, fut), outcome in zip(chunk, outcomes):
                         if sync and not isinstance(outcome, BaseException):
                             durable.append(((fut, qid), outcome))
                         else:
                             now.append((fut, qid))
                             now_outcomes.append(outcome)
-                    _deliver(now, now_outcomes)
             if durable:
                 replies = [r for r, _ in durable]
                 outcomes = [o for _, o in durable]
                 ends = [o[-1].commitlog_offset + o[-1].size for o in outcomes if o]  # type: ignore[index]
                 if not ends:
-                    _deliver(replies, outcomes)
+                    now += replies
+                    now_outcomes += outcomes
                 else:
                     waiter = self._waiter
                     if waiter is None:
                         waiter = self._waiter = DurableWaiter(self.store, asyncio.get_running_loop(), _confirm)
                     waiter.wait(max(ends), (replies, outcomes))
-            # After asking for the durable wait (its fsync runs off the loop meanwhile), and before the replies
-            # leave, so a sender that has its reply finds its message visible: dispatch, and answer the pulls it
-            # woke, in the same write. A reply awaited by a task (a future, not a callback) is written by that
-            # task in the next iteration.
+            # After asking for the durable wait (its fsync runs off the loop meanwhile), and before the replies,
+            # so a sender that has its reply finds its message visible: dispatch, and answer the pulls it woke.
+            # Their answers go first in the write batch (a consumer waits for them; a sender of an
+            # asynchronous-flush send has its reply in the same loop iteration). A reply awaited by a task (a
+            # future, not a callback) is written by that task in the next iteration.
             self.dispatch_now()
         finally:
-            end_writes(batch)
+            try:
+                _deliver(now, now_outcomes)
+            finally:
+                end_writes(batch)
 
     def close(self) -> None:
         """Stop the fsync thread once what it was asked for is durable (the broker's stop, before the store's)."""
