@@ -245,3 +245,37 @@ def test_a_pull_woken_before_dispatch_caught_up_waits_for_it_then_answers(broker
     assert out["resp"].code == ResponseCode.PULL_NOT_FOUND  # nothing new: pulled again, answered as it is
     assert b.gate.in_flight == 0 and b.hold.held_count == 0
     assert all(c.busy == 0 for c in b.server.connections)
+
+
+def test_fires_held_back_between_begin_and_end_are_answered_by_end_fires_in_this_iteration() -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        hold = HoldService(lambda t, q: 0, check_interval_s=3600)
+        hold.start()
+        owner, calls = _Owner(), []
+        for q in (0, 1):
+            assert hold.hold_then("T", q, 0, None, 3600, owner, _recorder(calls)) == HELD
+        await asyncio.sleep(0)
+        ready = len(loop._ready)  # type: ignore[attr-defined]
+        assert hold.begin_fires()
+        assert not hold.begin_fires()  # one holder at a time: a nested dispatch leaves the firing to the first
+        hold.dispatch_batch(DispatchBatch([_run("T", 0, 0, 100, ["TagA"], ["red"])]))
+        hold.dispatch_batch(DispatchBatch([_run("T", 1, 0, 300, ["TagA"], ["red"])]))
+        assert calls == [] and hold.held_count == 0
+        hold.end_fires()
+        assert calls == [(200, True), (400, True)]  # both, at once, in one write batch
+        # nothing was left for the next iteration but the wake budget's renewal
+        assert [h for h in list(loop._ready)[ready:]  # type: ignore[attr-defined]
+                if "_fire_all" in repr(h)] == []
+        await asyncio.sleep(0)
+        assert len(calls) == 2
+        # A firing scheduled already answers what is woken meanwhile: begin_fires changes nothing then.
+        assert hold.hold_then("T", 0, 1, None, 3600, owner, _recorder(calls)) == HELD
+        hold._fire(lambda v: calls.append(("other", v)), 7)  # a timeout's, say: scheduled on the loop
+        assert not hold.begin_fires()
+        hold.dispatch_batch(DispatchBatch([_run("T", 0, 1, 500, ["TagA"], ["red"])]))
+        assert len(calls) == 2
+        await asyncio.sleep(0)
+        assert calls[2:] == [("other", 7), (600, True)]
+        await hold.stop()
+    asyncio.run(main())

@@ -3,12 +3,13 @@
 One call, whatever the request: a message list or a batch body encoded
 already (``store.encode.encode_batch_body``), checked against a duplicate
 window or not, waited for durably or not. Every write reaches the store in
-:meth:`Appender._write`, and every durable wait in one request per loop
-iteration.
+:meth:`Appender._write`, and every durable wait in one request per merge.
 
 * **Merged.** Single messages, and every message list under ``sync``, wait
-  for the end of the event-loop iteration: the lists of every request for the
-  same topic/queue seen in that iteration are appended with one
+  for the end of the read that brought them (``after_read``: the connection
+  runs it once the read's frames are handled, in the same loop iteration; a
+  put made outside a read waits for the end of the iteration): the lists of
+  every request for the same topic/queue seen meanwhile are appended with one
   ``put_messages`` call, and each request gets its own slice of the results.
   If the merged call fails (one request holds an illegal message or one the
   encoder cannot take; the store encodes and validates everything before
@@ -19,9 +20,9 @@ iteration.
   results (no future, no loop iteration; the store's errors propagate to the
   caller).
 * **Durable.** With ``sync`` the results are handed back once the store's
-  group commit covers them: each loop iteration hands its replies and the
-  highest end appended in it to durable.py, which asks the store's fsync
-  thread for a round at once (before the iteration's dispatch, so the two
+  group commit covers them: each merge hands its replies and the highest
+  end appended in it to durable.py, which asks the store's fsync thread
+  for a round at once (before the merge's dispatch, so the two
   overlap) and answers all that one fsync covered with one wake-up of the
   loop; none blocks it.
 * **Called back.** With ``then``, a result that has to wait is handed to
@@ -35,11 +36,13 @@ iteration.
 Appends run on the event loop itself: they copy bytes into the mapped commit
 log (or its page cache) and never wait for the disk, and a hop to a pool thread
 and back costs more than the append. Dispatch runs on the loop after the
-appends of an iteration (``store.dispatch.drive_externally``): merged appends
-dispatch at once, before their replies are written, so a pull their messages
-wake is answered in the next iteration, its answer leaving with those replies
-(and their write) rather than after them; other appends dispatch in the next
-iteration, once the replies their handlers gave at once went out.
+appends (``store.dispatch.drive_externally``): merged appends dispatch at once,
+before their replies are written (a sender that has its reply finds its message
+visible), and the held pulls the dispatch wakes are answered right after it
+(``HoldService.begin_fires``), their answers leaving in one write batch with
+the replies: a send, its reply and the pull it wakes take one loop iteration.
+Other appends dispatch at the end of their read (or iteration), once the
+replies their handlers gave at once went out.
 """
 from __future__ import annotations
 
@@ -53,10 +56,11 @@ from sluice.broker.durable import DurableWaiter
 from sluice.errors import DiskFullError
 from sluice.store import MessageStore, PutResult, StoreMessage
 from sluice.store.encode import EncodedBatch
-from sluice.transport.connection import begin_writes, end_writes
+from sluice.transport.connection import after_read, begin_writes, end_writes
 
 if TYPE_CHECKING:
     from sluice.broker.dedup import DedupWindow
+    from sluice.broker.longpoll import HoldService
     from sluice.broker.metrics import PutLatency
 
 __all__ = ["Appender", "Payload", "Stored", "Then", "stored"]
@@ -131,6 +135,8 @@ class Appender:
         self.on_put: Callable[[str, int, int], None] | None = None
         #: The put latency histogram (metrics.py): one observation per store call; None unless metrics are served.
         self.latency: PutLatency | None = None
+        #: The held pulls (set by the controller): those a dispatch here wakes are answered right after it.
+        self.hold: HoldService | None = None
 
     def put(self, topic: str, queue_id: int, payload: Payload, *, dedup: DedupWindow | None = None,
             sync: bool | None = None, prepare: Prepare | None = None,
@@ -159,8 +165,10 @@ class Appender:
             if sync or len(payload) == 1:
                 return self._merge(payload, queue_id, sync, then)
             m = payload[0]
+            self._dispatch_soon()
             results = self._write(m.topic, m.queue_id, payload)
         else:
+            self._dispatch_soon()
             results = self._write(topic, queue_id, payload)
         self.jobs += 1
         self.requests += 1
@@ -187,11 +195,9 @@ class Appender:
 
     # ---- the store -----------------------------------------------------------------------------------
     def _write(self, topic: str, queue_id: int, payload: Payload) -> list[PutResult]:
-        """Every append of the broker: never waits for the disk (durability is waited for separately)."""
+        """Every append of the broker: never waits for the disk (durability is waited for separately). The
+        caller dispatches it (``_submit``) or has scheduled a dispatch (``_dispatch_soon``)."""
         self._undispatched = True
-        if not self._dispatch_scheduled:  # dispatch this iteration's appends once the replies went out
-            self._dispatch_scheduled = True
-            asyncio.get_running_loop().call_soon(self._dispatch)
         store = self.store
         latency = self.latency
         t0 = time.perf_counter() if latency is not None else 0.0
@@ -207,6 +213,13 @@ class Appender:
             self.on_put(topic, len(results), last.commitlog_offset + last.size - results[0].commitlog_offset)
         return results
 
+    def _dispatch_soon(self) -> None:
+        """Dispatch once the replies the handlers of this read (or loop iteration) gave at once went out."""
+        if not self._dispatch_scheduled:
+            self._dispatch_scheduled = True
+            if not after_read(self._dispatch):
+                asyncio.get_running_loop().call_soon(self._dispatch)
+
     def _dispatch(self) -> None:
         if self._submit_scheduled:  # the durable wait first: its fsync runs on its own thread during dispatch
             try:
@@ -217,19 +230,25 @@ class Appender:
         self.dispatch_now()
 
     def dispatch_now(self) -> None:
-        """Dispatch what was appended since the last dispatch (nothing when nothing was)."""
+        """Dispatch what was appended since the last dispatch (nothing when nothing was), then answer the held
+        pulls it woke: their consume-queue units are written by then, so no loop iteration waits between."""
         if not self._undispatched:
             return
         self._undispatched = False
         dispatch = self.store.dispatch
         if dispatch.error is not None:
             return  # the dispatch thread retries and reports it (DispatchService._run)
+        hold = self.hold
+        fires = hold is not None and hold.begin_fires()
         try:
             dispatch.reput()
         except DiskFullError as exc:  # no room for queue or index bytes: the dispatch thread backs off and logs
             dispatch.error = exc
         except Exception:  # the thread's next poll meets it again and records it
             log.exception("dispatch on the event loop failed; the dispatch thread takes over")
+        finally:
+            if fires:
+                hold.end_fires()  # type: ignore[union-attr]
 
     # ---- the end of each loop iteration: merged appends, then one wait for durability -----------------
     def _merge(self, msgs: list[StoreMessage], queue_id: int, sync: bool,
@@ -240,9 +259,12 @@ class Appender:
         return sink if then is None else None  # type: ignore[return-value]
 
     def _submit_soon(self) -> None:
+        """Append once the other requests of this read have been handled (they may be merged with this one),
+        in this loop iteration; outside a read, in the next iteration (after the other ready callbacks)."""
         if not self._submit_scheduled:
             self._submit_scheduled = True
-            asyncio.get_running_loop().call_soon(self._submit)  # after the other handlers ready in this iteration
+            if not after_read(self._submit):
+                asyncio.get_running_loop().call_soon(self._submit)
 
     def _submit(self) -> None:
         if not self._submit_scheduled:  # run early by this iteration's _dispatch
@@ -250,36 +272,44 @@ class Appender:
         self._submit_scheduled = False
         merging, self._merging = self._merging, {}
         durable, self._durable = self._durable, []
-        for group in merging.values():
-            for chunk in self._chunks(group):
-                self.jobs += 1
-                self.requests += len(chunk)
-                outcomes = self._append([m for m, *_ in chunk])
-                now: list[_Reply] = []
-                now_outcomes: list[_Outcome] = []
-                for (_, qid, sync, fut), outcome in zip(chunk, outcomes):
-                    if sync and not isinstance(outcome, BaseException):
-                        durable.append(((fut, qid), outcome))
-                    else:
-                        now.append((fut, qid))
-                        now_outcomes.append(outcome)
+        batch = begin_writes()  # the pull answers and the replies given below leave in one write each
+        now: list[_Reply] = []  # answered in this call (not waiting for an fsync), after the dispatch
+        now_outcomes: list[_Outcome] = []
+        try:
+            for group in merging.values():
+                for chunk in self._chunks(group):
+                    self.jobs += 1
+                    self.requests += len(chunk)
+                    outcomes = self._append([m for m, *_ in chunk])
+                    for (_, qid, sync, fut), outcome in zip(chunk, outcomes):
+                        if sync and not isinstance(outcome, BaseException):
+                            durable.append(((fut, qid), outcome))
+                        else:
+                            now.append((fut, qid))
+                            now_outcomes.append(outcome)
+            if durable:
+                replies = [r for r, _ in durable]
+                outcomes = [o for _, o in durable]
+                ends = [o[-1].commitlog_offset + o[-1].size for o in outcomes if o]  # type: ignore[index]
+                if not ends:
+                    now += replies
+                    now_outcomes += outcomes
+                else:
+                    waiter = self._waiter
+                    if waiter is None:
+                        waiter = self._waiter = DurableWaiter(self.store, asyncio.get_running_loop(), _confirm)
+                    waiter.wait(max(ends), (replies, outcomes))
+            # After asking for the durable wait (its fsync runs off the loop meanwhile), and before the replies,
+            # so a sender that has its reply finds its message visible: dispatch, and answer the pulls it woke.
+            # Their answers go first in the write batch (a consumer waits for them; a sender of an
+            # asynchronous-flush send has its reply in the same loop iteration). A reply awaited by a task (a
+            # future, not a callback) is written by that task in the next iteration.
+            self.dispatch_now()
+        finally:
+            try:
                 _deliver(now, now_outcomes)
-        if durable:
-            replies = [r for r, _ in durable]
-            outcomes = [o for _, o in durable]
-            ends = [o[-1].commitlog_offset + o[-1].size for o in outcomes if o]  # type: ignore[index]
-            if not ends:
-                _deliver(replies, outcomes)
-            else:
-                waiter = self._waiter
-                if waiter is None:
-                    waiter = self._waiter = DurableWaiter(self.store, asyncio.get_running_loop(), _confirm)
-                waiter.wait(max(ends), (replies, outcomes))
-        # After asking for the durable wait (its fsync runs off the loop meanwhile). The replies delivered
-        # above are written by their requests' tasks after this call; dispatching now wakes the pulls these
-        # messages match first, so each is answered in the next iteration (with the replies' write when it
-        # shares their connection) instead of an iteration after the replies' write.
-        self.dispatch_now()
+            finally:
+                end_writes(batch)
 
     def close(self) -> None:
         """Stop the fsync thread once what it was asked for is durable (the broker's stop, before the store's)."""

@@ -198,6 +198,7 @@ class BrokerController:
                                        wakes_per_turn=config.max_held_pull_wakes_per_turn)
         store.add_dispatcher(hold)
         self.appender = appender = Appender(store)
+        appender.hold = hold  # the pulls its dispatch wakes are answered right after it
         self.stats = BrokerStats(config.cluster_name)
         appender.on_put = self.stats.on_put
         store.dispatch.drive_externally()  # every append happens on the loop, which dispatches after it

@@ -1,6 +1,6 @@
 """Replies that wait for the disk: the event loop asks for fsyncs and is woken once per fsync.
 
-Under synchronous flush the Appender appends on the loop and hands each loop iteration's replies here with
+Under synchronous flush the Appender appends on the loop and hands the replies of each merge (a read) here with
 the commit-log end they need durable. ``wait`` asks the store's BackgroundFlush
 (store/background_flush.py) for a round at once, which a thread outside the GIL (the C extension's, when
 built) starts right away, covering everything appended before it started, while the loop goes on. Its end

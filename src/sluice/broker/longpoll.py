@@ -259,6 +259,20 @@ class HoldService:
             self._fire_scheduled = True
             (self._loop or asyncio.get_running_loop()).call_soon(self._fire_all)
 
+    def begin_fires(self) -> bool:
+        """Hold back the callbacks of the pulls woken from now on until :meth:`end_fires` (the broker's appender
+        dispatching on the loop: once its units are written they are answered at once, in this iteration,
+        rather than by a loop callback in the next). False, changing nothing, when a firing is scheduled
+        already: that one answers them."""
+        if self._fire_scheduled:
+            return False
+        self._fire_scheduled = True
+        return True
+
+    def end_fires(self) -> None:
+        """Answer the pulls woken since :meth:`begin_fires` (which returned True)."""
+        self._fire_all()
+
     def _fire_all(self) -> None:
         """Call the woken pulls' callbacks, in one write batch: a connection's answers leave in one write, in
         this iteration."""

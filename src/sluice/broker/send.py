@@ -130,13 +130,13 @@ class SendProcessor:
 
     def handle(self, conn: RemotingConnection, request: RemotingCommand) -> Any:
         """A plain handler: answered at once when the append need not wait (asynchronous flush, a batch:
-        no task, no loop iteration); otherwise (single sends merged with the others of this loop
-        iteration, the duplicate window) returns the coroutine that finishes it. Under synchronous flush
-        (no duplicate window) returns a Deferred (broker/deferred.py: the gate counts it in flight, so a
-        stop waits for it) and the reply is written by a callback once the fsync round covers it (with the
-        round's other replies: Appender), with no task per request. A batch
-        is encoded straight to records under either flush mode: under synchronous flush it is appended at
-        once too and only its reply waits for the iteration's group commit."""
+        no task, no loop iteration). A single send is merged with the others of its read (Appender): it
+        returns a Deferred (broker/deferred.py: the gate counts it in flight, so a stop waits for it) and
+        the reply is written by a callback once the merged append is done, or under synchronous flush once
+        the fsync round covers it (with the round's other replies), with no task per request. With the
+        duplicate window it returns the coroutine that finishes it. A batch is encoded straight to records
+        under either flush mode: under synchronous flush it is appended at once too and only its reply
+        waits for the iteration's group commit."""
         appender = self.appender
         sync = appender.sync_flush
         try:
@@ -151,9 +151,9 @@ class SendProcessor:
             raise
         # A half message is never delayed: its DELAY applies when it is committed.
         prepare = self.divert if type(payload) is not list or payload[0].topic != HALF_TOPIC else None
-        if sync and window is None:
+        if window is None:
             deferred = Deferred()
-            result = appender.put(topic, queue_id, payload, sync=True, prepare=prepare,
+            result = appender.put(topic, queue_id, payload, sync=sync, prepare=prepare,
                                   then=partial(self._answer, conn, request, batch, deferred))
             if result is None:  # answered by _answer, never before put returned
                 conn.busy += 1
@@ -166,8 +166,9 @@ class SendProcessor:
 
     def _answer(self, conn: RemotingConnection, request: RemotingCommand, batch: bool, deferred: Deferred,
                 stored: Stored | None, error: BaseException | None) -> None:
-        """A stored request's reply, once durable or failed (on the loop, from the Appender); settling the
-        Deferred ends the request for the gate, which logs a refusal as it logs a handler's."""
+        """A stored request's reply, once stored (durable under sync flush) or failed (on the loop, from the
+        Appender); settling the Deferred ends the request for the gate, which logs a refusal as it logs a
+        handler's."""
         conn.busy -= 1
         response: RemotingCommand | Exception
         try:

@@ -86,6 +86,8 @@ class DispatchService:
                     self.reput_offset = new_offset
                     self.dispatched_messages += len(batch)
                     self._cond.notify_all()
+                if new_offset >= self.commitlog.write_pos:  # caught up: what _read_batch would find next
+                    break
         return done
 
     def _read_batch(self, start: int) -> tuple[list[DispatchRequest] | DispatchBatch, int]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import chain
+from struct import Struct
 
 import numpy as np
 
@@ -32,6 +33,8 @@ from sluice.store.keyhash import key_hashes, prefix_hash
 from sluice.store.dispatch_request import DispatchRequest
 
 __all__ = ["PutRun", "DispatchBatch", "write_units", "index_runs", "index_requests", "unit_array", "FEW_UNITS"]
+
+_I64 = Struct("=q")  # a native int64, as speedups.index_entries writes its columns
 
 #: Up to this many units a queue's write packs them with struct (one numpy call) rather than filling three
 #: columns of an empty array (four calls, each converting a list): a live stream dispatches one or a few per step.
@@ -234,6 +237,9 @@ def _index_runs_c(index: IndexService, runs: list[PutRun]) -> None:
             ts.append(run.store_timestamp)
             counts.append(len(h) // 8)
     if not hashes:
+        return
+    if len(hashes) == 1:  # one put (a live stream's dispatch step): its columns as they are, no numpy
+        index.build_index_raw(hashes[0], phys[0], _I64.pack(ts[0]) * counts[0])
         return
     index.build_index_hashes(np.frombuffer(b"".join(hashes), dtype=np.int64),
                              np.frombuffer(b"".join(phys), dtype=np.int64),

@@ -48,6 +48,7 @@ __all__ = ["IndexService", "IndexFile", "key_hash", "index_keys"]
 log = logging.getLogger(__name__)
 
 SLOT = struct.Struct(">i")
+_I64 = struct.Struct("=q")  # one native int64 of speedups.index_entries' columns
 assert HEADER.size == 40 and SLOT.size == 4 and ENTRY.size == 20
 
 INT_MAX = 0x7FFFFFFF
@@ -172,6 +173,25 @@ class IndexFile:
         self.end_phy, self.end_ts = phy, ts
         self._write_header()
 
+    def put_raw(self, hashes: bytes, phys: bytes, ts: bytes) -> None:
+        """put_many (C only) with the columns as native int64 bytes, as speedups.index_entries makes them: a
+        few entries (dispatch at a low rate) cost no numpy call."""
+        n = len(hashes) // 8
+        if n == 0:
+            return
+        self._allocate_entries(n)
+        if self.count <= 1:
+            self.begin_phy, self.begin_ts = _I64.unpack_from(phys)[0], _I64.unpack_from(ts)[0]
+        self._put_c(hashes, phys, ts, _I64.unpack_from(phys, len(phys) - 8)[0], _I64.unpack_from(ts, len(ts) - 8)[0])
+
+    def _put_c(self, hashes: object, phys: object, ts: object, last_phy: int, last_ts: int) -> None:
+        """The entries (native int64 buffers, room allocated) written by speedups.index_put, then the header."""
+        put = C.index_put  # type: ignore[union-attr]
+        self.count, added = put(self.mm, self._entries_at, self.slot_num, self.count, self.begin_ts, hashes, phys, ts)
+        self.slot_count += added
+        self.end_phy, self.end_ts = last_phy, last_ts
+        self._write_header()
+
     def put_many(self, hashes: np.ndarray, phys: np.ndarray, ts: np.ndarray) -> None:
         """Append entries (whole messages, in commit-log order, at most ``room``), then the header once.
 
@@ -187,13 +207,8 @@ class IndexFile:
         if count <= 1:
             self.begin_phy, self.begin_ts = int(phys[0]), int(ts[0])
         if C is not None:
-            self.count, added = C.index_put(self.mm, self._entries_at, slot_num, count, self.begin_ts,
-                                            np.ascontiguousarray(hashes, dtype=np.int64),
-                                            np.ascontiguousarray(phys, dtype=np.int64),
-                                            np.ascontiguousarray(ts, dtype=np.int64))
-            self.slot_count += added
-            self.end_phy, self.end_ts = int(phys[-1]), int(ts[-1])
-            self._write_header()
+            self._put_c(np.ascontiguousarray(hashes, dtype=np.int64), np.ascontiguousarray(phys, dtype=np.int64),
+                        np.ascontiguousarray(ts, dtype=np.int64), int(phys[-1]), int(ts[-1]))
             return
         idx = np.arange(count, count + n, dtype=np.int64)
         slot = hashes % slot_num
@@ -430,6 +445,24 @@ class IndexService:
         """
         if names:
             self.build_index_hashes(key_hashes(prefixes, names), phys, ts)
+
+    def build_index_raw(self, hashes: bytes, phys: bytes, ts: bytes) -> None:
+        """build_index_hashes with the columns as native int64 bytes (speedups.index_entries' hashes and offsets):
+        written straight by C when they all fit the current file past its highest indexed offset (dispatch
+        at a low rate: a few entries, no numpy call); otherwise as build_index_hashes."""
+        n = len(hashes) // 8
+        if n == 0:
+            return
+        if C is not None:
+            with self._lock:
+                files = self.files
+                f = files[-1] if files else None
+                if f is not None and n <= min(f.room, MAX_CHUNK) and (
+                        f.empty or _I64.unpack_from(phys)[0] > f.end_phy):
+                    f.put_raw(hashes, phys, ts)
+                    return
+        self.build_index_hashes(np.frombuffer(hashes, dtype=np.int64), np.frombuffer(phys, dtype=np.int64),
+                                np.frombuffer(ts, dtype=np.int64))
 
     def build_index_hashes(self, hashes: np.ndarray, phys: np.ndarray, ts: np.ndarray) -> None:
         """build_index_batch with the keys already hashed (keyhash.key_hashes), e.g. by dispatch."""

@@ -11,8 +11,10 @@ pull) never blocks the connection.
 The hot path is built for CPU per request, not elegance: frames written during
 one event-loop iteration leave in one ``transport.write`` (collected in
 ``_wbuf``; the first write of an iteration schedules one flush with
-``call_soon``, later ones only append; answers of plain handlers leave at the
-end of ``data_received``, and 64 KiB waiting are written at once), commands are
+``call_soon``, later ones only append; what the handlers of one read write, on
+any connection, leaves at the end of ``data_received`` (a write batch), and
+64 KiB waiting are written at once; work a request queues with ``after_read``
+runs right after, still in that iteration), commands are
 encoded with the opaque/flag they are sent with instead of being copied, and
 reads are decoded straight from the bytes the transport hands over.
 """
@@ -34,7 +36,7 @@ from sluice.ratelog import RateLimitedLog
 from sluice.transport.limits import SMALL_FRAME, FrameBudget
 
 __all__ = ["DEFAULT_MAX_INFLIGHT", "CloseCallback", "Dispatcher", "RemotingConnection", "RequestHandler", "ResponseWaiter",
-           "begin_writes", "end_writes", "split_addr"]
+           "after_read", "begin_writes", "end_writes", "split_addr"]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +64,13 @@ _CLOSE_TIMEOUT = 10.0
 _READ_BUFFER = 256 * 1024  # what one read may take (asyncio's own read size)
 _reads = threading.local()  # close(): abort a transport whose peer will not take our last bytes
 _writes = threading.local()  # the open write batch (begin_writes), if any
+
+
+class _Reading(threading.local):
+    after: list[Callable[[], object]] | None = None  # what after_read() queued during the read being handled
+
+
+_reading = _Reading()
 _NEVER = float("inf")
 # A peer that reconnects in a loop with bad frames must not flood the log.
 _protocol_errors = RateLimitedLog(log)
@@ -370,6 +379,27 @@ class RemotingConnection(asyncio.BufferedProtocol):
         self.data_received(_reads.view[:nbytes].tobytes())
 
     def data_received(self, data: bytes) -> None:
+        # One write batch per read: answers written on any connection while its frames are handled (a send
+        # waking a held pull on another connection, say) leave at the end of it, not one iteration later.
+        # Then the work queued with after_read() runs, still in this loop iteration.
+        outer = _reading.after
+        if outer is None:
+            after: list[Callable[[], object]] = []
+            _reading.after = after
+        batch = begin_writes()
+        try:
+            self._receive(data)
+        finally:
+            end_writes(batch)
+            if outer is None:
+                _reading.after = None
+                for callback in after:
+                    try:
+                        callback()
+                    except Exception:  # as the loop would log a failed callback
+                        log.exception("after-read callback %r failed", callback)
+
+    def _receive(self, data: bytes) -> None:
         codec = self._codec
         pending = self._pending
         got = False
@@ -586,6 +616,19 @@ class RemotingConnection(asyncio.BufferedProtocol):
                 cb(self)
             except Exception:
                 log.exception("connection close callback %r failed", cb)
+
+
+def after_read(callback: Callable[[], object]) -> bool:
+    """Queue ``callback()`` to run once the read being handled on this thread has dispatched all its frames and
+    written their answers (still in this loop iteration, before its next poll): work one request starts that
+    the other requests of the same read may share (the broker's merged appends). The callbacks run outside any
+    write batch: one that writes opens its own (:func:`begin_writes`). False, and nothing queued, outside a
+    read (or while the queued callbacks run): the caller schedules it itself."""
+    after = _reading.after
+    if after is None:
+        return False
+    after.append(callback)
+    return True
 
 
 def begin_writes() -> list[RemotingConnection] | None:

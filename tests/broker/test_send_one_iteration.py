@@ -1,0 +1,136 @@
+"""A read of single sends is served within that read (no task, no later loop iteration): the sends to one queue
+are appended in one store call after the read's frames are handled, each request gets its reply, dispatch runs,
+and a pull held on the queue that a message matches is answered, all before ``data_received`` returns. The
+broker's real request path, fed through in-memory transports."""
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import orjson
+import pytest
+
+from sluice.broker.config import BrokerConfig
+from sluice.broker.controller import BrokerController
+from sluice.protocol import headers as H
+from sluice.protocol import properties as P
+from sluice.protocol.codes import RequestCode, ResponseCode
+from sluice.protocol.command import RemotingCommand
+from sluice.protocol.frame import NEED_DATA, FrameCodec, encode_frame_head
+from sluice.protocol.record import iter_records
+from sluice.transport.connection import RemotingConnection
+
+TOPIC = "OneIteration"
+
+
+class _Transport(asyncio.Transport):
+    order: list[str] = []  # which transport wrote, in order, across both
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+        self.writes: list[bytes] = []
+        self.conn: RemotingConnection | None = None
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.writes.append(bytes(data))
+        self.order.append(self.name)
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return ("127.0.0.1", 4242) if name == "peername" else default
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        if self.conn is not None:  # as a socket's transport would tell its protocol
+            asyncio.get_running_loop().call_soon(self.conn.connection_lost, None)
+            self.conn = None
+
+    def take(self) -> list[RemotingCommand]:
+        codec = FrameCodec()
+        codec.receive_data(b"".join(self.writes))
+        self.writes.clear()
+        out = []
+        while (frame := codec.next_frame()) is not NEED_DATA:
+            out.append(frame)
+        return out
+
+
+def _wire(cmd: RemotingCommand, opaque: int) -> bytes:
+    return encode_frame_head(cmd, opaque, cmd.flag, cmd.serialize_type) + (cmd.body or b"")
+
+
+def _send(queue_id: int, body: bytes, region: str) -> RemotingCommand:
+    h = H.SendMessageRequestHeader(producer_group="PG", topic=TOPIC, queue_id=queue_id, born_timestamp=1,
+                                   properties=P.encode_properties({"region": region, P.TAGS: "TagA"}))
+    return RemotingCommand.request(RequestCode.SEND_MESSAGE_V2, h.to_v2_ext(), body)
+
+
+def _pull(queue_id: int, offset: int) -> RemotingCommand:
+    return RemotingCommand.request(RequestCode.PULL_MESSAGE, dict(
+        consumerGroup="G", topic=TOPIC, queueId=queue_id, queueOffset=offset, maxMsgNums=32, sysFlag=0x2 | 0x4,
+        commitOffset=0, suspendTimeoutMillis=60_000, subVersion=1, subscription="region = 'eu'",
+        expressionType="SQL92"))
+
+
+@pytest.mark.parametrize("flush", ["async", "sync"])
+def test_a_reads_single_sends_are_stored_replied_and_wake_their_pull_within_the_read(tmp_path: Path,
+                                                                                     flush: str) -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        broker = BrokerController(BrokerConfig.load(None, listen="127.0.0.1:0", store=str(tmp_path / "s"),
+                                                    flush=flush))
+        await broker.start()
+        try:
+            producer, pt = broker.server._new_connection(), _Transport("producer")
+            producer.connection_made(pt)
+            pt.conn = producer
+            consumer, ct = broker.server._new_connection(), _Transport("consumer")
+            consumer.connection_made(ct)
+            ct.conn = consumer
+            producer.data_received(_wire(_send(0, b"create", "none"), 1))  # creates the topic
+            while not pt.writes:
+                await asyncio.sleep(0.005)
+            assert pt.take()[0].code == ResponseCode.SUCCESS
+            hb = {"clientID": "c1", "producerDataSet": [], "consumerDataSet": [{
+                "groupName": "G", "consumeType": "CONSUME_PASSIVELY", "messageModel": "CLUSTERING",
+                "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET", "subscriptionDataSet": [{
+                    "topic": TOPIC, "subString": "region = 'eu'", "expressionType": "SQL92", "subVersion": 1,
+                    "tagsSet": [], "codeSet": []}]}]}
+            consumer.data_received(_wire(RemotingCommand.request(RequestCode.HEART_BEAT, {}, orjson.dumps(hb)), 1))
+            consumer.data_received(_wire(_pull(0, 1), 2))  # held: nothing past offset 1 yet
+            await asyncio.sleep(0.05)
+            assert [f.opaque for f in ct.take() if f.is_response] == [1] and broker.hold.held_count == 1
+            jobs = broker.appender.jobs
+            replies_before = pt.writes[:]
+            assert not replies_before
+            sends = [(0, b"a", "us"), (0, b"b", "eu"), (1, b"c", "eu"), (0, b"d", "us")]
+            ready = len(loop._ready)  # type: ignore[attr-defined]
+            _Transport.order.clear()
+            producer.data_received(b"".join(_wire(_send(q, body, r), 10 + i) for i, (q, body, r) in
+                                            enumerate(sends)))
+            if flush == "sync":  # the replies wait for the fsync round; the pull needs only the dispatch
+                pulled = ct.take()
+                while len(pt.writes) == 0:
+                    await asyncio.sleep(0.005)
+            else:
+                # Within the read: nothing left on the loop (no task, no flush, no firing) but the wake budget's
+                # renewal, and every reply and the pull's answer written.
+                left = [repr(h) for h in list(loop._ready)[ready:]]  # type: ignore[attr-defined]
+                assert all("_next_turn" in h for h in left), left
+                assert _Transport.order == ["consumer", "producer"]  # the woken pull's answer first, then replies
+                pulled = ct.take()
+            replies = pt.take()
+            assert sorted(f.opaque for f in replies) == [10, 11, 12, 13]
+            assert all(f.code == ResponseCode.SUCCESS for f in replies)
+            offsets = {f.opaque: (int(f.ext_fields["queueId"]), int(f.ext_fields["queueOffset"])) for f in replies}
+            assert offsets == {10: (0, 1), 11: (0, 2), 12: (1, 0), 13: (0, 3)}
+            assert broker.appender.jobs == jobs + 2  # one store call per queue for the read's four sends
+            assert len(pulled) == 1 and pulled[0].opaque == 2 and pulled[0].code == ResponseCode.SUCCESS
+            assert [bytes(r.body) for r in iter_records(pulled[0].body)] == [b"b"]  # 'us' ones filtered out
+            assert broker.gate.in_flight == 0 and producer.busy == 0
+        finally:
+            await broker.stop()
+
+    asyncio.run(main())
