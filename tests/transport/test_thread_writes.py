@@ -11,7 +11,7 @@ import pytest
 from test_request_with import Waiter
 from test_transport import ECHO, SLOW, Wire, over_the_wire
 
-from sluice.acl.signature import Credentials
+from sluice.acl.signature import Credentials, signature_matches
 from sluice.acl.signing import SigningRemotingClient
 from sluice.errors import RemotingError, RemotingTimeoutError
 from sluice.protocol.command import RemotingCommand
@@ -157,15 +157,43 @@ def test_a_closing_connection_fails_thread_written_requests_and_takes_no_more() 
     over_the_wire(check)
 
 
-def test_clients_that_change_requests_on_their_way_out_and_tls_connections_are_never_written_from_threads() -> None:
+class _Stamping(RemotingClient):
+    """A client that changes requests on their way out without saying how to do it from a thread."""
+
+    def request_with(self, conn: RemotingConnection, request: RemotingCommand, timeout: float | None,
+                     waiter: Any) -> int:
+        request.ext_fields["stamp"] = "1"
+        return super().request_with(conn, request, timeout, waiter)
+
+
+def test_the_signing_client_signs_what_it_writes_from_a_thread() -> None:
     async def check(w: Wire) -> None:
         signing = SigningRemotingClient(Credentials("ak", "secret-key-1"))
         try:
-            await signing.connection(w.addr)
+            conn = await signing.connection(w.addr)
             waiter = ThreadWaiter(asyncio.get_running_loop())
-            assert not await in_thread(signing.request_from_thread, w.addr, RemotingCommand.request(ECHO), 5.0, waiter)
+            req = RemotingCommand.request(ECHO, {"topic": "T"}, b"body")
+            assert await in_thread(signing.request_from_thread, w.addr, req, 5.0, waiter)
+            await asyncio.wait_for(waiter.event.wait(), 10)
         finally:
             await signing.close()
+        [(kind, resp)] = waiter.calls
+        assert kind == "result" and conn.thread_writes == 1
+        assert resp.ext_fields["AccessKey"] == "ak"  # the echo of what went over the wire, signed
+        assert signature_matches("secret-key-1", resp.ext_fields, resp.body)
+    over_the_wire(check)
+
+
+def test_clients_that_change_requests_on_their_way_out_and_tls_connections_are_never_written_from_threads() -> None:
+    async def check(w: Wire) -> None:
+        stamping = _Stamping()
+        try:
+            await stamping.connection(w.addr)
+            waiter = ThreadWaiter(asyncio.get_running_loop())
+            assert not await in_thread(stamping.request_from_thread, w.addr, RemotingCommand.request(ECHO), 5.0,
+                                       waiter)
+        finally:
+            await stamping.close()
         assert waiter.calls == []
     over_the_wire(check)
     tls_client = RemotingClient()

@@ -31,6 +31,13 @@ class SigningRemotingClient(RemotingClient):
         sign_fields(self.credentials, request.ext_fields, request.body)
         return super().request_with(conn, request, timeout, waiter)
 
+    def request_from_thread(self, addr: str, request: RemotingCommand, timeout: float,
+                            waiter: ResponseWaiter) -> bool:
+        # Signed here, on the caller's thread; when this returns False the caller goes through the loop,
+        # whose request_with signs again (the same fields, the same signature).
+        sign_fields(self.credentials, request.ext_fields, request.body)
+        return self._write_from_thread(addr, request, timeout, waiter)
+
     async def invoke_oneway(self, addr: str, request: RemotingCommand) -> None:
         sign_fields(self.credentials, request.ext_fields, request.body)
         await super().invoke_oneway(addr, request)

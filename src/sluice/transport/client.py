@@ -127,6 +127,10 @@ class RemotingClient:
         :meth:`request_with`, as the signing client does) gets False unless it overrides this too."""
         if type(self).request_with is not RemotingClient.request_with:
             return False
+        return self._write_from_thread(addr, request, timeout, waiter)
+
+    def _write_from_thread(self, addr: str, request: RemotingCommand, timeout: float,
+                           waiter: ResponseWaiter) -> bool:
         conn = self._conns.get(addr)
         if type(conn) is not ThreadWritableConnection:
             return False
