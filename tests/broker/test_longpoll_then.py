@@ -16,7 +16,7 @@ from sluice.broker.longpoll import CLOSED, FULL, HELD, TIMED_OUT, HoldService
 from sluice.errors import NoPermissionError
 from sluice.filter import compile_selector
 from sluice.protocol.command import RemotingCommand
-from sluice.transport import connection as connmod
+from sluice.transport import batching
 from test_longpoll_batch import _run
 from sluice.store.dispatch_columns import DispatchBatch
 
@@ -38,7 +38,7 @@ class _Owner:
 
 def _recorder(calls: list) -> object:
     def then(value: int) -> None:
-        calls.append((value, connmod._writes.__dict__.get("batch") is not None))
+        calls.append((value, batching.current_batch() is not None))
     return then
 
 

@@ -6,7 +6,8 @@ import asyncio
 
 from sluice.protocol.command import RemotingCommand
 from sluice.protocol.frame import NEED_DATA, FrameCodec, encode_frame_head
-from sluice.transport.connection import Dispatcher, RemotingConnection, after_read, begin_writes, end_writes
+from sluice.transport.batching import after_read, begin_writes, end_writes
+from sluice.transport.connection import Dispatcher, RemotingConnection
 
 
 class _Transport(asyncio.Transport):

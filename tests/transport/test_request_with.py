@@ -122,7 +122,7 @@ def test_the_signing_client_signs_what_it_writes() -> None:
 def test_a_write_batch_sends_what_its_calls_wrote_in_one_write_before_it_ends() -> None:
     from test_transport import fake_connection
 
-    from sluice.transport.connection import begin_writes, end_writes
+    from sluice.transport.batching import begin_writes, end_writes
 
     async def main() -> None:
         conn, transport = fake_connection({})

@@ -56,7 +56,7 @@ from sluice.broker.durable import DurableWaiter
 from sluice.errors import DiskFullError
 from sluice.store import MessageStore, PutResult, StoreMessage
 from sluice.store.encode import EncodedBatch
-from sluice.transport.connection import after_read, begin_writes, end_writes
+from sluice.transport.batching import after_read, begin_writes, end_writes
 
 if TYPE_CHECKING:
     from sluice.broker.dedup import DedupWindow

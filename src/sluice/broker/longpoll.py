@@ -53,7 +53,7 @@ from sluice.filter.tagcode import tag_code
 from sluice.protocol.properties import decode_properties
 from sluice.store.dispatch_columns import DispatchBatch
 from sluice.store.types import DispatchRequest
-from sluice.transport.connection import begin_writes, end_writes
+from sluice.transport.batching import begin_writes, end_writes
 
 __all__ = ["HoldService", "TIMED_OUT", "FULL", "CLOSED", "HELD"]
 

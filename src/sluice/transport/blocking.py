@@ -17,7 +17,7 @@ from typing import Any, Self, TypeVar
 
 from sluice.errors import RemotingError, RemotingTimeoutError
 from sluice.transport.client import DEFAULT_TIMEOUT, RemotingClient
-from sluice.transport.connection import begin_writes, end_writes
+from sluice.transport.batching import begin_writes, end_writes
 from sluice.protocol.command import RemotingCommand
 
 __all__ = ["LoopBoundClient", "LoopThread", "SyncRemotingClient"]

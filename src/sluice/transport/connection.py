@@ -12,7 +12,7 @@ The hot path is built for CPU per request, not elegance: frames written during
 one event-loop iteration leave in one ``transport.write`` (collected in
 ``_wbuf``; the first write of an iteration schedules one flush with
 ``call_soon``, later ones only append; what the handlers of one read write, on
-any connection, leaves at the end of ``data_received`` (a write batch), and
+any connection, leaves at the end of ``data_received`` (a write batch, transport/batching.py), and
 64 KiB waiting are written at once; work a request queues with ``after_read``
 runs right after, still in that iteration), commands are
 encoded with the opaque/flag they are sent with instead of being copied, and
@@ -31,12 +31,13 @@ from typing import Any, Protocol
 from sluice.errors import ProtocolError, RemotingError, RemotingTimeoutError, SluiceError
 from sluice.protocol.command import FLAG_ONEWAY, FLAG_RESPONSE, RemotingCommand
 from sluice.protocol.frame import DEFAULT_MAX_FRAME_SIZE, NEED_DATA, FrameCodec, encode_frame_head
+from sluice.transport.batching import current_batch, handle_read
 from sluice.transport.dispatcher import Dispatcher, RequestHandler, split_addr
 from sluice.ratelog import RateLimitedLog
 from sluice.transport.limits import SMALL_FRAME, FrameBudget
 
 __all__ = ["DEFAULT_MAX_INFLIGHT", "CloseCallback", "Dispatcher", "RemotingConnection", "RequestHandler", "ResponseWaiter",
-           "after_read", "begin_writes", "end_writes", "split_addr"]
+           "split_addr"]
 
 log = logging.getLogger(__name__)
 
@@ -63,14 +64,6 @@ _BIG_BODY = 1024 * 1024
 _CLOSE_TIMEOUT = 10.0
 _READ_BUFFER = 256 * 1024  # what one read may take (asyncio's own read size)
 _reads = threading.local()  # close(): abort a transport whose peer will not take our last bytes
-_writes = threading.local()  # the open write batch (begin_writes), if any
-
-
-class _Reading(threading.local):
-    after: list[Callable[[], object]] | None = None  # what after_read() queued during the read being handled
-
-
-_reading = _Reading()
 _NEVER = float("inf")
 # A peer that reconnects in a loop with bad frames must not flood the log.
 _protocol_errors = RateLimitedLog(log)
@@ -305,7 +298,7 @@ class RemotingConnection(asyncio.BufferedProtocol):
             self._flush()
         elif not self._flush_scheduled:
             self._flush_scheduled = True
-            batch = getattr(_writes, "batch", None)
+            batch = current_batch()
             if batch is None:
                 self._loop.call_soon(self._flush)  # type: ignore[union-attr]
             else:
@@ -379,25 +372,9 @@ class RemotingConnection(asyncio.BufferedProtocol):
         self.data_received(_reads.view[:nbytes].tobytes())
 
     def data_received(self, data: bytes) -> None:
-        # One write batch per read: answers written on any connection while its frames are handled (a send
-        # waking a held pull on another connection, say) leave at the end of it, not one iteration later.
-        # Then the work queued with after_read() runs, still in this loop iteration.
-        outer = _reading.after
-        if outer is None:
-            after: list[Callable[[], object]] = []
-            _reading.after = after
-        batch = begin_writes()
-        try:
-            self._receive(data)
-        finally:
-            end_writes(batch)
-            if outer is None:
-                _reading.after = None
-                for callback in after:
-                    try:
-                        callback()
-                    except Exception:  # as the loop would log a failed callback
-                        log.exception("after-read callback %r failed", callback)
+        # One write batch per read, then the work queued with after_read(), still in this loop iteration
+        # (transport/batching.py).
+        handle_read(self._receive, data)
 
     def _receive(self, data: bytes) -> None:
         codec = self._codec
@@ -616,41 +593,6 @@ class RemotingConnection(asyncio.BufferedProtocol):
                 cb(self)
             except Exception:
                 log.exception("connection close callback %r failed", cb)
-
-
-def after_read(callback: Callable[[], object]) -> bool:
-    """Queue ``callback()`` to run once the read being handled on this thread has dispatched all its frames and
-    written their answers (still in this loop iteration, before its next poll): work one request starts that
-    the other requests of the same read may share (the broker's merged appends). The callbacks run outside any
-    write batch: one that writes opens its own (:func:`begin_writes`). False, and nothing queued, outside a
-    read (or while the queued callbacks run): the caller schedules it itself."""
-    after = _reading.after
-    if after is None:
-        return False
-    after.append(callback)
-    return True
-
-
-def begin_writes() -> list[RemotingConnection] | None:
-    """Open a write batch on this thread: frames written on its connections until :func:`end_writes` leave
-    there, in one transport write per connection, rather than at the next loop iteration (one iteration, an
-    epoll_wait and a GIL release fewer). LoopThread opens one around the calls it takes from other threads.
-    None (and end_writes does nothing) when one is open already."""
-    if getattr(_writes, "batch", None) is not None:
-        return None
-    batch: list[RemotingConnection] = []
-    _writes.batch = batch
-    return batch
-
-
-def end_writes(batch: list[RemotingConnection] | None) -> None:
-    """Close the batch :func:`begin_writes` opened, writing what its connections collected."""
-    if batch is None:
-        return
-    _writes.batch = None
-    for conn in batch:
-        if conn._flush_scheduled:
-            conn._flush()
 
 
 _NO_HANDLERS = Dispatcher()
