@@ -287,14 +287,21 @@ PyDoc_STRVAR(acl_signature_doc,
 "objects that have absorbed the key's pads (RFC 2104), copied, never changed. None when the Python twin\n"
 "must render the head (sluice.acl.signature).");
 
-static PyObject *acl_signature(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+/* signature_into over the FASTCALL arguments (ext_fields, inner_pad, outer_pad, body) of ``name``; -1 with
+ * TypeError when they are not four. */
+static int signature_of_args(const char *name, PyObject *const *args, Py_ssize_t nargs, char out[28])
 {
     if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "acl_signature takes ext_fields, inner_pad, outer_pad, body");
-        return NULL;
+        PyErr_Format(PyExc_TypeError, "%s takes ext_fields, inner_pad, outer_pad, body", name);
+        return -1;
     }
+    return signature_into(args[0], args[1], args[2], args[3], out);
+}
+
+static PyObject *acl_signature(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
     char sig[28];
-    int rc = signature_into(args[0], args[1], args[2], args[3], sig);
+    int rc = signature_of_args("acl_signature", args, nargs, sig);
     if (rc < 0)
         return NULL;
     if (rc == 0)
@@ -346,12 +353,8 @@ PyDoc_STRVAR(acl_verify_doc,
 
 static PyObject *acl_verify(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "acl_verify takes ext_fields, inner_pad, outer_pad, body");
-        return NULL;
-    }
     char sig[28];
-    int rc = signature_into(args[0], args[1], args[2], args[3], sig);
+    int rc = signature_of_args("acl_verify", args, nargs, sig);
     if (rc < 0)
         return NULL;
     if (rc == 0)
