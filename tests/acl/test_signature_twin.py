@@ -108,12 +108,12 @@ def test_verify_refuses_what_is_not_the_signature() -> None:
     class Str(str):
         pass
     assert C.acl_verify(ext, c_inner, c_outer, None) is False
-    for given, answer in ((sig, True), (5, False), (None, False), (sig[:-1], False), (sig + "=", False),
+    for sent, answer in ((sig, True), (5, False), (None, False), (sig[:-1], False), (sig + "=", False),
                           ("é" * 28, False), (sig[:-1] + "A" if sig[-1] != "A" else sig[:-1] + "B", False),
                           (Str(sig), None)):
-        assert C.acl_verify({**ext, "Signature": given}, c_inner, c_outer, None) is answer
-        assert S._py_valid(S.key_pads("k"), {**ext, "Signature": given}, None) is bool(answer or
-                                                                                        given == sig)
+        assert C.acl_verify({**ext, "Signature": sent}, c_inner, c_outer, None) is answer
+        assert S._py_valid(S.key_pads("k"), {**ext, "Signature": sent}, None) is bool(answer or
+                                                                                        sent == sig)
 
 
 @needs_c

@@ -16,49 +16,29 @@ from sluice.protocol import headers as H
 from sluice.protocol import properties as P
 from sluice.protocol.codes import RequestCode, ResponseCode
 from sluice.protocol.command import RemotingCommand
-from sluice.protocol.frame import NEED_DATA, FrameCodec, encode_frame_head
 from sluice.protocol.record import iter_records
 from sluice.transport.connection import RemotingConnection
+
+from recording import RecordingTransport, wire
 
 TOPIC = "OneIteration"
 
 
-class _Transport(asyncio.Transport):
+class _Transport(RecordingTransport):
     order: list[str] = []  # which transport wrote, in order, across both
 
     def __init__(self, name: str) -> None:
-        super().__init__()
-        self.name = name
-        self.writes: list[bytes] = []
+        super().__init__(name)
         self.conn: RemotingConnection | None = None
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
-        self.writes.append(bytes(data))
+        super().write(data)
         self.order.append(self.name)
-
-    def get_extra_info(self, name: str, default: object = None) -> object:
-        return ("127.0.0.1", 4242) if name == "peername" else default
-
-    def is_closing(self) -> bool:
-        return False
 
     def close(self) -> None:
         if self.conn is not None:  # as a socket's transport would tell its protocol
             asyncio.get_running_loop().call_soon(self.conn.connection_lost, None)
             self.conn = None
-
-    def take(self) -> list[RemotingCommand]:
-        codec = FrameCodec()
-        codec.receive_data(b"".join(self.writes))
-        self.writes.clear()
-        out = []
-        while (frame := codec.next_frame()) is not NEED_DATA:
-            out.append(frame)
-        return out
-
-
-def _wire(cmd: RemotingCommand, opaque: int) -> bytes:
-    return encode_frame_head(cmd, opaque, cmd.flag, cmd.serialize_type) + (cmd.body or b"")
 
 
 def _send(queue_id: int, body: bytes, region: str) -> RemotingCommand:
@@ -89,7 +69,7 @@ def test_a_reads_single_sends_are_stored_replied_and_wake_their_pull_within_the_
             consumer, ct = broker.server._new_connection(), _Transport("consumer")
             consumer.connection_made(ct)
             ct.conn = consumer
-            producer.data_received(_wire(_send(0, b"create", "none"), 1))  # creates the topic
+            producer.data_received(wire(_send(0, b"create", "none"), 1))  # creates the topic
             while not pt.writes:
                 await asyncio.sleep(0.005)
             assert pt.take()[0].code == ResponseCode.SUCCESS
@@ -98,8 +78,8 @@ def test_a_reads_single_sends_are_stored_replied_and_wake_their_pull_within_the_
                 "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET", "subscriptionDataSet": [{
                     "topic": TOPIC, "subString": "region = 'eu'", "expressionType": "SQL92", "subVersion": 1,
                     "tagsSet": [], "codeSet": []}]}]}
-            consumer.data_received(_wire(RemotingCommand.request(RequestCode.HEART_BEAT, {}, orjson.dumps(hb)), 1))
-            consumer.data_received(_wire(_pull(0, 1), 2))  # held: nothing past offset 1 yet
+            consumer.data_received(wire(RemotingCommand.request(RequestCode.HEART_BEAT, {}, orjson.dumps(hb)), 1))
+            consumer.data_received(wire(_pull(0, 1), 2))  # held: nothing past offset 1 yet
             await asyncio.sleep(0.05)
             assert [f.opaque for f in ct.take() if f.is_response] == [1] and broker.hold.held_count == 1
             jobs = broker.appender.jobs
@@ -108,7 +88,7 @@ def test_a_reads_single_sends_are_stored_replied_and_wake_their_pull_within_the_
             sends = [(0, b"a", "us"), (0, b"b", "eu"), (1, b"c", "eu"), (0, b"d", "us")]
             ready = len(loop._ready)  # type: ignore[attr-defined]
             _Transport.order.clear()
-            producer.data_received(b"".join(_wire(_send(q, body, r), 10 + i) for i, (q, body, r) in
+            producer.data_received(b"".join(wire(_send(q, body, r), 10 + i) for i, (q, body, r) in
                                             enumerate(sends)))
             if flush == "sync":  # the replies wait for the fsync round; the pull needs only the dispatch
                 pulled = ct.take()

@@ -13,19 +13,19 @@ from pathlib import Path
 
 import pytest
 
-from sluice.broker.appender import Appender, stored
+from sluice.broker.appender import Appender
 from sluice.broker.dedup import DedupWindow
 from sluice.broker.durable import DurableWaiter
 from sluice.errors import FlushDiskTimeoutError, MessageIllegalError
 from sluice.protocol.codes import ResponseCode
 from sluice.protocol.command import RemotingCommand
-from sluice.protocol.frame import NEED_DATA, FrameCodec
 from sluice.speedups import C
 from sluice.store import MessageStore, StoreConfig, StoreMessage
 from sluice.store.background_flush import BackgroundFlush
 from sluice.store.encode import encode_batch
 from sluice.transport.connection import RemotingConnection
 
+from recording import RecordingTransport, frames
 from spark_side_support import Broker
 
 
@@ -37,33 +37,6 @@ def store(request: pytest.FixtureRequest, tmp_path: Path):
     s.dispatch.drive_externally()
     yield s
     s.close()
-
-
-class _Transport(asyncio.Transport):
-    def __init__(self) -> None:
-        super().__init__()
-        self.writes: list[bytes] = []
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        self.writes.append(bytes(data))
-
-    def get_extra_info(self, name: str, default: object = None) -> object:
-        return ("127.0.0.1", 4242) if name == "peername" else default
-
-    def is_closing(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        pass
-
-
-def _frames(writes: list[bytes]) -> list[RemotingCommand]:
-    codec = FrameCodec()
-    codec.receive_data(b"".join(writes))
-    out = []
-    while (frame := codec.next_frame()) is not NEED_DATA:
-        out.append(frame)
-    return out
 
 
 def test_then_gets_each_result_once_after_its_bytes_are_durable(store: MessageStore) -> None:
@@ -150,14 +123,14 @@ def test_then_with_a_duplicate_window_is_refused(store: MessageStore) -> None:
 
 
 def test_a_rounds_replies_leave_in_one_write_per_connection(store: MessageStore, monkeypatch) -> None:
-    conns: list[tuple[RemotingConnection, _Transport]] = []
+    conns: list[tuple[RemotingConnection, RecordingTransport]] = []
     answered = [0]
     after_wake: list[tuple[int, int]] = []  # (replies answered, frames written) as each round's wake-up ends
     real_ready = DurableWaiter._ready
 
     def ready(self: DurableWaiter) -> None:
         real_ready(self)
-        after_wake.append((answered[0], len(_frames([w for _, t in conns for w in t.writes]))))
+        after_wake.append((answered[0], len(frames([w for _, t in conns for w in t.writes]))))
 
     monkeypatch.setattr(DurableWaiter, "_ready", ready)
     appender = Appender(store)
@@ -165,7 +138,7 @@ def test_a_rounds_replies_leave_in_one_write_per_connection(store: MessageStore,
     async def main() -> None:
         for _ in range(2):
             conn = RemotingConnection()
-            transport = _Transport()
+            transport = RecordingTransport()
             conn.connection_made(transport)
             conns.append((conn, transport))
         done = asyncio.get_running_loop().create_future()
@@ -195,21 +168,21 @@ def test_a_rounds_replies_leave_in_one_write_per_connection(store: MessageStore,
     # ...in one write per connection per round, not one per reply.
     (_, a), (_, b) = conns
     assert len(a.writes) <= store.flusher.fsyncs and len(b.writes) <= store.flusher.fsyncs
-    frames = _frames(a.writes) + _frames(b.writes)
-    assert sorted(f.opaque for f in frames) == list(range(20))
-    assert all(f.is_response and f.code == ResponseCode.SUCCESS for f in frames)
-    assert sorted(int(f.remark) for f in frames) == list(range(0, 40, 2))
+    answers = frames(a.writes) + frames(b.writes)
+    assert sorted(f.opaque for f in answers) == list(range(20))
+    assert all(f.is_response and f.code == ResponseCode.SUCCESS for f in answers)
+    assert sorted(int(f.remark) for f in answers) == list(range(0, 40, 2))
 
 
 def test_answer_turns_an_exception_into_its_error_reply() -> None:
     async def main() -> list[RemotingCommand]:
         conn = RemotingConnection()
-        transport = _Transport()
+        transport = RecordingTransport()
         conn.connection_made(transport)
         conn.answer(RemotingCommand.request(310), FlushDiskTimeoutError("fsync failed"))
         conn.answer(RemotingCommand.request(310, oneway=True), FlushDiskTimeoutError("not written"))
         await asyncio.sleep(0)
-        return _frames(transport.writes)
+        return frames(transport.writes)
 
     (frame,) = asyncio.run(main())
     assert frame.is_response and frame.code == ResponseCode.FLUSH_DISK_TIMEOUT and frame.remark == "fsync failed"

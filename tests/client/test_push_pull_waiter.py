@@ -50,13 +50,19 @@ def consumer() -> tuple[AsyncPushConsumer, FakeConn, list[tuple[MessageQueue, li
     return c, conn, submitted
 
 
+async def start_pull(c: AsyncPushConsumer, conn: FakeConn, pq: ProcessQueue) -> tuple[asyncio.Task[Any], Any]:
+    """A pull of MQ from offset 0 under way, and the waiter its answer goes to."""
+    task = asyncio.create_task(c._pull_once(MQ, pq, 0, 32))
+    await asyncio.sleep(0)
+    [waiter] = conn.waiters.values()
+    return task, waiter
+
+
 def test_found_messages_reach_the_consume_service_as_the_answer_is_read() -> None:
     async def main() -> None:
         c, conn, submitted = consumer()
         pq = ProcessQueue()
-        task = asyncio.create_task(c._pull_once(MQ, pq, 0, 32))
-        await asyncio.sleep(0)
-        [waiter] = conn.waiters.values()
+        task, waiter = await start_pull(c, conn, pq)
         waiter.set_result(response(ResponseCode.SUCCESS, record(0) + record(1), nxt=2))
         # delivered inside set_result (the frame's decoding), before the pull task ran again
         assert submitted == [(MQ, [0, 1])] and pq.msg_count == 2 and not task.done()
@@ -70,16 +76,12 @@ def test_a_released_queue_or_a_cancelled_pull_delivers_nothing() -> None:
         c, conn, submitted = consumer()
         pq = ProcessQueue()
         pq.dropped = True
-        task = asyncio.create_task(c._pull_once(MQ, pq, 0, 32))
-        await asyncio.sleep(0)
-        [waiter] = conn.waiters.values()
+        task, waiter = await start_pull(c, conn, pq)
         waiter.set_result(response(ResponseCode.SUCCESS, record(0), nxt=1))
         assert (await task).status is PullStatus.FOUND and submitted == [] and pq.msg_count == 0
 
         live = ProcessQueue()
-        task = asyncio.create_task(c._pull_once(MQ, live, 0, 32))
-        await asyncio.sleep(0)
-        [waiter] = conn.waiters.values()
+        task, waiter = await start_pull(c, conn, live)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -93,15 +95,11 @@ def test_errors_reach_the_pull_task() -> None:
     async def main() -> None:
         c, conn, submitted = consumer()
         pq = ProcessQueue()
-        task = asyncio.create_task(c._pull_once(MQ, pq, 0, 32))
-        await asyncio.sleep(0)
-        [waiter] = conn.waiters.values()
+        task, waiter = await start_pull(c, conn, pq)
         waiter.set_exception(RemotingError("connection closed"))
         with pytest.raises(RemotingError, match="closed"):
             await task
-        task = asyncio.create_task(c._pull_once(MQ, pq, 0, 32))
-        await asyncio.sleep(0)
-        [waiter] = conn.waiters.values()
+        task, waiter = await start_pull(c, conn, pq)
         waiter.set_result(response(ResponseCode.SYSTEM_ERROR))  # an error answer: raised as the invoke path does
         with pytest.raises(SluiceError):
             await task

@@ -5,42 +5,14 @@ from __future__ import annotations
 import asyncio
 
 from sluice.protocol.command import RemotingCommand
-from sluice.protocol.frame import NEED_DATA, FrameCodec, encode_frame_head
 from sluice.transport.batching import after_read, begin_writes, end_writes
 from sluice.transport.connection import Dispatcher, RemotingConnection
 
-
-class _Transport(asyncio.Transport):
-    def __init__(self, log: list[tuple[str, object]], name: str) -> None:
-        super().__init__()
-        self.log = log
-        self.name = name
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        self.log.append((self.name, bytes(data)))
-
-    def get_extra_info(self, name: str, default: object = None) -> object:
-        return ("127.0.0.1", 4242) if name == "peername" else default
-
-    def is_closing(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        pass
+from recording import RecordingTransport, frames, wire
 
 
 def _wire(code: int, opaque: int, body: bytes = b"") -> bytes:
-    cmd = RemotingCommand.request(code, {}, body)
-    return encode_frame_head(cmd, opaque, cmd.flag, cmd.serialize_type) + body
-
-
-def _opaques(data: bytes) -> list[int]:
-    codec = FrameCodec()
-    codec.receive_data(data)
-    out = []
-    while (frame := codec.next_frame()) is not NEED_DATA:
-        out.append(frame.opaque)
-    return out
+    return wire(RemotingCommand.request(code, {}, body), opaque)
 
 
 def test_after_read_work_runs_once_the_reads_frames_are_answered_in_the_same_iteration() -> None:
@@ -50,7 +22,7 @@ def test_after_read_work_runs_once_the_reads_frames_are_answered_in_the_same_ite
         loop = asyncio.get_running_loop()
         dispatcher = Dispatcher()
         other = RemotingConnection()
-        other.connection_made(_Transport(log, "other"))
+        other.connection_made(RecordingTransport("other", log))
         queued: list[int] = []
 
         def later(opaque: int) -> None:
@@ -72,7 +44,7 @@ def test_after_read_work_runs_once_the_reads_frames_are_answered_in_the_same_ite
 
         dispatcher.register(7, handle)
         conn = RemotingConnection(dispatcher=dispatcher)
-        conn.connection_made(_Transport(log, "conn"))
+        conn.connection_made(RecordingTransport("conn", log))
         ready_before = len(loop._ready)  # type: ignore[attr-defined]
         conn.data_received(b"".join(_wire(7, i) for i in (1, 2, 3)))
         # Nothing was left for a later iteration: no flush scheduled, nothing more written later.
@@ -85,7 +57,7 @@ def test_after_read_work_runs_once_the_reads_frames_are_answered_in_the_same_ite
         assert len(log) == written
 
     asyncio.run(main())
-    kinds = [(name, v if not isinstance(v, bytes) else _opaques(v)) for name, v in log]
+    kinds = [(name, v if not isinstance(v, bytes) else [f.opaque for f in frames(v)]) for name, v in log]
     # the three handlers, then the read's writes (one per connection), then the queued work in order, whose
     # own writes (each in its write batch) leave before the read ends
     assert kinds[:3] == [("handler", 1), ("handler", 2), ("handler", 3)]
@@ -110,7 +82,7 @@ def test_a_failing_after_read_callback_is_logged_and_the_others_still_run(caplog
 
         dispatcher.register(7, handle)
         conn = RemotingConnection(dispatcher=dispatcher)
-        conn.connection_made(_Transport([], "conn"))
+        conn.connection_made(RecordingTransport("conn", []))
         conn.data_received(_wire(7, 1))
         assert not after_read(lambda: None)  # the read's queue is gone, even after a failure
 
