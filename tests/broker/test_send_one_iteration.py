@@ -114,3 +114,57 @@ def test_a_reads_single_sends_are_stored_replied_and_wake_their_pull_within_the_
             await broker.stop()
 
     asyncio.run(main())
+
+
+def test_one_connection_gets_the_pull_answer_ahead_of_the_reply_and_the_key_index_follows_the_write(
+        tmp_path: Path) -> None:
+    """Producer and consumer sharing a connection (the SDK's one client connection): the woken pull's answer and
+    the send's reply leave in one write, the answer first (the consumer decodes it first); the key index, which
+    neither needs, is built right after that write, before the read's handling returns, and a key query made
+    meanwhile still finds the message."""
+    async def main() -> None:
+        broker = BrokerController(BrokerConfig.load(None, listen="127.0.0.1:0", store=str(tmp_path / "s")))
+        await broker.start()
+        try:
+            store = broker.store
+            seen: list[tuple[bool, list[bytes]]] = []  # per write: key indexed already, key query's bodies
+
+            class _Watching(_Transport):
+                def write(self, data: bytes | bytearray | memoryview) -> None:
+                    super().write(data)
+                    indexed = bool(list(store.index.query_offsets(TOPIC, "key-b", 4, 0, 1 << 62)))
+                    found = [m.body for m in store.query_messages_by_key(TOPIC, "key-b")]
+                    seen.append((indexed, found))
+
+            conn, t = broker.server._new_connection(), _Watching("both")
+            conn.connection_made(t)
+            t.conn = conn
+            conn.data_received(wire(_send(0, b"create", "none"), 1))
+            while not t.writes:
+                await asyncio.sleep(0.005)
+            assert t.take()[0].code == ResponseCode.SUCCESS
+            hb = {"clientID": "c1", "producerDataSet": [], "consumerDataSet": [{
+                "groupName": "G", "consumeType": "CONSUME_PASSIVELY", "messageModel": "CLUSTERING",
+                "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET", "subscriptionDataSet": [{
+                    "topic": TOPIC, "subString": "region = 'eu'", "expressionType": "SQL92", "subVersion": 1,
+                    "tagsSet": [], "codeSet": []}]}]}
+            conn.data_received(wire(RemotingCommand.request(RequestCode.HEART_BEAT, {}, orjson.dumps(hb)), 2))
+            conn.data_received(wire(_pull(0, 1), 3))
+            await asyncio.sleep(0.05)
+            assert [f.opaque for f in t.take() if f.is_response] == [2] and broker.hold.held_count == 1
+            seen.clear()
+            h = H.SendMessageRequestHeader(producer_group="PG", topic=TOPIC, queue_id=0, born_timestamp=1,
+                                           properties=P.encode_properties({"region": "eu", P.KEYS: "key-b"}))
+            conn.data_received(wire(RemotingCommand.request(RequestCode.SEND_MESSAGE_V2, h.to_v2_ext(), b"b"), 10))
+            assert len(t.writes) == 1  # the answer and the reply in one write
+            out = t.take()
+            assert [f.opaque for f in out] == [3, 10]  # the pull's answer first
+            assert [bytes(r.body) for r in iter_records(out[0].body)] == [b"b"]
+            assert out[1].code == ResponseCode.SUCCESS
+            assert seen[0] == (False, [b"b"])  # written before the index entry, which a key query builds first
+            # Built before the read's handling returned, whoever asks.
+            assert [m.body for m in store.query_messages_by_key(TOPIC, "key-b")] == [b"b"]
+        finally:
+            await broker.stop()
+
+    asyncio.run(main())

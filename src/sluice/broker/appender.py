@@ -41,6 +41,9 @@ before their replies are written (a sender that has its reply finds its message
 visible), and the held pulls the dispatch wakes are answered right after it
 (``HoldService.begin_fires``), their answers leaving in one write batch with
 the replies: a send, its reply and the pull it wakes take one loop iteration.
+The key index, which neither needs, is built right after that batch is
+written (``DispatchService.reput(index_later=True)``; a key query builds it
+first), so the socket write does not wait for it.
 Other appends dispatch at the end of their read (or iteration), once the
 replies their handlers gave at once went out.
 """
@@ -229,9 +232,11 @@ class Appender:
         self._dispatch_scheduled = False
         self.dispatch_now()
 
-    def dispatch_now(self) -> None:
+    def dispatch_now(self, *, index_later: bool = False) -> None:
         """Dispatch what was appended since the last dispatch (nothing when nothing was), then answer the held
-        pulls it woke: their consume-queue units are written by then, so no loop iteration waits between."""
+        pulls it woke: their consume-queue units are written by then, so no loop iteration waits between.
+        With ``index_later`` the key-index entries wait for :meth:`index_deferred` (no reader of a queue
+        needs them; a key query builds them first: ``DispatchService.index_deferred``)."""
         if not self._undispatched:
             return
         self._undispatched = False
@@ -241,7 +246,7 @@ class Appender:
         hold = self.hold
         fires = hold is not None and hold.begin_fires()
         try:
-            dispatch.reput()
+            dispatch.reput(index_later=index_later)
         except DiskFullError as exc:  # no room for queue or index bytes: the dispatch thread backs off and logs
             dispatch.error = exc
         except Exception:  # the thread's next poll meets it again and records it
@@ -249,6 +254,16 @@ class Appender:
         finally:
             if fires:
                 hold.end_fires()  # type: ignore[union-attr]
+
+    def index_deferred(self) -> None:
+        """Build the key-index entries a ``dispatch_now(index_later=True)`` left (once its answers went out)."""
+        dispatch = self.store.dispatch
+        try:
+            dispatch.index_deferred()
+        except DiskFullError as exc:  # as in dispatch_now: the thread backs off, retries them first, and logs
+            dispatch.error = exc
+        except Exception:  # kept: the next reput (or the dispatch thread's) builds them first
+            log.exception("key index after dispatch on the event loop failed; the dispatch thread retries")
 
     # ---- the end of each loop iteration: merged appends, then one wait for durability -----------------
     def _merge(self, msgs: list[StoreMessage], queue_id: int, sync: bool,
@@ -303,13 +318,15 @@ class Appender:
             # so a sender that has its reply finds its message visible: dispatch, and answer the pulls it woke.
             # Their answers go first in the write batch (a consumer waits for them; a sender of an
             # asynchronous-flush send has its reply in the same loop iteration). A reply awaited by a task (a
-            # future, not a callback) is written by that task in the next iteration.
-            self.dispatch_now()
+            # future, not a callback) is written by that task in the next iteration. The key index, which
+            # neither needs, is built once the batch is written (below), still in this call.
+            self.dispatch_now(index_later=True)
         finally:
             try:
                 _deliver(now, now_outcomes)
             finally:
                 end_writes(batch)
+                self.index_deferred()
 
     def close(self) -> None:
         """Stop the fsync thread once what it was asked for is durable (the broker's stop, before the store's)."""

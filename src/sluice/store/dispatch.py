@@ -56,6 +56,8 @@ class DispatchService:
         self._run_lock = threading.Lock()  # one reput at a time (thread, catch-up, tests)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        #: Runs dispatched by ``reput(index_later=True)`` whose key-index entries are not built yet, in order.
+        self._index_later: list[PutRun] = []
 
     def drive_externally(self, poll_s: float = 0.05) -> None:
         """The owner calls :meth:`reput` itself right after its appends (the broker does, on its event loop):
@@ -71,16 +73,23 @@ class DispatchService:
         self.dispatchers = self.dispatchers + [d]
 
     # ---- the work ----------------------------------------------------------------------------------
-    def reput(self) -> int:
-        """Dispatch everything written so far; return how many records were dispatched."""
+    def reput(self, *, index_later: bool = False) -> int:
+        """Dispatch everything written so far; return how many records were dispatched.
+
+        With ``index_later`` the key-index entries of the appenders' batches are left for :meth:`index_deferred`
+        (the broker answers the sends and the pulls they wake first): units, ext units and dispatchers run as
+        always, so readers see the messages once this returns. A key query, the next reput and the store's
+        close build them first, so no query and no index file ever misses a dispatched message."""
         done = 0
         with self._run_lock:
+            if self._index_later:
+                self._index_pending()
             while True:
                 batch, new_offset = self._read_batch(self.reput_offset)
                 if new_offset == self.reput_offset:
                     break
                 if batch:
-                    self._dispatch(batch)
+                    self._dispatch(batch, index_later)
                     done += len(batch)
                 with self._cond:
                     self.reput_offset = new_offset
@@ -156,9 +165,23 @@ class DispatchService:
                 rec.sysflag))
         return out
 
-    def _dispatch(self, batch: list[DispatchRequest] | DispatchBatch) -> None:
+    def index_deferred(self) -> None:
+        """Build the key-index entries ``reput(index_later=True)`` left (nothing when none are left)."""
+        if self._index_later:
+            with self._run_lock:
+                if self._index_later:
+                    self._index_pending()
+
+    def _index_pending(self) -> None:
+        """Under the run lock: the deferred runs, in dispatch order; kept for a retry if the index fails."""
+        runs = self._index_later
+        if self.index is not None:
+            index_runs(self.index, runs)
+        self._index_later = []
+
+    def _dispatch(self, batch: list[DispatchRequest] | DispatchBatch, index_later: bool = False) -> None:
         if isinstance(batch, DispatchBatch):
-            self._dispatch_columns(batch)
+            self._dispatch_columns(batch, index_later)
             return
         for d in self.dispatchers:
             try:
@@ -177,9 +200,10 @@ class DispatchService:
         for (topic, qid), reqs in groups.items():
             self.write_queue(topic, qid, reqs)
 
-    def _dispatch_columns(self, batch: DispatchBatch) -> None:
+    def _dispatch_columns(self, batch: DispatchBatch, index_later: bool = False) -> None:
         """A batch from the appenders, as columns (``Dispatcher.dispatch_batch``; a dispatcher that wants
-        requests has them built once). Without requests, units and index come straight from the columns."""
+        requests has them built once). Without requests, units and index come straight from the columns;
+        with ``index_later`` the index entries wait for :meth:`index_deferred`."""
         for d in self.dispatchers:
             try:
                 d.dispatch_batch(batch)
@@ -190,7 +214,10 @@ class DispatchService:
         else:
             write_units(self.queues, batch.runs)
         if self.index is not None:
-            index_runs(self.index, batch.runs)
+            if index_later:
+                self._index_later += batch.runs
+            else:
+                index_runs(self.index, batch.runs)
 
     def write_queue(self, topic: str, qid: int, reqs: list[DispatchRequest]) -> None:
         """Write the consume-queue units of one queue's requests (in queue-offset order).

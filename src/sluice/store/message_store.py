@@ -453,6 +453,7 @@ class MessageStore:
         self._check_open()
         if self.index is None or max_num <= 0:
             return []
+        self.dispatch.index_deferred()  # the entries of messages already dispatched (and answered) first
         out: list[MessageExt] = []
         # Ask for more candidates than wanted: hash collisions are dropped below.
         for off in self.index.query_offsets(topic, key, max_num * 2 + 16, begin_ts, end_ts):
