@@ -7,9 +7,10 @@ single 1 KiB sends follow, every tenth with ``region = 'eu'`` (it wakes the pull
 next offset), the rest ``us``. Per send, perf_counter from ``data_received`` to the transport's first write
 (``to_write``: what a waiting client waits for) and to ``data_received``'s return (``read_total``: the loop is
 busy until then), medians over the sends after the first fifth, for matched and unmatched sends, and the
-process CPU per send (the harness's own work included).
+process CPU per send (the harness's own work included). ``--pace-ms 1`` sleeps that long between sends, as at
+1,000 msgs/s, so the broker's code runs cold as it does there.
 
-Run: .venv/bin/python benchmarks/send_wake_path.py [--quick] [--sends N]
+Run: .venv/bin/python benchmarks/send_wake_path.py [--quick] [--sends N] [--pace-ms MS]
 Prints one JSON object on its last line.
 """
 from __future__ import annotations
@@ -92,7 +93,7 @@ class _Transport(asyncio.Transport):
         return out
 
 
-async def _run(root: str, sends: int) -> dict[str, float]:
+async def _run(root: str, sends: int, pace_s: float) -> dict[str, float]:
     broker = BrokerController(BrokerConfig.load(None, listen="127.0.0.1:0", store=root + "/store"))
     await broker.start()
     try:
@@ -138,7 +139,7 @@ async def _run(root: str, sends: int) -> dict[str, float]:
                 conn.data_received(_wire(_pull(int(answers[0].ext_fields["nextBeginOffset"])), opaque))
                 opaque += 1
                 t.take()
-            await asyncio.sleep(0)  # let the loop run what it scheduled, as between real reads
+            await asyncio.sleep(pace_s)  # let the loop run what it scheduled, as between real reads
         cpu = (time.process_time() - c0) / sends * 1e6
     finally:
         await broker.stop()
@@ -151,12 +152,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="1,000 sends instead of 5,000")
     ap.add_argument("--sends", type=int, default=0)
+    ap.add_argument("--pace-ms", type=float, default=0.0, help="sleep between sends (1: as at 1,000 msgs/s)")
     args = ap.parse_args()
     sends = args.sends or (1000 if args.quick else 5000)
     logging.disable(logging.WARNING)
     with tempfile.TemporaryDirectory(prefix="sluice-sendwake-") as root:
-        result = asyncio.run(_run(root, sends))
-    print(json.dumps({"quick": args.quick, "sends": sends, **result}))
+        result = asyncio.run(_run(root, sends, max(0.0, args.pace_ms) / 1000.0))
+    print(json.dumps({"quick": args.quick, "sends": sends, "pace_ms": args.pace_ms, **result}))
 
 
 if __name__ == "__main__":
