@@ -282,6 +282,26 @@ class SelectorFilter:
             return self._tag.matches_code(tag_code)
         return self.selector.matches(properties)
 
+    def dispatch_verdict(self, tag_code: int, properties: dict[str, str]) -> int:
+        """:meth:`match_dispatch` for a held pull that may skip what it rules out: 1 the message passes; 0 it
+        does not, for certain (a tag code not subscribed, a SQL92 FALSE or NULL: a pull would judge it the
+        same); 2 it does not pass, but the pull must still read it (an evaluation error, which the pull
+        reports in the metrics)."""
+        if self._tag is not None:
+            return 1 if self._tag.matches_code(tag_code) else 0
+        try:
+            ok = self.selector.evaluate(properties) is True
+        except FilterEvaluationError:
+            return 2
+        return 1 if ok else 0
+
+    def skipped_unread(self, n: int) -> None:
+        """``n`` units :meth:`dispatch_verdict` ruled out were not read by the pull (its hold moved past
+        them): counted in the metrics as the pull's own evaluations of them would have been."""
+        m = self.metrics
+        if m is not None and self._tag is None:
+            m.evaluated += n
+
     @property
     def passes_all(self) -> bool:
         return self._tag is not None and self._tag.sub_all

@@ -78,6 +78,9 @@ class _Held:
     owner: object
     #: What a wake-up sets: the coroutine's Future (hold) or the callback's _Later (hold_then).
     future: asyncio.Future[int] | _Later = field(repr=False)
+    #: hold_then's ``read_from``: a one-item list kept at the queue offset the pull's read may start from,
+    #: past the units that arrived in order from ``offset`` and that its filter ruled out as they arrived.
+    read_from: list[int] | None = None
 
 
 class _Later:
@@ -207,19 +210,27 @@ class HoldService:
             self._leave(owner)
 
     def hold_then(self, topic: str, queue_id: int, offset: int, message_filter: SelectorFilter | None,
-                  timeout_s: float, owner: object, then: Callable[[int], None]) -> int:
+                  timeout_s: float, owner: object, then: Callable[[int], None], *,
+                  read_from: list[int] | None = None) -> int:
         """:meth:`hold` without a coroutine: HELD, and later ``then`` is called once (on the loop) with what
         ``hold`` would return (or CLOSED when ``owner``'s connection closed first); FULL at once (not held)
         over the limits; 0 at once (not held) when the queue grew past ``offset`` already (pull again).
-        ``owner`` needs ``on_close(callback)`` (a RemotingConnection)."""
+        ``owner`` needs ``on_close(callback)`` (a RemotingConnection).
+
+        ``read_from`` (a one-item list holding ``offset``): while held, it moves past each unit that arrives
+        next in order and that the filter rules out (``dispatch_verdict`` 0), so the woken pull reads from
+        there: a sparse subscription's wake-up reads the unit that matched, not every unit since its last
+        answer, each of which the arrival check evaluated already."""
         if not self._admit(owner):
             return FULL
         if self._max_offset(topic, queue_id) > offset:
             self.woken_by_check += 1
             return 0
+        if read_from is not None:
+            read_from[0] = offset
         loop = self._loop or asyncio.get_running_loop()
         later = _Later(self, then)
-        h = later.held = _Held((topic, queue_id), offset, message_filter, owner, later)
+        h = later.held = _Held((topic, queue_id), offset, message_filter, owner, later, read_from)
         self._enter(h)
         mine_later = self._later_by_owner.get(owner)
         if mine_later is None:
@@ -379,11 +390,22 @@ class HoldService:
                 continue
             for h in list(waiters):
                 f = h.filter
+                read_from = h.read_from if f is not None else None
                 for qoff, tag, props in msgs:
-                    if qoff >= h.offset and (f is None or f.match_dispatch(tag, props)):
+                    if qoff < h.offset:
+                        continue
+                    if f is None:
+                        verdict = 1
+                    elif read_from is None:
+                        verdict = 1 if f.match_dispatch(tag, props) else 2
+                    else:
+                        verdict = f.dispatch_verdict(tag, props)
+                    if verdict == 1:
                         self.woken_by_arrival += 1
                         self._queue_wake(h, end)
                         break
+                    if verdict == 0 and read_from is not None and qoff == read_from[0]:
+                        read_from[0] = qoff + 1  # ruled out: the woken pull need not read it again
         self._drain()
 
     async def _check_loop(self) -> None:

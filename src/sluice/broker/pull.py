@@ -181,10 +181,13 @@ class PullProcessor:
                               f"the pull says {h.sub_version})", code=_R.FILTER_DATA_NOT_LATEST)
 
     def _get_now(self, h: PullMessageRequestHeader, max_msgs: int, mf: SelectorFilter | None,
-                 max_bytes: int | None) -> GetMessageResult:
+                 max_bytes: int | None, start: int | None = None) -> GetMessageResult:
+        """The store's read for pull ``h``, from ``start`` when given (a woken held pull: past the units its
+        filter ruled out as they arrived, longpoll.py ``read_from``), else from the pull's own offset."""
+        offset = h.queue_offset if start is None else start
         # A group's backfill bitmap for this queue (broker/backfill.py), set afresh for each read.
-        mf = self.backfills.attach(mf, h.consumer_group, h.topic, h.queue_id, h.queue_offset)
-        return self.store.get_messages(h.topic, h.queue_id, h.queue_offset, max_msgs, mf, max_bytes,
+        mf = self.backfills.attach(mf, h.consumer_group, h.topic, h.queue_id, offset)
+        return self.store.get_messages(h.topic, h.queue_id, offset, max_msgs, mf, max_bytes,
                                        h.max_scan_units or 0)
 
     async def _get(self, h: PullMessageRequestHeader, max_msgs: int, mf: SelectorFilter | None,
@@ -283,6 +286,7 @@ class PullProcessor:
         config = self.config
         timeout_ms = h.suspend_timeout_millis if config.long_polling_enable else config.short_polling_ms
         deferred = Deferred()
+        read_from = [h.queue_offset]  # the hold service moves it past the arrivals the filter rules out
 
         def then(woke: int) -> None:
             conn.busy -= 1
@@ -292,12 +296,14 @@ class PullProcessor:
             if woke > 0 and self.store.dispatch.reput_offset < woke:  # dispatch lags (its thread): wait off-loop
                 conn.busy += 1
                 task = asyncio.get_running_loop().create_task(
-                    self._late_answer(conn, request, h, max_msgs, mf, max_bytes, woke, deferred))
+                    self._late_answer(conn, request, h, max_msgs, mf, max_bytes, woke, deferred,
+                                      self._woken_start(h, mf, woke, read_from[0])))
                 self._late.add(task)  # the loop keeps only a weak reference to a task
                 task.add_done_callback(self._late.discard)
                 return
             try:
-                response = self._answer_now(request, h, max_msgs, mf, max_bytes)
+                response = self._answer_now(request, h, max_msgs, mf, max_bytes, self._woken_start(h, mf, woke,
+                                                                                                   read_from[0]))
             except Exception as exc:
                 conn.answer(request, exc)
                 deferred.settle(exc)
@@ -306,7 +312,8 @@ class PullProcessor:
             deferred.settle()
 
         conn.busy += 1  # not idle while held (as a handler task would keep it); ``then`` may run at once (closed)
-        state = self.hold.hold_then(h.topic, h.queue_id, h.queue_offset, mf, max(0, timeout_ms) / 1000.0, conn, then)
+        state = self.hold.hold_then(h.topic, h.queue_id, h.queue_offset, mf, max(0, timeout_ms) / 1000.0, conn, then,
+                                    read_from=read_from)
         if state == HELD:
             return deferred
         conn.busy -= 1
@@ -314,18 +321,31 @@ class PullProcessor:
             return self._answer(request, h, res, code)
         return self._answer_now(request, h, max_msgs, mf, max_bytes)  # the queue grew meanwhile: pull again now
 
+    @staticmethod
+    def _woken_start(h: PullMessageRequestHeader, mf: SelectorFilter | None, woke: int, read_from: int
+                     ) -> int | None:
+        """Where a held pull's read starts once it is answered: woken by an arrival it wants, past the units
+        its filter ruled out as they arrived (the same answer, fewer units read: a sparse subscription's
+        wake-up reads the unit that matched, not every unit since its last answer); after a timeout or a
+        re-check, from its own offset, as RocketMQ re-reads."""
+        if woke <= 0 or read_from <= h.queue_offset:
+            return None
+        if mf is not None:
+            mf.skipped_unread(read_from - h.queue_offset)
+        return read_from
+
     def _answer_now(self, request: RemotingCommand, h: PullMessageRequestHeader, max_msgs: int,
-                    mf: SelectorFilter | None, max_bytes: int | None) -> RemotingCommand:
-        res = self._get_now(h, max_msgs, mf, max_bytes)
+                    mf: SelectorFilter | None, max_bytes: int | None, start: int | None = None) -> RemotingCommand:
+        res = self._get_now(h, max_msgs, mf, max_bytes, start)
         return self._answer(request, h, res, pull_response_code(res.status, h.queue_offset))
 
     async def _late_answer(self, conn: RemotingConnection, request: RemotingCommand, h: PullMessageRequestHeader,
                            max_msgs: int, mf: SelectorFilter | None, max_bytes: int | None, woke: int,
-                           deferred: Deferred) -> None:
+                           deferred: Deferred, start: int | None) -> None:
         exc: Exception | None = None
         try:
             await self.pool.run(self.store.dispatch.wait_for, woke, 1.0)
-            response = self._answer_now(request, h, max_msgs, mf, max_bytes)
+            response = self._answer_now(request, h, max_msgs, mf, max_bytes, start)
         except Exception as e:
             exc = e
             conn.answer(request, e)

@@ -132,6 +132,10 @@ class RetryTopicFilter(TagCodeFilter):
     def match_dispatch(self, tag_code: int, properties: dict[str, str]) -> bool:
         return self.match_record(properties)
 
+    def dispatch_verdict(self, tag_code: int, properties: dict[str, str]) -> int:
+        """Never 0: the verdict follows the group's subscriptions, which may change before the pull reads."""
+        return 1 if self.match_record(properties) else 2
+
 
 def retry_filter(consumers: ConsumerManager, group: str, topic: str,
                  current: MessageFilter | None) -> MessageFilter | None:
