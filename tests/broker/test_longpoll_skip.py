@@ -26,9 +26,9 @@ class _Owner:
 def _held(hold: HoldService, f: SelectorFilter | None, offset: int = 0, timeout: float = 3600
           ) -> tuple[list[int], list[int]]:
     calls: list[int] = []
-    read_from = [-1]
+    read_from = [-5, -5]
     assert hold.hold_then("T", 0, offset, f, timeout, _Owner(), calls.append, read_from=read_from) == HELD
-    assert read_from == [offset]
+    assert read_from == [offset, -1]
     return calls, read_from
 
 
@@ -39,7 +39,7 @@ def test_ruled_out_arrivals_move_read_from_and_the_wanted_one_wakes() -> None:
         calls, read_from = _held(hold, SelectorFilter(compile_selector("SQL92", "color = 'red'")), offset=2)
         hold.dispatch_batch(DispatchBatch([_run("T", 0, 2, 0, ["A", "A"], ["blue", "green"])]))
         hold.dispatch_batch(DispatchBatch([_run("T", 0, 4, 200, [None, "A", "A"], ["blue", "red", "blue"])]))
-        assert read_from == [5]  # 2, 3, 4 ruled out; 5 wanted (the 6 after it is the read's business)
+        assert read_from == [5, 5]  # 2, 3, 4 ruled out; 5 wanted, judged (the 6 after it is the read's business)
         await asyncio.sleep(0)
         assert calls == [500]
         await hold.stop()
@@ -52,10 +52,10 @@ def test_a_gap_or_an_older_unit_stops_read_from() -> None:
         hold.start()
         _, read_from = _held(hold, SelectorFilter(compile_selector("SQL92", "color = 'red'")), offset=3)
         hold.dispatch_batch(DispatchBatch([_run("T", 0, 1, 0, ["A", "A"], ["blue", "blue"])]))  # before 3
-        assert read_from == [3]
+        assert read_from == [3, -1]
         hold.dispatch_batch(DispatchBatch([_run("T", 0, 4, 0, ["A"], ["blue"])]))  # 3 not seen: a gap
-        hold.dispatch_batch(DispatchBatch([_run("T", 0, 5, 0, ["A"], ["blue"])]))
-        assert read_from == [3] and hold.held_count == 1
+        hold.dispatch_batch(DispatchBatch([_run("T", 0, 5, 0, ["A"], ["red"])]))  # wakes it, unjudged: gap
+        assert read_from == [3, -1] and hold.held_count == 0
         await hold.stop()
     asyncio.run(main())
 
@@ -69,9 +69,9 @@ def test_an_evaluation_error_is_left_for_the_pull_to_report() -> None:
         assert f.dispatch_verdict(0, {"color": "9"}) == 1 and f.dispatch_verdict(0, {}) == 0  # NULL: FALSE
         _, read_from = _held(hold, f)
         hold.dispatch_batch(DispatchBatch([_run("T", 0, 0, 0, ["A", "A"], ["3", "blue"])]))
-        assert read_from == [1]  # 0 ruled out, 1 must be read (its error is the pull's to count)
+        assert read_from == [1, -1]  # 0 ruled out, 1 must be read (its error is the pull's to count)
         hold.dispatch_batch(DispatchBatch([_run("T", 0, 2, 0, ["A"], ["4"])]))
-        assert read_from == [1]
+        assert read_from == [1, -1]
         await hold.stop()
     asyncio.run(main())
 
@@ -83,14 +83,14 @@ def test_tag_codes_and_no_filter() -> None:
         tags = SelectorFilter(compile_selector("TAG", "TagB || TagC"))
         _, read_from = _held(hold, tags)
         hold.dispatch_batch(DispatchBatch([_run("T", 0, 0, 0, ["TagA", None, "TagD"], ["x", "x", "x"])]))
-        assert read_from == [3] and hold.held_count == 1
+        assert read_from == [3, -1] and hold.held_count == 1
         await hold.stop()
         hold = HoldService(lambda t, q: 0, check_interval_s=3600)
         hold.start()
         calls, read_from = _held(hold, None)  # no filter: every arrival wakes, nothing is skipped
         hold.dispatch_batch(DispatchBatch([_run("T", 0, 0, 0, ["TagA"], ["x"])]))
         await asyncio.sleep(0)
-        assert calls == [100] and read_from == [0]
+        assert calls == [100] and read_from == [0, -1]
         await hold.stop()
     asyncio.run(main())
 
@@ -105,7 +105,7 @@ def test_a_timed_out_pull_keeps_read_from_but_its_caller_rereads() -> None:
             if calls:
                 break
             await asyncio.sleep(0.01)
-        assert calls == [TIMED_OUT] and read_from == [1]
+        assert calls == [TIMED_OUT] and read_from == [1, -1]
         await hold.stop()
     asyncio.run(main())
 
@@ -120,13 +120,13 @@ def _pull_in_thread(rpc, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003
 def test_woken_pull_answers_as_a_read_from_its_own_offset(broker, monkeypatch) -> None:  # noqa: ANN001
     consumer, producer, reader = broker.rpc(), broker.rpc(), broker.rpc()
     store = broker.broker.store
-    reads: list[int] = []
+    reads: list[tuple[int, bool]] = []  # (offset, read with the filter)
     real_get = store.get_messages
 
-    def get_messages(topic, queue_id, offset, *args):  # noqa: ANN001, ANN002, ANN202
+    def get_messages(topic, queue_id, offset, max_msgs, mf, *args):  # noqa: ANN001, ANN002, ANN202
         if topic == "Skip":
-            reads.append(offset)
-        return real_get(topic, queue_id, offset, *args)
+            reads.append((offset, mf is not None))
+        return real_get(topic, queue_id, offset, max_msgs, mf, *args)
 
     monkeypatch.setattr(store, "get_messages", get_messages)
     sql = "region = 'eu' AND a > 5"
@@ -143,7 +143,8 @@ def test_woken_pull_answers_as_a_read_from_its_own_offset(broker, monkeypatch) -
     t.join(10)
     held = out["resp"]
     assert held.code == R.SUCCESS and bodies(held) == [b"hit"]
-    assert reads == [1, 4]  # held after a read from 1; woken, it read from offset 4 (an error: the read reports it)
+    # Held after a read from 1; woken, it read from offset 4 with the filter (4 is an error the read reports).
+    assert reads == [(1, True), (4, True)]
     held_metrics = broker.broker.filter_data.metrics_of("G", "Skip").to_wire()
     plain = reader.pull("Skip", offset=1, group="G2", sub=sql, expr_type="SQL92")
     assert bodies(plain) == bodies(held)
@@ -151,3 +152,40 @@ def test_woken_pull_answers_as_a_read_from_its_own_offset(broker, monkeypatch) -
     # The skipped units count as evaluated, as the plain read's evaluations do; offset 4's error is counted.
     assert broker.broker.filter_data.metrics_of("G2", "Skip").to_wire() == held_metrics
     assert held_metrics["evaluated"] == 6 and held_metrics["errors"] == 1 and held_metrics["matched"] == 1
+
+
+def test_woken_by_the_last_unit_reads_it_unjudged(broker, monkeypatch) -> None:  # noqa: ANN001
+    """The unit that woke the pull is the queue's last and was judged as the read would judge it: the read takes
+    that record alone, without the filter; the answer and the metrics are a plain read's."""
+    consumer, producer, reader = broker.rpc(), broker.rpc(), broker.rpc()
+    store = broker.broker.store
+    reads: list[tuple[int, int, bool]] = []  # (offset, max messages, read with the filter)
+    real_get = store.get_messages
+
+    def get_messages(topic, queue_id, offset, max_msgs, mf, *args):  # noqa: ANN001, ANN002, ANN202
+        if topic == "Last":
+            reads.append((offset, max_msgs, mf is not None))
+        return real_get(topic, queue_id, offset, max_msgs, mf, *args)
+
+    for queue in (0, 1):  # the topic and its queues exist, each with one unwanted message
+        producer.send("Last", b"old", props={"region": "us"}, tags="TagA", queue_id=queue)
+    monkeypatch.setattr(store, "get_messages", get_messages)
+    for queue, sub, kind in ((0, "region = 'eu'", "SQL92"), (1, "TagB || TagC", None)):
+        reads.clear()
+        t, out = _pull_in_thread(consumer, "Last", queue_id=queue, offset=1, group="G", sub=sub, expr_type=kind,
+                                 suspend_ms=10_000)
+        deadline = time.monotonic() + 5
+        while broker.broker.hold.held_count < 1:
+            assert time.monotonic() < deadline, "pull was not held"
+            time.sleep(0.005)
+        producer.send("Last", b"us", props={"region": "us"}, tags="TagA", queue_id=queue)
+        producer.send("Last", b"eu", props={"region": "eu"}, tags="TagC", queue_id=queue)
+        t.join(10)
+        held = out["resp"]
+        assert held.code == R.SUCCESS and bodies(held) == [b"eu"] and held.ext_fields["nextBeginOffset"] == "3"
+        assert [(o, f) for o, _, f in reads] == [(1, True), (2, False)] and reads[1][1] == 1
+        plain = reader.pull("Last", queue_id=queue, offset=1, group="G2", sub=sub, expr_type=kind)
+        assert bodies(plain) == bodies(held) and plain.ext_fields["nextBeginOffset"] == "3"
+    fd = broker.broker.filter_data
+    assert fd.metrics_of("G", "Last").to_wire() == fd.metrics_of("G2", "Last").to_wire()
+    assert fd.metrics_of("G", "Last").matched == 1 and fd.metrics_of("G", "Last").evaluated == 2

@@ -286,7 +286,7 @@ class SelectorFilter:
         """:meth:`match_dispatch` for a held pull that may skip what it rules out: 1 the message passes; 0 it
         does not, for certain (a tag code not subscribed, a SQL92 FALSE or NULL: a pull would judge it the
         same); 2 it does not pass, but the pull must still read it (an evaluation error, which the pull
-        reports in the metrics)."""
+        reports in the metrics); 3 it passes now, but the pull judges it again (a verdict that may change)."""
         if self._tag is not None:
             return 1 if self._tag.matches_code(tag_code) else 0
         try:
@@ -294,6 +294,14 @@ class SelectorFilter:
         except FilterEvaluationError:
             return 2
         return 1 if ok else 0
+
+    def judged_at_arrival(self) -> None:
+        """The one unit a woken pull returns was judged a match by :meth:`dispatch_verdict` as it arrived, and
+        the pull reads it without judging it again: counted in the metrics as the pull's evaluation would be."""
+        m = self.metrics
+        if m is not None and self._tag is None:
+            m.evaluated += 1
+            m.matched += 1
 
     def skipped_unread(self, n: int) -> None:
         """``n`` units :meth:`dispatch_verdict` ruled out were not read by the pull (its hold moved past

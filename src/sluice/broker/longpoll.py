@@ -78,8 +78,9 @@ class _Held:
     owner: object
     #: What a wake-up sets: the coroutine's Future (hold) or the callback's _Later (hold_then).
     future: asyncio.Future[int] | _Later = field(repr=False)
-    #: hold_then's ``read_from``: a one-item list kept at the queue offset the pull's read may start from,
-    #: past the units that arrived in order from ``offset`` and that its filter ruled out as they arrived.
+    #: hold_then's ``read_from``: [the queue offset the pull's read may start from, past the units that arrived
+    #: in order from ``offset`` and that its filter ruled out as they arrived; that offset again once the unit
+    #: there woke the pull with a verdict the pull would give, else -1].
     read_from: list[int] | None = None
 
 
@@ -217,17 +218,19 @@ class HoldService:
         over the limits; 0 at once (not held) when the queue grew past ``offset`` already (pull again).
         ``owner`` needs ``on_close(callback)`` (a RemotingConnection).
 
-        ``read_from`` (a one-item list holding ``offset``): while held, it moves past each unit that arrives
-        next in order and that the filter rules out (``dispatch_verdict`` 0), so the woken pull reads from
-        there: a sparse subscription's wake-up reads the unit that matched, not every unit since its last
-        answer, each of which the arrival check evaluated already."""
+        ``read_from`` (a two-item list, set to ``[offset, -1]``): while held, its first item moves past each
+        unit that arrives next in order and that the filter rules out (``dispatch_verdict`` 0), so the woken
+        pull reads from there: a sparse subscription's wake-up reads the unit that matched, not every unit
+        since its last answer, each of which the arrival check evaluated already. Its second item becomes
+        that queue offset when the unit there is the one that woke the pull, judged exactly as the pull would
+        judge it (``dispatch_verdict`` 1)."""
         if not self._admit(owner):
             return FULL
         if self._max_offset(topic, queue_id) > offset:
             self.woken_by_check += 1
             return 0
         if read_from is not None:
-            read_from[0] = offset
+            read_from[:] = (offset, -1)
         loop = self._loop or asyncio.get_running_loop()
         later = _Later(self, then)
         h = later.held = _Held((topic, queue_id), offset, message_filter, owner, later, read_from)
@@ -400,7 +403,9 @@ class HoldService:
                         verdict = 1 if f.match_dispatch(tag, props) else 2
                     else:
                         verdict = f.dispatch_verdict(tag, props)
-                    if verdict == 1:
+                    if verdict == 1 or verdict == 3:
+                        if verdict == 1 and read_from is not None and qoff == read_from[0]:
+                            read_from[1] = qoff  # judged as the pull would: it need not judge it again
                         self.woken_by_arrival += 1
                         self._queue_wake(h, end)
                         break

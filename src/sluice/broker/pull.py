@@ -184,6 +184,11 @@ class PullProcessor:
                  max_bytes: int | None, start: int | None = None) -> GetMessageResult:
         """The store's read for pull ``h``, from ``start`` when given (a woken held pull: past the units its
         filter ruled out as they arrived, longpoll.py ``read_from``), else from the pull's own offset."""
+        if start is not None and start < 0:  # _woken_start: the one unit there is judged a match already
+            res = self.store.get_messages(h.topic, h.queue_id, ~start, 1, None, max_bytes, 0)
+            if res.status is GetMessageStatus.FOUND:
+                mf.judged_at_arrival()  # type: ignore[union-attr]  # a SelectorFilter: _woken_start
+            return res
         offset = h.queue_offset if start is None else start
         # A group's backfill bitmap for this queue (broker/backfill.py), set afresh for each read.
         mf = self.backfills.attach(mf, h.consumer_group, h.topic, h.queue_id, offset)
@@ -286,7 +291,7 @@ class PullProcessor:
         config = self.config
         timeout_ms = h.suspend_timeout_millis if config.long_polling_enable else config.short_polling_ms
         deferred = Deferred()
-        read_from = [h.queue_offset]  # the hold service moves it past the arrivals the filter rules out
+        read_from = [h.queue_offset, -1]  # the hold service moves it past the arrivals the filter rules out
 
         def then(woke: int) -> None:
             conn.busy -= 1
@@ -297,13 +302,13 @@ class PullProcessor:
                 conn.busy += 1
                 task = asyncio.get_running_loop().create_task(
                     self._late_answer(conn, request, h, max_msgs, mf, max_bytes, woke, deferred,
-                                      self._woken_start(h, mf, woke, read_from[0])))
+                                      self._woken_start(h, mf, woke, read_from)))
                 self._late.add(task)  # the loop keeps only a weak reference to a task
                 task.add_done_callback(self._late.discard)
                 return
             try:
-                response = self._answer_now(request, h, max_msgs, mf, max_bytes, self._woken_start(h, mf, woke,
-                                                                                                   read_from[0]))
+                response = self._answer_now(request, h, max_msgs, mf, max_bytes,
+                                            self._woken_start(h, mf, woke, read_from))
             except Exception as exc:
                 conn.answer(request, exc)
                 deferred.settle(exc)
@@ -321,18 +326,24 @@ class PullProcessor:
             return self._answer(request, h, res, code)
         return self._answer_now(request, h, max_msgs, mf, max_bytes)  # the queue grew meanwhile: pull again now
 
-    @staticmethod
-    def _woken_start(h: PullMessageRequestHeader, mf: SelectorFilter | None, woke: int, read_from: int
-                     ) -> int | None:
+    def _woken_start(self, h: PullMessageRequestHeader, mf: SelectorFilter | None, woke: int,
+                     read_from: list[int]) -> int | None:
         """Where a held pull's read starts once it is answered: woken by an arrival it wants, past the units
         its filter ruled out as they arrived (the same answer, fewer units read: a sparse subscription's
         wake-up reads the unit that matched, not every unit since its last answer); after a timeout or a
-        re-check, from its own offset, as RocketMQ re-reads."""
-        if woke <= 0 or read_from <= h.queue_offset:
+        re-check, from its own offset, as RocketMQ re-reads. As ``~start`` (negative) when the unit there,
+        the queue's last, woke it with the verdict the read would give: the read takes that one record
+        without judging it again (``_get_now``), unless a backfill bitmap has a say on this queue."""
+        start, judged = read_from
+        if woke <= 0:
             return None
-        if mf is not None:
-            mf.skipped_unread(read_from - h.queue_offset)
-        return read_from
+        if mf is not None and start > h.queue_offset:
+            mf.skipped_unread(start - h.queue_offset)
+        if judged == start and isinstance(mf, SelectorFilter) \
+                and self.store.get_max_offset(h.topic, h.queue_id) == start + 1 \
+                and (h.consumer_group, h.topic, h.queue_id) not in self.backfills.table:
+            return ~start
+        return start if start > h.queue_offset else None
 
     def _answer_now(self, request: RemotingCommand, h: PullMessageRequestHeader, max_msgs: int,
                     mf: SelectorFilter | None, max_bytes: int | None, start: int | None = None) -> RemotingCommand:

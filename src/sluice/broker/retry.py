@@ -133,8 +133,8 @@ class RetryTopicFilter(TagCodeFilter):
         return self.match_record(properties)
 
     def dispatch_verdict(self, tag_code: int, properties: dict[str, str]) -> int:
-        """Never 0: the verdict follows the group's subscriptions, which may change before the pull reads."""
-        return 1 if self.match_record(properties) else 2
+        """Never 0 or 1: the verdict follows the group's subscriptions, which may change before the pull reads."""
+        return 3 if self.match_record(properties) else 2
 
 
 def retry_filter(consumers: ConsumerManager, group: str, topic: str,
