@@ -23,6 +23,12 @@ class _Owner:
         pass
 
 
+def _service() -> HoldService:
+    hold = HoldService(lambda t, q: 0, check_interval_s=3600)
+    hold.start()
+    return hold
+
+
 def _held(hold: HoldService, f: SelectorFilter | None, offset: int = 0, timeout: float = 3600
           ) -> tuple[list[int], list[int]]:
     calls: list[int] = []
@@ -34,8 +40,7 @@ def _held(hold: HoldService, f: SelectorFilter | None, offset: int = 0, timeout:
 
 def test_ruled_out_arrivals_move_read_from_and_the_wanted_one_wakes() -> None:
     async def main() -> None:
-        hold = HoldService(lambda t, q: 0, check_interval_s=3600)
-        hold.start()
+        hold = _service()
         calls, read_from = _held(hold, SelectorFilter(compile_selector("SQL92", "color = 'red'")), offset=2)
         hold.dispatch_batch(DispatchBatch([_run("T", 0, 2, 0, ["A", "A"], ["blue", "green"])]))
         hold.dispatch_batch(DispatchBatch([_run("T", 0, 4, 200, [None, "A", "A"], ["blue", "red", "blue"])]))
@@ -48,8 +53,7 @@ def test_ruled_out_arrivals_move_read_from_and_the_wanted_one_wakes() -> None:
 
 def test_a_gap_or_an_older_unit_stops_read_from() -> None:
     async def main() -> None:
-        hold = HoldService(lambda t, q: 0, check_interval_s=3600)
-        hold.start()
+        hold = _service()
         _, read_from = _held(hold, SelectorFilter(compile_selector("SQL92", "color = 'red'")), offset=3)
         hold.dispatch_batch(DispatchBatch([_run("T", 0, 1, 0, ["A", "A"], ["blue", "blue"])]))  # before 3
         assert read_from == [3, -1]
@@ -62,8 +66,7 @@ def test_a_gap_or_an_older_unit_stops_read_from() -> None:
 
 def test_an_evaluation_error_is_left_for_the_pull_to_report() -> None:
     async def main() -> None:
-        hold = HoldService(lambda t, q: 0, check_interval_s=3600)
-        hold.start()
+        hold = _service()
         f = SelectorFilter(compile_selector("SQL92", "color > 5"))  # 'blue' is no number: an evaluation error
         assert f.dispatch_verdict(0, {"color": "blue"}) == 2 and f.dispatch_verdict(0, {"color": "3"}) == 0
         assert f.dispatch_verdict(0, {"color": "9"}) == 1 and f.dispatch_verdict(0, {}) == 0  # NULL: FALSE
@@ -78,15 +81,13 @@ def test_an_evaluation_error_is_left_for_the_pull_to_report() -> None:
 
 def test_tag_codes_and_no_filter() -> None:
     async def main() -> None:
-        hold = HoldService(lambda t, q: 0, check_interval_s=3600)
-        hold.start()
+        hold = _service()
         tags = SelectorFilter(compile_selector("TAG", "TagB || TagC"))
         _, read_from = _held(hold, tags)
         hold.dispatch_batch(DispatchBatch([_run("T", 0, 0, 0, ["TagA", None, "TagD"], ["x", "x", "x"])]))
         assert read_from == [3, -1] and hold.held_count == 1
         await hold.stop()
-        hold = HoldService(lambda t, q: 0, check_interval_s=3600)
-        hold.start()
+        hold = _service()
         calls, read_from = _held(hold, None)  # no filter: every arrival wakes, nothing is skipped
         hold.dispatch_batch(DispatchBatch([_run("T", 0, 0, 0, ["TagA"], ["x"])]))
         await asyncio.sleep(0)
@@ -97,8 +98,7 @@ def test_tag_codes_and_no_filter() -> None:
 
 def test_a_timed_out_pull_keeps_read_from_but_its_caller_rereads() -> None:
     async def main() -> None:
-        hold = HoldService(lambda t, q: 0, check_interval_s=3600)
-        hold.start()
+        hold = _service()
         calls, read_from = _held(hold, SelectorFilter(compile_selector("SQL92", "color = 'red'")), timeout=0.05)
         hold.dispatch_batch(DispatchBatch([_run("T", 0, 0, 0, ["A"], ["blue"])]))
         for _ in range(100):
@@ -110,6 +110,28 @@ def test_a_timed_out_pull_keeps_read_from_but_its_caller_rereads() -> None:
     asyncio.run(main())
 
 
+def _spy_reads(broker, monkeypatch, topic: str) -> list[tuple[int, int, bool]]:  # noqa: ANN001
+    """The store reads of ``topic``'s pulls from now on: (offset, max messages, read with the filter)."""
+    store = broker.broker.store
+    reads: list[tuple[int, int, bool]] = []
+    real_get = store.get_messages
+
+    def get_messages(t, queue_id, offset, max_msgs, mf, *args):  # noqa: ANN001, ANN002, ANN202
+        if t == topic:
+            reads.append((offset, max_msgs, mf is not None))
+        return real_get(t, queue_id, offset, max_msgs, mf, *args)
+
+    monkeypatch.setattr(store, "get_messages", get_messages)
+    return reads
+
+
+def _wait_held(broker) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + 5
+    while broker.broker.hold.held_count < 1:
+        assert time.monotonic() < deadline, "pull was not held"
+        time.sleep(0.005)
+
+
 def _pull_in_thread(rpc, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003
     out: dict = {}
     t = threading.Thread(target=lambda: out.setdefault("resp", rpc.pull(*args, **kwargs)))
@@ -119,23 +141,11 @@ def _pull_in_thread(rpc, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003
 
 def test_woken_pull_answers_as_a_read_from_its_own_offset(broker, monkeypatch) -> None:  # noqa: ANN001
     consumer, producer, reader = broker.rpc(), broker.rpc(), broker.rpc()
-    store = broker.broker.store
-    reads: list[tuple[int, bool]] = []  # (offset, read with the filter)
-    real_get = store.get_messages
-
-    def get_messages(topic, queue_id, offset, max_msgs, mf, *args):  # noqa: ANN001, ANN002, ANN202
-        if topic == "Skip":
-            reads.append((offset, mf is not None))
-        return real_get(topic, queue_id, offset, max_msgs, mf, *args)
-
-    monkeypatch.setattr(store, "get_messages", get_messages)
+    reads = _spy_reads(broker, monkeypatch, "Skip")
     sql = "region = 'eu' AND a > 5"
     producer.send("Skip", b"old", props={"region": "eu", "a": "9"})
     t, out = _pull_in_thread(consumer, "Skip", offset=1, group="G", sub=sql, expr_type="SQL92", suspend_ms=10_000)
-    deadline = time.monotonic() + 5
-    while broker.broker.hold.held_count < 1:
-        assert time.monotonic() < deadline, "pull was not held"
-        time.sleep(0.005)
+    _wait_held(broker)
     for region, a in (("us", "9"), ("eu", "1"), ("cn", "7"), ("eu", "x"), ("us", "6")):
         producer.send("Skip", f"{region}-{a}".encode(), props={"region": region, "a": a})  # offsets 1..5
     assert broker.broker.hold.held_count == 1  # none of them wanted (offset 4's error included)
@@ -144,7 +154,7 @@ def test_woken_pull_answers_as_a_read_from_its_own_offset(broker, monkeypatch) -
     held = out["resp"]
     assert held.code == R.SUCCESS and bodies(held) == [b"hit"]
     # Held after a read from 1; woken, it read from offset 4 with the filter (4 is an error the read reports).
-    assert reads == [(1, True), (4, True)]
+    assert [(o, f) for o, _, f in reads] == [(1, True), (4, True)]
     held_metrics = broker.broker.filter_data.metrics_of("G", "Skip").to_wire()
     plain = reader.pull("Skip", offset=1, group="G2", sub=sql, expr_type="SQL92")
     assert bodies(plain) == bodies(held)
@@ -158,26 +168,14 @@ def test_woken_by_the_last_unit_reads_it_unjudged(broker, monkeypatch) -> None: 
     """The unit that woke the pull is the queue's last and was judged as the read would judge it: the read takes
     that record alone, without the filter; the answer and the metrics are a plain read's."""
     consumer, producer, reader = broker.rpc(), broker.rpc(), broker.rpc()
-    store = broker.broker.store
-    reads: list[tuple[int, int, bool]] = []  # (offset, max messages, read with the filter)
-    real_get = store.get_messages
-
-    def get_messages(topic, queue_id, offset, max_msgs, mf, *args):  # noqa: ANN001, ANN002, ANN202
-        if topic == "Last":
-            reads.append((offset, max_msgs, mf is not None))
-        return real_get(topic, queue_id, offset, max_msgs, mf, *args)
-
     for queue in (0, 1):  # the topic and its queues exist, each with one unwanted message
         producer.send("Last", b"old", props={"region": "us"}, tags="TagA", queue_id=queue)
-    monkeypatch.setattr(store, "get_messages", get_messages)
+    reads = _spy_reads(broker, monkeypatch, "Last")
     for queue, sub, kind in ((0, "region = 'eu'", "SQL92"), (1, "TagB || TagC", None)):
         reads.clear()
         t, out = _pull_in_thread(consumer, "Last", queue_id=queue, offset=1, group="G", sub=sub, expr_type=kind,
                                  suspend_ms=10_000)
-        deadline = time.monotonic() + 5
-        while broker.broker.hold.held_count < 1:
-            assert time.monotonic() < deadline, "pull was not held"
-            time.sleep(0.005)
+        _wait_held(broker)
         producer.send("Last", b"us", props={"region": "us"}, tags="TagA", queue_id=queue)
         producer.send("Last", b"eu", props={"region": "eu"}, tags="TagC", queue_id=queue)
         t.join(10)
