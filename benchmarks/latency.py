@@ -6,7 +6,7 @@ stamped in the body (``sluice.bench.sluice_runner.latency``). Per rate: p50 / p9
 sent message of this process (producer + consumer) and of the broker, so a change that buys latency with CPU
 shows it.
 
-Run: .venv/bin/python benchmarks/latency.py [--quick] [--rates 1000,10000] [--seconds S] [--repeat N]
+Run: .venv/bin/python benchmarks/latency.py [--quick] [--rates 1000,10000] [--seconds S] [--repeat N] [--inline]
 Prints one JSON object on its last line.
 """
 from __future__ import annotations
@@ -47,12 +47,14 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=1.0,
                     help="seconds at the first rate first, not reported: sluice bench measures latency after the "
                          "drains, on a warm broker and client")
+    ap.add_argument("--inline", action="store_true",
+                    help="the consumer's listener on its I/O thread (PushConsumer consume_inline)")
     args = ap.parse_args()
     wl = Workload.quick() if args.quick else Workload()
     rates = tuple(int(r) for r in args.rates.split(",") if r.strip())
     wl = replace(wl, latency_rates=rates * args.repeat,
                  latency_seconds=args.seconds if args.seconds is not None else wl.latency_seconds)
-    out: dict = {"quick": args.quick, "seconds_per_rate": wl.latency_seconds, "runs": []}
+    out: dict = {"quick": args.quick, "inline": args.inline, "seconds_per_rate": wl.latency_seconds, "runs": []}
     with tempfile.TemporaryDirectory(prefix="sluice-latency-") as tmp:
         ns, broker = cluster(Path(tmp), "async")
         try:
@@ -67,7 +69,7 @@ def main() -> None:
                 marks.append(measured())
                 print(what, file=sys.stderr, flush=True)
 
-            results = latency(ns.addr, wl, step, warmup_seconds=args.warmup)
+            results = latency(ns.addr, wl, step, warmup_seconds=args.warmup, inline=args.inline)
             marks.append(measured())
             for i, res in enumerate(results):
                 (c0, b0), (c1, b1) = marks[i], marks[i + 1]

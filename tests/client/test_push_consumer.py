@@ -33,10 +33,12 @@ class Sink:
         self.msgs: list[MessageExt] = []
         self.fail = fail
         self.result = result
+        self.threads: set[str] = set()  # names of the threads the listener ran on
 
     def __call__(self, msgs: list[MessageExt]) -> object:
         with self.lock:
             self.msgs.extend(msgs)
+            self.threads.add(threading.current_thread().name)
         if any(m.body.decode() in self.fail for m in msgs):
             return ConsumeResult.RECONSUME_LATER
         return self.result
@@ -75,13 +77,15 @@ def test_api_refuses_misuse(cluster: Cluster) -> None:
         c.subscribe("%RETRY%g")
 
 
-def test_consumes_everything_with_tag_filter_and_resumes_from_committed_offsets(cluster: Cluster) -> None:
+@pytest.mark.parametrize("inline", [False, True], ids=["consume-threads", "consume-inline"])
+def test_consumes_everything_with_tag_filter_and_resumes_from_committed_offsets(cluster: Cluster,
+                                                                                inline: bool) -> None:
     topic, group = unique("PushT"), unique("cg")
     with _producer(cluster) as p:
         _create_topic(p, topic)
         sink = Sink()
         cons = start_consumer(cluster, group, topic, sink, "A || B",
-                              consume_from_where="CONSUME_FROM_LAST_OFFSET")
+                              consume_from_where="CONSUME_FROM_LAST_OFFSET", consume_inline=inline)
         try:
             wait_for(lambda: len([q for q in cons.owned_queues() if q.topic == topic]) == 8, 10, "8 queues owned")
             for i in range(120):
@@ -91,6 +95,9 @@ def test_consumes_everything_with_tag_filter_and_resumes_from_committed_offsets(
             time.sleep(0.3)
             assert Counter(sink.bodies()) == Counter(want)  # each once; C never; "create" predates the group
             assert all(m.topic == topic and m.tags in ("A", "B") for m in sink.msgs)
+            # consume_inline: on the client's loop thread, never a consume thread; else only consume threads
+            on_pool = {name.startswith(f"sluice-consume-{group}") for name in sink.threads}
+            assert on_pool == ({False} if inline else {True}), sink.threads
         finally:
             cons.shutdown()
         # Offsets were committed at shutdown: a new member of the group continues after them.

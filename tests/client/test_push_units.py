@@ -237,8 +237,89 @@ def test_a_hand_over_taken_late_stops_the_waiting_for_a_while(monkeypatch: pytes
     asyncio.run(main())
 
 
+def test_consume_inline_calls_the_listener_on_the_loop_thread_and_acts_on_its_answer(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """consume_inline: submit() runs the listener on the loop's own thread, every batch of the pull in order,
+    and no consume thread; success, failure (send-back) and offsets then go as with the pool. A slow call is
+    logged once within INLINE_WARN_EVERY_S, naming the option; after shutdown nothing is called."""
+    monkeypatch.setattr(consume_service, "INLINE_SLOW_S", 0.02)
+    mq = MessageQueue(topic="T", broker_name="b", queue_id=0)
+    pq = ProcessQueue()
+    calls: list[tuple[int, list[int]]] = []
+
+    def listener(msgs: list[MessageExt]) -> ConsumeResult:
+        calls.append((threading.get_ident(), [m.queue_offset for m in msgs]))
+        if msgs[0].queue_offset in (9, 19):
+            import time
+            time.sleep(0.05)
+        return ConsumeResult.SUCCESS
+
+    async def main() -> None:
+        offsets = _Offsets()
+        consumer = SimpleNamespace(group="g", options=PushConsumerOptions(consume_inline=True,
+                                                                          consume_message_batch_max_size=2),
+                                   offset_store=offsets, rebalancer=SimpleNamespace(process_queues={mq: pq}))
+        service = ConcurrentConsumeService(consumer, listener)  # type: ignore[arg-type]
+        before = threading.active_count()
+        service.submit(mq, pq, pq.put([_msg(o) for o in range(5)]))
+        assert calls == [(threading.get_ident(), [0, 1]), (threading.get_ident(), [2, 3]),
+                         (threading.get_ident(), [4])]  # all on this (the loop's) thread, before submit returned
+        assert threading.active_count() == before and service.handoffs == 0
+        await asyncio.sleep(0)
+        while service.jobs:
+            await asyncio.sleep(0.001)
+        assert offsets.updates[-1] == (mq, 5) and pq.msg_count == 0 and service.consumed == 5
+        with caplog.at_level("WARNING", logger="sluice.client.consume_service"):
+            for o in (9, 10, 19):  # 9 and 19 are slow, twice over the bound: one warning within the minute
+                service.submit(mq, pq, pq.put([_msg(o)]))
+        slow = [r for r in caplog.records if "consume_inline" in r.getMessage()]
+        assert service.inline_slow == 2 and len(slow) == 1 and "took" in slow[0].getMessage()
+        await service.shutdown(30)
+        n = len(calls)
+        service.submit(mq, pq, pq.put([_msg(200)]))  # shut down: logged and not called, as with the pool
+        assert len(calls) == n
+    asyncio.run(main())
+
+
+def test_consume_inline_failures_go_back_as_with_the_pool() -> None:
+    """A listener raising on the loop thread: the batch is sent back (here the send-back fails: kept and
+    consumed again locally), the loop and the service go on."""
+    mq = MessageQueue(topic="T", broker_name="b", queue_id=0)
+    pq = ProcessQueue()
+    seen: list[int] = []
+
+    def listener(msgs: list[MessageExt]) -> ConsumeResult:
+        seen.extend(m.queue_offset for m in msgs)
+        if len(seen) == 1:
+            raise ValueError("first call fails")
+        return ConsumeResult.SUCCESS
+
+    async def main() -> None:
+        offsets = _Offsets()
+        opts = PushConsumerOptions(consume_inline=True, consume_later_delay=0.01)
+        consumer = SimpleNamespace(group="g", options=opts, offset_store=offsets,
+                                   rebalancer=SimpleNamespace(process_queues={mq: pq}),
+                                   instance=SimpleNamespace(api=None))
+        service = ConcurrentConsumeService(consumer, listener)  # type: ignore[arg-type]
+
+        async def no_send_back(*_a, **_k):  # type: ignore[no-untyped-def]
+            return False
+        service._send_back = no_send_back  # type: ignore[method-assign]
+        service.submit(mq, pq, pq.put([_msg(3)]))
+        for _ in range(3000):
+            if offsets.updates and offsets.updates[-1] == (mq, 4):
+                break
+            await asyncio.sleep(0.001)
+        assert seen == [3, 3] and offsets.updates[-1] == (mq, 4) and service.failed == 1 and service.consumed == 1
+        await service.shutdown(30)
+    asyncio.run(main())
+
+
 def test_options_validate_and_default_like_rocketmq() -> None:
     o = PushConsumerOptions()
+    assert o.consume_inline is False
+    with pytest.raises(InvalidParameterError, match="consume_inline"):
+        PushConsumerOptions(consume_inline="yes")  # type: ignore[arg-type]
     assert (o.pull_batch_size, o.pull_threshold_for_queue, o.pull_threshold_size_for_queue,
             o.consume_concurrently_max_span, o.consume_thread_max, o.consume_message_batch_max_size) == \
         (32, 1000, 100, 2000, 20, 1)

@@ -223,5 +223,6 @@ def run(wl: Workload, workdir: Path, step: Callable[[str], None]) -> dict[str, A
                                                       wl.drain_timeout),
                                      "catchup": {"unsupported": CATCHUP}}
         out["server_rss_bytes"] = server.rss()
+        out["handler_on_io_thread"] = True  # stomp.py calls its listener on the connection's receiver thread
         out["latency"] = _latency(port, wl, step)
     return out

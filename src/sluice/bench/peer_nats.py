@@ -134,6 +134,7 @@ async def _run(port: int, wl: Workload, step: Callable[[str], None], server: Pee
                 out["drains"].setdefault(f.name, {})[case] = await _drain(
                     js, f"{case}-{f.name}", f, expected[f.name], wl.drain_timeout, create=case == "catchup")
         out["server_rss_bytes"] = server.rss()
+        out["handler_on_io_thread"] = True  # nats-py runs the subscription callback on its asyncio loop
         out["latency"] = await _latency(js, wl, step)
     finally:
         await nc.close()

@@ -187,5 +187,6 @@ def run(wl: Workload, workdir: Path, step: Callable[[str], None]) -> dict[str, A
                     "catchup": {"unsupported": CATCHUP},
                 }
             out["server_rss_bytes"] = server.rss()
+            out["handler_on_io_thread"] = True  # pika's BlockingConnection calls the consumer callback on the consuming thread
             out["latency"] = _latency(port, wl, step)
     return out

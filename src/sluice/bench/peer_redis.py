@@ -131,6 +131,7 @@ def run(wl: Workload, workdir: Path, step: Callable[[str], None]) -> dict[str, A
                 out["drains"].setdefault(f.name, {})[case] = _drain(port, f"{case}-{f.name}", f, expected[f.name],
                                                                     wl.drain_timeout)
         out["server_rss_bytes"] = server.rss()
+        out["handler_on_io_thread"] = True  # the reader thread handles what XREADGROUP returns
         out["latency"] = _latency(port, wl, step)
         admin.close()
     return out

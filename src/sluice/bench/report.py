@@ -72,6 +72,17 @@ def _drain(name: str, case: str) -> Callable[[dict[str, Any]], Any]:
     return value
 
 
+def _inline(rate: str) -> Callable[[dict[str, Any]], Any]:
+    """Sluice's run with ``consume_inline``; for a peer whose client calls its handler on its I/O thread anyway
+    (``handler_on_io_thread``: nats-py's loop, pika's and stomp.py's connection threads, the Redis reader), its
+    one latency run."""
+    own, plain = _get("latency_inline", rate), _get("latency", rate)
+
+    def value(system: dict[str, Any]) -> Any:
+        return plain(system) if system.get("handler_on_io_thread") else own(system)
+    return value
+
+
 #: (key, label, how to read the cell from a system's result).
 ROWS: tuple[Row, ...] = (
     ("produce", "produce msgs/s", _get("produce", "msgs_per_s")),
@@ -82,6 +93,10 @@ ROWS: tuple[Row, ...] = (
       for case in ("before", "catchup")),
     ("latency_1000", "latency p50 / p99 ms at 1,000 msgs/s", _get("latency", "1000")),
     ("latency_10000", "latency p50 / p99 ms at 10,000 msgs/s", _get("latency", "10000")),
+    ("latency_inline_1000", "latency p50 / p99 ms at 1,000 msgs/s, listener on the I/O thread",
+     _inline("1000")),
+    ("latency_inline_10000", "latency p50 / p99 ms at 10,000 msgs/s, listener on the I/O thread",
+     _inline("10000")),
 )
 
 
@@ -126,7 +141,7 @@ def _short_of_rate(key: str, raw: Any) -> str:
     blocking sender slows down; an asynchronous one queues, and its latency then includes that queue)."""
     if not key.startswith("latency_") or not isinstance(raw, dict) or "p50_ms" not in raw:
         return ""
-    target, achieved = int(key.split("_")[1]), raw.get("achieved_rate")
+    target, achieved = int(key.rsplit("_", 1)[1]), raw.get("achieved_rate")
     if isinstance(achieved, (int, float)) and achieved < 0.9 * target:
         return f", sent at {achieved:,.0f}/s"
     return ""
@@ -202,9 +217,10 @@ def _errors(r: dict[str, Any], key: str = "error") -> list[tuple[str, dict[str, 
         for case, d in cases.items():
             if isinstance(d, dict) and key in d:
                 found.append((f"{name} drain ({case})", d))
-    for rate, d in (r.get("latency") or {}).items():
-        if isinstance(d, dict) and key in d:
-            found.append((f"latency at {rate} msgs/s", d))
+    for name, what in (("latency", ""), ("latency_inline", ", listener on the I/O thread")):
+        for rate, d in (r.get(name) or {}).items():
+            if isinstance(d, dict) and key in d:
+                found.append((f"latency at {rate} msgs/s{what}", d))
     return found
 
 
@@ -233,7 +249,11 @@ def render_markdown(result: dict[str, Any], previous: dict[str, Any] | None = No
         "",
         "Drain figures are matched messages per second from the consumer's start (subscribing, joining, its "
         "first request) to the last matched delivery; latency cells are p50 / p99 in ms (with the rate reached "
-        "when the sender fell more than 10 % short)."
+        "when the sender fell more than 10 % short). Sluice's push consumer calls its listener on consume "
+        "threads, as RocketMQ's does; the rows 'listener on the I/O thread' run it with `consume_inline` on the "
+        "client's event loop, which is how every peer's client here calls its handler (nats-py on its asyncio "
+        "loop, pika and stomp.py on their connection threads, Redis in the reading thread), so the peers show "
+        "the same run in both."
         + (" A figure in brackets is the change from the previous result in this directory"
            f" ({previous.get('started', '?')})." if previous else ""),
         "",

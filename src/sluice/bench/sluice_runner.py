@@ -188,12 +188,13 @@ def _drain(ns: str, group: str, f: Filter, expected: int, timeout: float) -> dic
     return out
 
 
-def latency(ns: str, wl: Workload, step: Step = lambda s: None, *, warmup_seconds: float = 0.0
-            ) -> list[dict[str, Any]]:
+def latency(ns: str, wl: Workload, step: Step = lambda s: None, *, warmup_seconds: float = 0.0,
+            inline: bool = False) -> list[dict[str, Any]]:
     """One summary per entry of ``wl.latency_rates`` (in order, with its ``rate``): a push consumer on
     ``region = 'eu'`` and a producer ``send_async``-ing single messages paced at the rate, both in this process.
     With ``warmup_seconds`` the first rate runs that long first, unreported (benchmarks/latency.py: sluice bench
-    measures latency after the drains, on a warm broker and client)."""
+    measures latency after the drains, on a warm broker and client). ``inline``: the consumer's listener runs
+    on its I/O thread (``consume_inline``), as the peers' clients call their handlers."""
     results: list[dict[str, Any]] = []
     probe_box: list[LatencyProbe] = [LatencyProbe()]
 
@@ -223,14 +224,15 @@ def latency(ns: str, wl: Workload, step: Step = lambda s: None, *, warmup_second
             out["error"] = f"received {out['received']} of {expected} matches within 30 s"
         return out
 
-    c = push("bench-latency", ns, LATENCY_FILTER, listener, first=False)
+    c = push("bench-latency-inline" if inline else "bench-latency", ns, LATENCY_FILTER, listener, first=False,
+             consume_inline=inline)
     try:
         wait_owned(c)
         with Producer("bench-latency-producer", ns) as producer:
             if warmup_seconds > 0 and wl.latency_rates:
                 run(producer, wl.latency_rates[0], warmup_seconds)
             for rate in wl.latency_rates:
-                step(f"sluice: latency at {rate:,} msgs/s")
+                step(f"sluice: latency at {rate:,} msgs/s{' (consume_inline)' if inline else ''}")
                 results.append(run(producer, rate, wl.latency_seconds))
     finally:
         c.shutdown()
@@ -290,6 +292,7 @@ def run_sluice(wl: Workload, workdir: Path, step: Step = lambda s: None, *, sync
                     ns.addr, f"bench-{case}-{f.name}", f, expected[f.name], wl.drain_timeout)
         out["broker_rss_bytes"] = rss_bytes(broker.pid)
         out["latency"] = {str(r.pop("rate")): r for r in latency(ns.addr, wl, step)}
+        out["latency_inline"] = {str(r.pop("rate")): r for r in latency(ns.addr, wl, step, inline=True)}
     finally:
         broker.stop()
         ns.stop()

@@ -22,6 +22,10 @@ thread, woken while the loop goes on (building the next pull), would wait for
 the loop's next release of the GIL before the listener runs. A hand-over taken
 late (busy cores) stops the waiting for HANDOFF_BACKOFF_S.
 
+With ``consume_inline`` the listener runs on the loop thread itself, each pull's batches one after another
+(no hand-over, no thread); everything after the call is the same. A call longer than INLINE_SLOW_S is
+logged (at most once per INLINE_WARN_EVERY_S), naming the option: it held up the client's I/O.
+
 Orderly: one task per queue takes the next batch in offset order, only while
 the queue's broker lock is held, and keeps the queue's consume lock during the
 listener call, so a rebalance releases the queue only between batches and
@@ -73,6 +77,10 @@ HANDOFF_WAIT_S = 0.001
 #: After a hand-over the thread took late (the cores are busy: waiting does not start the listener sooner),
 #: deliveries are queued without waiting for this long, so a loaded machine never stalls the loop per delivery.
 HANDOFF_BACKOFF_S = 0.1
+#: A listener call on the loop thread (consume_inline) longer than this is logged: the client did no I/O
+#: meanwhile.
+INLINE_SLOW_S = 0.05
+INLINE_WARN_EVERY_S = 60.0
 
 
 def job_count(batches: int, free_threads: int, call_cost: float) -> int:
@@ -129,6 +137,12 @@ class _Service:
         #: Seconds per listener call (moving average); unknown (high) until measured, so a slow listener's
         #: first batches already run in parallel.
         self.call_cost = SPREAD_COST_S
+        #: consume_inline: listener calls run on the loop thread (the module doc).
+        self.inline = bool(getattr(opts, "consume_inline", False))
+        #: Inline calls over INLINE_SLOW_S, and when one was last logged (time.monotonic()).
+        self.inline_slow = 0
+        self._inline_warned = -INLINE_WARN_EVERY_S
+        self._shut_down = False
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -166,19 +180,24 @@ class _Service:
     def _start(self, pq: ProcessQueue, batches: list[list[MessageExt]]) -> asyncio.Future[list[bool | None]]:
         """Hand the batches to the pool now, as one job (a thread hand-off costs more than a fast listener
         call); counted busy until the job is done, however its waiter ends. A small delivery to an idle pool
-        is handed over (the module doc)."""
-        gate = None
-        if self.jobs == 0 and sum(map(len, batches)) <= HANDOFF_MAX_MESSAGES \
-                and time.monotonic() >= self._handoff_from:
-            gate = threading.Lock()
-            gate.acquire()
-        submitted = self.executor.submit(self._call, pq, batches, gate)
-        if gate is not None:
-            self.handoffs += 1
-            if not gate.acquire(timeout=HANDOFF_WAIT_S):
-                self.handoffs_late += 1
-                self._handoff_from = time.monotonic() + HANDOFF_BACKOFF_S
-        job = asyncio.wrap_future(submitted)
+        is handed over (the module doc). With consume_inline the calls run here (_run_inline)."""
+        if self.inline:
+            if self._shut_down:  # as the shut-down pool's submit raises
+                raise RuntimeError("the consume service is shut down")
+            job = self._run_inline(pq, batches)
+        else:
+            gate = None
+            if self.jobs == 0 and sum(map(len, batches)) <= HANDOFF_MAX_MESSAGES \
+                    and time.monotonic() >= self._handoff_from:
+                gate = threading.Lock()
+                gate.acquire()
+            submitted = self.executor.submit(self._call, pq, batches, gate)
+            if gate is not None:
+                self.handoffs += 1
+                if not gate.acquire(timeout=HANDOFF_WAIT_S):
+                    self.handoffs_late += 1
+                    self._handoff_from = time.monotonic() + HANDOFF_BACKOFF_S
+            job = asyncio.wrap_future(submitted)
         pq.busy += 1
         self.jobs += 1
 
@@ -186,6 +205,26 @@ class _Service:
             pq.busy -= 1
             self.jobs -= 1
         job.add_done_callback(done)
+        return job
+
+    def _run_inline(self, pq: ProcessQueue, batches: list[list[MessageExt]]) -> asyncio.Future[list[bool | None]]:
+        """_start for consume_inline: the calls run here, on the loop thread; the job is done when it returns."""
+        job: asyncio.Future[list[bool | None]] = asyncio.get_running_loop().create_future()
+        started = time.perf_counter()
+        try:
+            job.set_result(self._call(pq, batches))
+        except Exception as exc:  # _call catches the listener's own errors; anything else fails the job, as a pool's would
+            job.set_exception(exc)
+        took = time.perf_counter() - started
+        if took > INLINE_SLOW_S:
+            self.inline_slow += 1
+            now = time.monotonic()
+            if now - self._inline_warned >= INLINE_WARN_EVERY_S:
+                self._inline_warned = now
+                log.warning("consumer %s: a listener call took %.0f ms on the client's I/O thread (consume_inline),"
+                            " which did no I/O meanwhile; %d call(s) over %.0f ms so far. A listener that can be "
+                            "slow belongs on consume threads (consume_inline=False)", self.consumer.group,
+                            took * 1000, self.inline_slow, INLINE_SLOW_S * 1000)
         return job
 
     async def _listen_many(self, pq: ProcessQueue, batches: list[list[MessageExt]],
@@ -227,6 +266,7 @@ class _Service:
                         len(self._tasks), timeout)
             for t in list(self._tasks):
                 t.cancel()
+        self._shut_down = True
         self.executor.shutdown(wait=False, cancel_futures=True)
 
 
@@ -239,7 +279,8 @@ class ConcurrentConsumeService(_Service):
         costs one hand-off per pull, not per message)."""
         n = self.consumer.options.consume_message_batch_max_size
         batches = [msgs[i:i + n] for i in range(0, len(msgs), n)] if len(msgs) > n else [msgs]
-        jobs = job_count(len(batches), self.consumer.options.consume_thread_max - self.jobs, self.call_cost)
+        jobs = 1 if self.inline else job_count(len(batches), self.consumer.options.consume_thread_max - self.jobs,
+                                                self.call_cost)
         per = -(-len(batches) // jobs)
         if pq.dropped and not self._owned(mq, pq):
             return

@@ -89,6 +89,12 @@ class PushConsumerOptions:
     allocate_strategy: str | Callable[..., Any] = "AVG"
     #: consumeThreadMax: listener calls running at once (one thread pool per consumer).
     consume_thread_max: int = 20
+    #: Sluice: call the listener on the client's I/O thread (its event loop) instead of a consume thread, as
+    #: nats-py, pika and stomp.py call their handlers: a delivery reaches the listener without a thread
+    #: hand-over. Only for listeners that return quickly and never block: while one runs, the client does
+    #: no I/O (this consumer's pulls, its heartbeats, other consumers and producers sharing the client
+    #: instance wait), so a call over INLINE_SLOW_S is logged. consume_thread_max then does not apply.
+    consume_inline: bool = False
     #: consumeMessageBatchMaxSize: messages per listener call.
     consume_message_batch_max_size: int = 1
     #: pullBatchSize: messages asked per pull.
@@ -153,6 +159,8 @@ class PushConsumerOptions:
                 f"consume_from_where must be one of {', '.join(c.value for c in ConsumeFromWhere)}, "
                 f"got {self.consume_from_where!r}") from None
         parse_consume_timestamp(self.consume_timestamp)
+        if not isinstance(self.consume_inline, bool):
+            raise InvalidParameterError(f"consume_inline must be True or False, got {self.consume_inline!r}")
         for name in ("consume_thread_max", "pull_batch_size", "pull_threshold_for_queue",
                      "pull_threshold_size_for_queue", "consume_concurrently_max_span"):
             if getattr(self, name) < 1:
