@@ -8,7 +8,7 @@ through it), its bytes handed to the socket, the pull answer's bytes read on the
 its messages submitted to the consume service, a consume thread starting the job, the listener seeing it. The
 hooks cost a few microseconds each, so totals run a little above benchmarks/latency.py's.
 
-Run: .venv/bin/python benchmarks/latency_stages.py [--quick] [--rate 1000] [--seconds S]
+Run: .venv/bin/python benchmarks/latency_stages.py [--quick] [--rate 1000] [--seconds S] [--inline]
 Prints one JSON object on its last line: per stage the median, p90 and p99 in microseconds.
 """
 from __future__ import annotations
@@ -137,6 +137,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="2 s instead of 5 s")
     ap.add_argument("--rate", type=int, default=1000, help="msgs/s")
     ap.add_argument("--seconds", type=float, default=None)
+    ap.add_argument("--inline", action="store_true",
+                    help="the listener on the consumer's I/O thread (consume_inline): 'thread' is then the call")
     args = ap.parse_args()
     wl = Workload.quick() if args.quick else Workload()
     wl = replace(wl, latency_rates=(args.rate,),
@@ -146,11 +148,11 @@ def main() -> None:
         ns, broker = cluster(Path(tmp), "async")
         try:
             create_topic(ns.addr)
-            [res] = latency(ns.addr, wl, warmup_seconds=1.0)
+            [res] = latency(ns.addr, wl, warmup_seconds=1.0, inline=args.inline)
         finally:
             broker.stop()
             ns.stop()
-    out = {"rate": args.rate, "quick": args.quick, "p50_ms": res["p50_ms"], "p99_ms": res["p99_ms"], **summary()}
+    out = {"rate": args.rate, "quick": args.quick, "inline": args.inline, "p50_ms": res["p50_ms"], "p99_ms": res["p99_ms"], **summary()}
     for name, v in out["stages_us"].items():
         print(f"  {name:<22} p50 {v['p50']:8.1f}  p90 {v['p90']:8.1f}  p99 {v['p99']:8.1f} us", file=sys.stderr)
     print(json.dumps(out))
