@@ -272,16 +272,19 @@ def test_retries_follow_the_groups_current_subscription(cluster: Cluster, first:
             cons2.shutdown()
 
 
-def test_orderly_consumer_keeps_queue_order_and_retries_in_place(cluster: Cluster) -> None:
+@pytest.mark.parametrize("inline", [False, True], ids=["consume-threads", "consume-inline"])
+def test_orderly_consumer_keeps_queue_order_and_retries_in_place(cluster: Cluster, inline: bool) -> None:
     topic, group = unique("OrderT"), unique("cg")
     seen: dict[int, list[int]] = {}
     failed_once: set[str] = set()
+    threads: set[str] = set()
     lock = threading.Lock()
 
     def listener(msgs: list[MessageExt]) -> ConsumeOrderlyResult:
         m = msgs[0]
         key, seq = m.body.decode().split(":")
         with lock:
+            threads.add(threading.current_thread().name)
             if int(seq) % 7 == 3 and m.body.decode() not in failed_once:
                 failed_once.add(m.body.decode())
                 return ConsumeOrderlyResult.SUSPEND_CURRENT_QUEUE_A_MOMENT
@@ -290,7 +293,8 @@ def test_orderly_consumer_keeps_queue_order_and_retries_in_place(cluster: Cluste
 
     with _producer(cluster) as p:
         _create_topic(p, topic)
-        cons = start_consumer(cluster, group, topic, listener, orderly=True, suspend_current_queue_time=0.05)
+        cons = start_consumer(cluster, group, topic, listener, orderly=True, suspend_current_queue_time=0.05,
+                              consume_inline=inline)
         try:
             wait_for(lambda: len([q for q in cons.owned_queues() if q.topic == topic]) == 8, 10, "8 queues owned")
             for seq in range(30):
@@ -299,6 +303,7 @@ def test_orderly_consumer_keeps_queue_order_and_retries_in_place(cluster: Cluste
             wait_for(lambda: sum(len(v) for v in seen.values()) >= 120, 30, "all ordered messages")
             assert {k: v for k, v in seen.items()} == {k: list(range(30)) for k in range(4)}
             assert len(failed_once) == 4 * 4  # seq 3, 10, 17, 24 of each key failed once, then passed
+            assert {t.startswith(f"sluice-consume-{group}") for t in threads} == ({False} if inline else {True})
         finally:
             cons.shutdown()
 
