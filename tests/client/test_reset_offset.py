@@ -306,6 +306,7 @@ def test_running_info_and_bad_resets_over_a_real_connection(cluster: Cluster) ->
             assert {s["topic"] for s in doc["subscriptionSet"]} == {topic, f"%RETRY%{group}"}
             assert doc["properties"]["PROP_CONSUME_TYPE"] == "CONSUME_PASSIVELY"
             assert doc["properties"]["PROP_CONSUMEORDERLY"] == "false"
+            assert (doc["properties"]["consumeInline"], doc["properties"]["PROP_THREADPOOL_CORE_SIZE"]) == ("false", "20")
             mine = [q for q in queues if q["topic"] == topic]
             assert len(mine) == 8 and sum(q["cachedMsgCount"] for q in mine) == 9
             assert all(q["commitOffset"] == 0 for q in mine)

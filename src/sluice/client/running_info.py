@@ -77,7 +77,9 @@ def consumer_running_info(consumer: PushConsumerView) -> tuple[dict[str, Any], d
         "PROP_NAMESERVER_ADDR": ";".join(consumer.instance.namesrv_addrs),
         "PROP_CONSUME_TYPE": data.consume_type,
         "PROP_CONSUMEORDERLY": str(consumer.orderly).lower(),
-        "PROP_THREADPOOL_CORE_SIZE": str(o.consume_thread_max),
+        # consume_inline: the listener runs on the client's loop thread, no pool (Sluice's own key below)
+        "PROP_THREADPOOL_CORE_SIZE": "0" if o.consume_inline else str(o.consume_thread_max),
+        "consumeInline": str(o.consume_inline).lower(),
         "PROP_CONSUMER_START_TIMESTAMP": str(consumer.start_timestamp_ms),
         "PROP_CLIENT_VERSION": f"sluice-{__version__}",
     }
