@@ -138,7 +138,7 @@ class _Service:
         #: first batches already run in parallel.
         self.call_cost = SPREAD_COST_S
         #: consume_inline: listener calls run on the loop thread (the module doc).
-        self.inline = bool(getattr(opts, "consume_inline", False))
+        self.inline = opts.consume_inline
         #: Inline calls over INLINE_SLOW_S, and when one was last logged (time.monotonic()).
         self.inline_slow = 0
         self._inline_warned = -INLINE_WARN_EVERY_S
@@ -213,7 +213,7 @@ class _Service:
         started = time.perf_counter()
         try:
             job.set_result(self._call(pq, batches))
-        except Exception as exc:  # _call catches the listener's own errors; anything else fails the job, as a pool's would
+        except Exception as exc:  # _call catches the listener's errors; anything else fails the job, as in a pool
             job.set_exception(exc)
         took = time.perf_counter() - started
         if took > INLINE_SLOW_S:
