@@ -1,10 +1,11 @@
 """Send-side encoding: validation, unique ids, compression, request headers, batches, responses."""
 from __future__ import annotations
 
+import re
 import zlib
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sluice.client.encoding import (
@@ -221,3 +222,82 @@ def test_the_result_names_the_queue_the_broker_stored_in():
     assert other == type(other)(status=SendStatus.SEND_OK, msg_id=p.msg_id,
                                 offset_msg_id="7F0000010000270F0000000000000010", queue=other.queue, queue_offset=5,
                                 transaction_id="tx")
+
+
+_NAMES = st.sampled_from(["region", "a", "region", "a", "", "TAGS", "UNIQ_KEY", "KEYS", "__RMQ.TRANSIENT.x", "b\x01c", "d\x02",
+                          "é"])
+_VALUES = st.one_of(st.sampled_from(["eu", "", "1", "x\x01y", "z\x02", "ü"]), st.sampled_from(["eu", "7"]),
+                    st.integers(-3, 3))
+def _mostly(common, *others):
+    """``common`` in most examples, so most messages are of the common shape but for one or two fields."""
+    return st.one_of(st.just(common), st.just(common), st.just(common), st.sampled_from(others))
+
+
+_PLAIN_SHAPES = st.builds(
+    Message,
+    topic=_mostly("T", "BenchCommon", "bad topic", "", "T" * 128, "%RETRY%g"),
+    body=st.one_of(st.binary(min_size=1, max_size=70), st.binary(max_size=70),
+                   st.sampled_from([b"x" * 5000, bytearray(b"ab"), memoryview(b"cd")])),
+    tags=st.one_of(st.none(), st.sampled_from(["", "TagA", "a\x01b", "c\x02", "tag with space"])),
+    keys=_mostly(None, ["k1"], "k2 k3"),
+    properties=st.dictionaries(_NAMES, _VALUES, max_size=4),
+    flag=_mostly(0, 1, -1, 2**31 - 1, 2**31, -2**31, -2**31 - 1, True),
+    delay_level=_mostly(0, -1, 2),
+    deliver_at=_mostly(None, 5),
+    delay=_mostly(None, 1.5),
+)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(_PLAIN_SHAPES, _mostly(4096, 10, 1), _mostly(4 * 1024 * 1024, 40))
+def test_the_one_pass_prepare_is_the_general_one(monkeypatch_uid, msg: Message, compress_over: int, max_size: int):
+    """_prepare_plain (the common shape in one pass) gives what _prepare_general gives, or None; never a result
+    where the general road refuses the message; prepare_message gives the general road's result or error."""
+    from sluice.client import encoding as E
+    try:
+        want = E._prepare_general(msg, max_size, compress_over, 5)
+    except Exception as exc:  # noqa: BLE001 - whatever the general road raises, prepare_message raises too
+        assert E._prepare_plain(msg, max_size, compress_over) is None
+        with pytest.raises(type(exc)) as got:
+            prepare_message(msg, max_size=max_size, compress_over=compress_over)
+        assert str(got.value) == str(exc)
+        return
+    fast = E._prepare_plain(msg, max_size, compress_over)
+    assert fast is None or fast == want
+    assert prepare_message(msg, max_size=max_size, compress_over=compress_over) == want
+
+
+def test_the_one_pass_prepare_takes_the_common_shape(monkeypatch_uid):
+    from sluice.client import encoding as E
+    msg = Message("T", b"x" * 100, tags="TagA", properties={"region": "eu", "a": "7"})
+    fast = E._prepare_plain(msg, 4 * 1024 * 1024, 4096)
+    assert fast is not None and fast == E._prepare_general(msg, 4 * 1024 * 1024, 4096, 5)
+    assert P.decode_properties(fast.properties) == {"region": "eu", "a": "7", "TAGS": "TagA", "UNIQ_KEY": "ID"}
+
+
+@pytest.fixture
+def monkeypatch_uid(monkeypatch):
+    """A fixed UNIQ_KEY, so the two roads' results compare equal."""
+    from sluice.client import encoding as E
+    monkeypatch.setattr(E, "new_unique_id", lambda: "ID")
+
+
+@pytest.mark.parametrize("change", [
+    {"properties": {"TAGS": "x"}}, {"properties": {"UNIQ_KEY": "x"}}, {"properties": {"": "x"}},
+    {"properties": {"a\x01": "x"}}, {"properties": {"a": "x\x02"}}, {"properties": {"__RMQ.TRANSIENT.a": "x"}},
+    {"properties": {"a": 1}}, {"tags": "a\x01"}, {"tags": "a\x02b"}, {"keys": ["k"]}, {"delay_level": 1},
+    {"deliver_at": 5}, {"delay": 1.0}, {"flag": 2**31}, {"flag": True}, {"body": bytearray(b"x")}, {"body": b""},
+    {"body": b"x" * 5000}, {"topic": "a b"},
+])
+def test_the_one_pass_prepare_leaves_every_other_shape_to_the_general_one(monkeypatch_uid, change: dict):
+    from sluice.client import encoding as E
+    fields = {"topic": "T", "body": b"x" * 10, "tags": "TagA", "properties": {"region": "eu"}} | change
+    msg = Message(**fields)
+    assert E._prepare_plain(msg, 4 * 1024 * 1024, 4096) is None
+    try:
+        want = E._prepare_general(msg, 4 * 1024 * 1024, 4096, 5)
+    except MessageIllegalError as exc:
+        with pytest.raises(MessageIllegalError, match="^" + re.escape(str(exc)) + "$"):
+            prepare_message(msg)
+    else:
+        assert prepare_message(msg) == want

@@ -64,6 +64,10 @@ class PreparedSend:
 
 
 _new_object = object.__new__
+_SYSTEM_NAMES = P.SYSTEM_NAMES
+_TRANSIENT = P.TRANSIENT_PREFIX
+assert P.TAGS == "TAGS" and P.UNIQ_KEY == "UNIQ_KEY" and P.NAME_VALUE_SEPARATOR == "\x01" \
+    and P.PROPERTY_SEPARATOR == "\x02", "_prepare_plain writes these literally"
 _p_topic, _p_body, _p_properties, _p_sys_flag, _p_flag, _p_msg_id, _p_batch, _p_reply = (
     PreparedSend.__dict__[name].__set__ for name in ("topic", "body", "properties", "sys_flag", "flag", "msg_id",
                                                      "batch", "reply"))
@@ -84,6 +88,58 @@ def prepare_message(
 ) -> PreparedSend:
     """Validate (MessageIllegalError for a bad topic, an empty or too large body, bad properties),
     give the message its unique id and compress a large body."""
+    if type(msg) is Message:  # the common shape in one pass (_prepare_plain); anything else: the general road
+        prepared = _prepare_plain(msg, max_size, compress_over)
+        if prepared is not None:
+            return prepared
+    return _prepare_general(msg, max_size, compress_over, compress_level)
+
+
+def _prepare_plain(msg: Message, max_size: int, compress_over: int) -> PreparedSend | None:
+    """prepare_message for a plain Message of the common shape (str properties and tags, no keys, no delay of
+    any kind, a bytes body too small to compress), its checks and its property encoding fused into one pass:
+    the same PreparedSend as _prepare_general's (its twin). None when the message is of another shape or
+    fails a check: the general road then gives the result or the precise error."""
+    topic, body, flag, tags, props = msg.topic, msg.body, msg.flag, msg.tags, msg.properties
+    if (type(body) is not bytes or not 0 < len(body) <= max_size or len(body) >= compress_over
+            or type(props) is not dict or msg.keys is not None or msg.deliver_at is not None or msg.delay is not None
+            or type(msg.delay_level) is not int or msg.delay_level != 0
+            or type(flag) is not int or not -0x80000000 <= flag <= 0x7FFFFFFF
+            or type(topic) is not str or not _topic_ok(topic)):
+        return None
+    parts = []
+    for name, value in props.items():
+        # Names the encoding drops (transient) or the validation refuses go the general road.
+        if (type(name) is not str or type(value) is not str or not name or name in _SYSTEM_NAMES
+                or name.startswith(_TRANSIENT)):
+            return None
+        parts.append(f"{name}\x01{value}\x02")
+    if tags is not None:
+        if type(tags) is not str:
+            return None
+        if tags:
+            parts.append(f"TAGS\x01{tags}\x02")
+    uid = new_unique_id()
+    parts.append(f"UNIQ_KEY\x01{uid}\x02")
+    text = "".join(parts)
+    # One separator pair per property: no name or value holds a separator (check_property's rule).
+    n = len(parts)
+    if text.count("\x01") != n or text.count("\x02") != n:
+        return None
+    prepared = _new_object(PreparedSend)
+    _p_topic(prepared, topic)
+    _p_body(prepared, body)
+    _p_properties(prepared, text)
+    _p_sys_flag(prepared, 0)
+    _p_flag(prepared, flag)
+    _p_msg_id(prepared, uid)
+    _p_batch(prepared, False)
+    _p_reply(prepared, False)
+    return prepared
+
+
+def _prepare_general(msg: Message, max_size: int, compress_over: int, compress_level: int) -> PreparedSend:
+    """prepare_message for any message: Message.validate, all_properties and encode_properties."""
     msg.validate(max_size)
     props, uid = _with_uniq_key(msg)
     body = bytes(msg.body)
