@@ -36,9 +36,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from sluice.client.consume_threads import ConsumeThreads
 from sluice.client.push_options import ConsumeOrderlyResult, ConsumeResult, MessageModel
 from sluice.client.process_queue import ProcessQueue
 from sluice.client.push_requests import send_message_back
@@ -111,8 +111,8 @@ class _Service:
         #: SubBefore / SubAfter records around each listener call (enable_trace); None: not traced.
         self.trace = trace
         opts = consumer.options
-        self.executor = ThreadPoolExecutor(max_workers=opts.consume_thread_max,
-                                           thread_name_prefix=f"sluice-consume-{consumer.group}")
+        #: The consume threads; an idle one is woken directly by a job (consume_threads.py).
+        self.threads = ConsumeThreads(opts.consume_thread_max, f"sluice-consume-{consumer.group}")
         self._tasks: set[asyncio.Task[None]] = set()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -172,7 +172,7 @@ class _Service:
                 and time.monotonic() >= self._handoff_from:
             gate = threading.Lock()
             gate.acquire()
-        submitted = self.executor.submit(self._call, pq, batches, gate)
+        submitted = self.threads.submit(self._call, pq, batches, gate)
         if gate is not None:
             self.handoffs += 1
             if not gate.acquire(timeout=HANDOFF_WAIT_S):
@@ -227,7 +227,7 @@ class _Service:
                         len(self._tasks), timeout)
             for t in list(self._tasks):
                 t.cancel()
-        self.executor.shutdown(wait=False, cancel_futures=True)
+        self.threads.shutdown(cancel_futures=True)
 
 
 class ConcurrentConsumeService(_Service):
