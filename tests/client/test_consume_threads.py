@@ -69,13 +69,16 @@ def test_threads_start_per_job_up_to_the_bound_with_the_executors_names() -> Non
     def job() -> None:
         names.append(threading.current_thread().name)
         gate.wait(30)
+    assert pool.all_idle  # no thread yet
     futures = [pool.submit(job) for _ in range(5)]
     _until(lambda: len(names) == 3)
-    assert pool.threads == 3 and pool.idle == 0
+    assert pool.threads == 3 and pool.idle == 0 and not pool.all_idle
     assert sorted(names) == ["sluice-consume-g_0", "sluice-consume-g_1", "sluice-consume-g_2"]
     gate.set()
     wait(futures, timeout=30)
     assert len(names) == 5 and pool.threads == 3
+    _until(lambda: pool.idle == 3)
+    assert pool.all_idle
     pool.shutdown()
 
 

@@ -15,12 +15,14 @@ send-back fails stays cached (holding the offset) and is consumed again
 locally after ``consume_later_delay``. In BROADCASTING a failed batch is
 dropped with a warning, as RocketMQ does.
 
-A small delivery (HANDOFF_MAX_MESSAGES or fewer) given to an idle pool is
-handed over: the loop thread waits, at most HANDOFF_WAIT_S, until the consume
-thread has taken it, so the GIL passes to that thread at once. Otherwise the
-thread, woken while the loop goes on (building the next pull), would wait for
-the loop's next release of the GIL before the listener runs. A hand-over taken
-late (busy cores) stops the waiting for HANDOFF_BACKOFF_S.
+A small delivery (HANDOFF_MAX_MESSAGES or fewer) given while every consume
+thread is idle (parked, whether or not the loop has yet seen its last job end)
+is handed over: submit wakes one parked thread directly (consume_threads.py)
+and the loop thread waits, at most HANDOFF_WAIT_S, until it has taken the job,
+so the GIL passes to that thread at once. Otherwise the thread, woken while the
+loop goes on (building the next pull), would wait for the loop's next release
+of the GIL before the listener runs. A hand-over taken late (busy cores) stops
+the waiting for HANDOFF_BACKOFF_S.
 
 Orderly: one task per queue takes the next batch in offset order, only while
 the queue's broker lock is held, and keeps the queue's consume lock during the
@@ -63,7 +65,7 @@ _SUCCESS = (ConsumeResult.SUCCESS, ConsumeOrderlyResult.SUCCESS)
 #: this much work; below it a thread hand-off (future, wake-up, callback on the loop) costs more than
 #: running the calls one after another.
 SPREAD_COST_S = 0.001
-#: Deliveries of at most this many messages to an idle pool are handed over (the module doc): a live stream's
+#: Deliveries of at most this many messages to idle consume threads are handed over (the module doc): a live stream's
 #: pulls, each a few messages, where the wait is the thread's wake-up; a backlog's pulls are larger and keep
 #: the loop going.
 HANDOFF_MAX_MESSAGES = 8
@@ -165,10 +167,10 @@ class _Service:
 
     def _start(self, pq: ProcessQueue, batches: list[list[MessageExt]]) -> asyncio.Future[list[bool | None]]:
         """Hand the batches to the pool now, as one job (a thread hand-off costs more than a fast listener
-        call); counted busy until the job is done, however its waiter ends. A small delivery to an idle pool
-        is handed over (the module doc)."""
+        call); counted busy until the job is done, however its waiter ends. A small delivery while every
+        consume thread is idle is handed over (the module doc)."""
         gate = None
-        if self.jobs == 0 and sum(map(len, batches)) <= HANDOFF_MAX_MESSAGES \
+        if self.threads.all_idle and sum(map(len, batches)) <= HANDOFF_MAX_MESSAGES \
                 and time.monotonic() >= self._handoff_from:
             gate = threading.Lock()
             gate.acquire()

@@ -80,6 +80,11 @@ class ConsumeThreads:
         """Threads waiting for a job."""
         return len(self._idle)
 
+    @property
+    def all_idle(self) -> bool:
+        """No thread is running a job or about to take one (True before the first thread starts)."""
+        return len(self._idle) == len(self._threads)
+
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
         """Run ``fn(*args)`` on a consume thread: the most recently idle one, woken directly, or the first
         to finish its job; a new thread while fewer than ``max_threads`` exist. RuntimeError after
