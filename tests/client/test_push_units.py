@@ -243,6 +243,7 @@ def test_a_hand_over_taken_late_stops_the_waiting_for_a_while(monkeypatch: pytes
     """A consume thread that does not take a hand-over within HANDOFF_WAIT_S (here: never waited for) counts it
     late and the next small deliveries are queued without waiting until HANDOFF_BACKOFF_S has passed."""
     monkeypatch.setattr(consume_service, "HANDOFF_WAIT_S", 0.0)
+    monkeypatch.setattr(consume_service, "HANDOFF_BACKOFF_MIN_S", 3600.0)
     monkeypatch.setattr(consume_service, "HANDOFF_BACKOFF_S", 3600.0)
     mq = MessageQueue(topic="T", broker_name="b", queue_id=0)
     pq = ProcessQueue()
@@ -268,6 +269,42 @@ def test_a_hand_over_taken_late_stops_the_waiting_for_a_while(monkeypatch: pytes
         await service.shutdown(30)
         assert service.consumed == 2 and pq.msg_count == 0
     asyncio.run(main())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.floats(0, 0.3)), max_size=30))
+def test_the_hand_over_pause_doubles_per_late_one_in_a_row_and_resets_on_one_in_time(
+        outcomes: list[tuple[bool, float]]) -> None:
+    lo, hi = consume_service.HANDOFF_BACKOFF_MIN_S, consume_service.HANDOFF_BACKOFF_S
+    b = consume_service.HandoffBackoff()
+    now, in_a_row, until = 100.0, 0, 0.0
+    for late, dt in outcomes:
+        now += dt
+        assert b.allows(now) == (now >= until)
+        b.taken(late, now)
+        if late:
+            until = now + min(lo * 2 ** in_a_row, hi)
+            in_a_row += 1
+        else:
+            in_a_row = 0
+        assert b.pause == min(lo * 2 ** in_a_row, hi)
+        assert not late or not b.allows(now)
+    assert b.allows(until)
+
+
+def test_one_late_hand_over_pauses_briefly_and_many_pause_up_to_the_bound() -> None:
+    b = consume_service.HandoffBackoff()
+    assert b.allows(0.0)
+    b.taken(True, 10.0)
+    assert not b.allows(10.0 + consume_service.HANDOFF_BACKOFF_MIN_S / 2)
+    assert b.allows(10.0 + consume_service.HANDOFF_BACKOFF_MIN_S)
+    for i in range(10):
+        b.taken(True, 20.0 + i)
+    assert not b.allows(29.0 + consume_service.HANDOFF_BACKOFF_S * 0.99)
+    assert b.allows(29.0 + consume_service.HANDOFF_BACKOFF_S)
+    b.taken(False, 40.0)
+    b.taken(True, 50.0)
+    assert b.allows(50.0 + consume_service.HANDOFF_BACKOFF_MIN_S)
 
 
 def test_options_validate_and_default_like_rocketmq() -> None:

@@ -22,7 +22,9 @@ and the loop thread waits, at most HANDOFF_WAIT_S, until it has taken the job,
 so the GIL passes to that thread at once. Otherwise the thread, woken while the
 loop goes on (building the next pull), would wait for the loop's next release
 of the GIL before the listener runs. A hand-over taken late (busy cores) stops
-the waiting for HANDOFF_BACKOFF_S.
+the waiting for a while (HandoffBackoff): briefly after one late hand-over (a
+moment's load), up to HANDOFF_BACKOFF_S while they keep coming late (a loaded
+machine).
 
 Orderly: one task per queue takes the next batch in offset order, only while
 the queue's broker lock is held, and keeps the queue's consume lock during the
@@ -54,8 +56,8 @@ from sluice.protocol.trace import ConsumeReturnType
 if TYPE_CHECKING:
     from sluice.client.push_view import PushConsumerView
 
-__all__ = ["ConcurrentConsumeService", "OrderlyConsumeService", "Listener", "call_listener", "job_count",
-           "listener_outcome"]
+__all__ = ["ConcurrentConsumeService", "HandoffBackoff", "OrderlyConsumeService", "Listener", "call_listener",
+           "job_count", "listener_outcome"]
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +75,36 @@ HANDOFF_MAX_MESSAGES = 8
 #: by then takes it later, as any job).
 HANDOFF_WAIT_S = 0.001
 #: After a hand-over the thread took late (the cores are busy: waiting does not start the listener sooner),
-#: deliveries are queued without waiting for this long, so a loaded machine never stalls the loop per delivery.
+#: deliveries are queued without waiting for this long at first (HandoffBackoff); a delivery so queued waits
+#: for the loop's next release of the GIL, so a short first pause keeps a moment's load from slowing many.
+HANDOFF_BACKOFF_MIN_S = 0.01
+#: ... doubled per late hand-over in a row up to this, so a loaded machine never stalls the loop per delivery.
 HANDOFF_BACKOFF_S = 0.1
+
+
+class HandoffBackoff:
+    """When small deliveries are handed over: always, until one is taken late; then not for a pause that
+    starts at HANDOFF_BACKOFF_MIN_S, doubles per late hand-over in a row up to HANDOFF_BACKOFF_S, and is
+    back at the start after a hand-over taken in time. Times are time.monotonic() seconds."""
+
+    __slots__ = ("pause", "until")
+
+    def __init__(self) -> None:
+        #: The pause the next late hand-over starts.
+        self.pause = HANDOFF_BACKOFF_MIN_S
+        #: No hand-over before this time.
+        self.until = 0.0
+
+    def allows(self, now: float) -> bool:
+        return now >= self.until
+
+    def taken(self, late: bool, now: float) -> None:
+        """A hand-over's outcome: taken within HANDOFF_WAIT_S or not."""
+        if late:
+            self.until = now + self.pause
+            self.pause = min(self.pause * 2, HANDOFF_BACKOFF_S)
+        else:
+            self.pause = HANDOFF_BACKOFF_MIN_S
 
 
 def job_count(batches: int, free_threads: int, call_cost: float) -> int:
@@ -127,7 +157,7 @@ class _Service:
         #: thread did not take within HANDOFF_WAIT_S.
         self.handoffs = 0
         self.handoffs_late = 0
-        self._handoff_from = 0.0  # time.monotonic() before which no hand-over waits (HANDOFF_BACKOFF_S)
+        self.handoff_backoff = HandoffBackoff()
         #: Seconds per listener call (moving average); unknown (high) until measured, so a slow listener's
         #: first batches already run in parallel.
         self.call_cost = SPREAD_COST_S
@@ -171,15 +201,15 @@ class _Service:
         consume thread is idle is handed over (the module doc)."""
         gate = None
         if self.threads.all_idle and sum(map(len, batches)) <= HANDOFF_MAX_MESSAGES \
-                and time.monotonic() >= self._handoff_from:
+                and self.handoff_backoff.allows(time.monotonic()):
             gate = threading.Lock()
             gate.acquire()
         submitted = self.threads.submit(self._call, pq, batches, gate)
         if gate is not None:
             self.handoffs += 1
-            if not gate.acquire(timeout=HANDOFF_WAIT_S):
-                self.handoffs_late += 1
-                self._handoff_from = time.monotonic() + HANDOFF_BACKOFF_S
+            late = not gate.acquire(timeout=HANDOFF_WAIT_S)
+            self.handoffs_late += late
+            self.handoff_backoff.taken(late, time.monotonic())
         job = asyncio.wrap_future(submitted)
         pq.busy += 1
         self.jobs += 1
