@@ -15,12 +15,16 @@ send-back fails stays cached (holding the offset) and is consumed again
 locally after ``consume_later_delay``. In BROADCASTING a failed batch is
 dropped with a warning, as RocketMQ does.
 
-A small delivery (HANDOFF_MAX_MESSAGES or fewer) given to an idle pool is
-handed over: the loop thread waits, at most HANDOFF_WAIT_S, until the consume
-thread has taken it, so the GIL passes to that thread at once. Otherwise the
-thread, woken while the loop goes on (building the next pull), would wait for
-the loop's next release of the GIL before the listener runs. A hand-over taken
-late (busy cores) stops the waiting for HANDOFF_BACKOFF_S.
+A small delivery (HANDOFF_MAX_MESSAGES or fewer) given while every consume
+thread is idle (parked, whether or not the loop has yet seen its last job end)
+is handed over: submit wakes one parked thread directly (consume_threads.py)
+and the loop thread waits, at most HANDOFF_WAIT_S, until it has taken the job,
+so the GIL passes to that thread at once. Otherwise the thread, woken while the
+loop goes on (building the next pull), would wait for the loop's next release
+of the GIL before the listener runs. A hand-over taken late (busy cores) stops
+the waiting for a while (HandoffBackoff): briefly after one late hand-over (a
+moment's load), up to HANDOFF_BACKOFF_S while they keep coming late (a loaded
+machine).
 
 With ``consume_inline`` the listener runs on the loop thread itself, each pull's batches one after another
 (no hand-over, no thread); everything after the call is the same. A call longer than INLINE_SLOW_S is
@@ -40,9 +44,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from sluice.client.consume_threads import ConsumeThreads
 from sluice.client.push_options import ConsumeOrderlyResult, ConsumeResult, MessageModel
 from sluice.client.process_queue import ProcessQueue
 from sluice.client.push_requests import send_message_back
@@ -56,8 +60,8 @@ from sluice.protocol.trace import ConsumeReturnType
 if TYPE_CHECKING:
     from sluice.client.push_view import PushConsumerView
 
-__all__ = ["ConcurrentConsumeService", "OrderlyConsumeService", "Listener", "call_listener", "job_count",
-           "listener_outcome"]
+__all__ = ["ConcurrentConsumeService", "HandoffBackoff", "OrderlyConsumeService", "Listener", "call_listener",
+           "job_count", "listener_outcome"]
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +71,7 @@ _SUCCESS = (ConsumeResult.SUCCESS, ConsumeOrderlyResult.SUCCESS)
 #: this much work; below it a thread hand-off (future, wake-up, callback on the loop) costs more than
 #: running the calls one after another.
 SPREAD_COST_S = 0.001
-#: Deliveries of at most this many messages to an idle pool are handed over (the module doc): a live stream's
+#: Deliveries of at most this many messages to idle consume threads are handed over (the module doc): a live stream's
 #: pulls, each a few messages, where the wait is the thread's wake-up; a backlog's pulls are larger and keep
 #: the loop going.
 HANDOFF_MAX_MESSAGES = 8
@@ -75,12 +79,40 @@ HANDOFF_MAX_MESSAGES = 8
 #: by then takes it later, as any job).
 HANDOFF_WAIT_S = 0.001
 #: After a hand-over the thread took late (the cores are busy: waiting does not start the listener sooner),
-#: deliveries are queued without waiting for this long, so a loaded machine never stalls the loop per delivery.
+#: deliveries are queued without waiting for this long at first (HandoffBackoff); a delivery so queued waits
+#: for the loop's next release of the GIL, so a short first pause keeps a moment's load from slowing many.
+HANDOFF_BACKOFF_MIN_S = 0.01
+#: ... doubled per late hand-over in a row up to this, so a loaded machine never stalls the loop per delivery.
 HANDOFF_BACKOFF_S = 0.1
 #: A listener call on the loop thread (consume_inline) longer than this is logged: the client did no I/O
 #: meanwhile.
 INLINE_SLOW_S = 0.05
 INLINE_WARN_EVERY_S = 60.0
+
+
+class HandoffBackoff:
+    """When small deliveries are handed over: always, until one is taken late; then not for a pause that
+    starts at HANDOFF_BACKOFF_MIN_S, doubles per late hand-over in a row up to HANDOFF_BACKOFF_S, and is
+    back at the start after a hand-over taken in time. Times are time.monotonic() seconds."""
+
+    __slots__ = ("pause", "until")
+
+    def __init__(self) -> None:
+        #: The pause the next late hand-over starts.
+        self.pause = HANDOFF_BACKOFF_MIN_S
+        #: No hand-over before this time.
+        self.until = 0.0
+
+    def allows(self, now: float) -> bool:
+        return now >= self.until
+
+    def taken(self, late: bool, now: float) -> None:
+        """A hand-over's outcome: taken within HANDOFF_WAIT_S or not."""
+        if late:
+            self.until = now + self.pause
+            self.pause = min(self.pause * 2, HANDOFF_BACKOFF_S)
+        else:
+            self.pause = HANDOFF_BACKOFF_MIN_S
 
 
 def job_count(batches: int, free_threads: int, call_cost: float) -> int:
@@ -119,8 +151,8 @@ class _Service:
         #: SubBefore / SubAfter records around each listener call (enable_trace); None: not traced.
         self.trace = trace
         opts = consumer.options
-        self.executor = ThreadPoolExecutor(max_workers=opts.consume_thread_max,
-                                           thread_name_prefix=f"sluice-consume-{consumer.group}")
+        #: The consume threads; an idle one is woken directly by a job (consume_threads.py).
+        self.threads = ConsumeThreads(opts.consume_thread_max, f"sluice-consume-{consumer.group}")
         self._tasks: set[asyncio.Task[None]] = set()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -133,7 +165,7 @@ class _Service:
         #: thread did not take within HANDOFF_WAIT_S.
         self.handoffs = 0
         self.handoffs_late = 0
-        self._handoff_from = 0.0  # time.monotonic() before which no hand-over waits (HANDOFF_BACKOFF_S)
+        self.handoff_backoff = HandoffBackoff()
         #: Seconds per listener call (moving average); unknown (high) until measured, so a slow listener's
         #: first batches already run in parallel.
         self.call_cost = SPREAD_COST_S
@@ -179,24 +211,25 @@ class _Service:
 
     def _start(self, pq: ProcessQueue, batches: list[list[MessageExt]]) -> asyncio.Future[list[bool | None]]:
         """Hand the batches to the pool now, as one job (a thread hand-off costs more than a fast listener
-        call); counted busy until the job is done, however its waiter ends. A small delivery to an idle pool
-        is handed over (the module doc). With consume_inline the calls run here (_run_inline)."""
+        call); counted busy until the job is done, however its waiter ends. A small delivery while every
+        consume thread is idle is handed over (the module doc). With consume_inline the calls run here
+        (_run_inline)."""
         if self.inline:
-            if self._shut_down:  # as the shut-down pool's submit raises
+            if self._shut_down:  # as the shut-down threads' submit raises
                 raise RuntimeError("the consume service is shut down")
             job = self._run_inline(pq, batches)
         else:
             gate = None
-            if self.jobs == 0 and sum(map(len, batches)) <= HANDOFF_MAX_MESSAGES \
-                    and time.monotonic() >= self._handoff_from:
+            if self.threads.all_idle and sum(map(len, batches)) <= HANDOFF_MAX_MESSAGES \
+                    and self.handoff_backoff.allows(time.monotonic()):
                 gate = threading.Lock()
                 gate.acquire()
-            submitted = self.executor.submit(self._call, pq, batches, gate)
+            submitted = self.threads.submit(self._call, pq, batches, gate)
             if gate is not None:
                 self.handoffs += 1
-                if not gate.acquire(timeout=HANDOFF_WAIT_S):
-                    self.handoffs_late += 1
-                    self._handoff_from = time.monotonic() + HANDOFF_BACKOFF_S
+                late = not gate.acquire(timeout=HANDOFF_WAIT_S)
+                self.handoffs_late += late
+                self.handoff_backoff.taken(late, time.monotonic())
             job = asyncio.wrap_future(submitted)
         pq.busy += 1
         self.jobs += 1
@@ -267,7 +300,7 @@ class _Service:
             for t in list(self._tasks):
                 t.cancel()
         self._shut_down = True
-        self.executor.shutdown(wait=False, cancel_futures=True)
+        self.threads.shutdown(cancel_futures=True)
 
 
 class ConcurrentConsumeService(_Service):
