@@ -3,10 +3,10 @@ so a job given while a thread is idle wakes that one thread and nothing else.
 
 concurrent.futures.ThreadPoolExecutor puts every job on one shared queue: ``submit`` builds a work item,
 puts it (waking any of the waiting threads), then checks the pool's size, all while the submitting thread
-(the consumer's event loop) holds the GIL, so the woken thread usually finds the GIL taken and sleeps again
-until the loop lets it go. Here ``submit`` picks the idle thread itself and releases its lock as the last
-thing before returning, so the consume service's hand-over (consume_service.py) drops the GIL right after
-the wake and the thread takes it on its first try.
+(the consumer's event loop) holds the GIL, and it cannot say whether a thread is idle. Here ``submit`` picks
+the idle thread itself (the most recently idle: its caches are warm) and releases its lock as the last thing
+before returning, so the consume service's hand-over (consume_service.py) drops the GIL right after the
+wake, and ``all_idle`` tells the service when a hand-over can be taken at once.
 
 Semantics as the executor's: jobs start in submission order (a job no idle thread took waits in a FIFO that
 every thread empties before it goes idle), threads are started one per job until ``max_threads`` exist
