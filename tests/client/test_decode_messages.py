@@ -102,3 +102,67 @@ def test_the_objects_are_whole_message_exts() -> None:
     assert m.offset_msg_id == "0A00000100002A9F000000000000004D"
     m.body = b"changed"  # an ordinary, mutable instance
     assert dataclasses.replace(m, queue_id=3).queue_id == 3
+
+
+tag_sets = st.frozensets(st.sampled_from(["a", "TagA", "ü", "", "x"]) | texts, max_size=3)
+extras = st.sampled_from([{}, {P.MIN_OFFSET: "0", P.MAX_OFFSET: "17"}, {"TAGS": "over", "a": "b"}])
+
+
+def both_pull(body: bytes, tags: frozenset[str], extra: dict[str, str], check_crc: bool = True):  # type: ignore[no-untyped-def]
+    def one():  # type: ignore[no-untyped-def]
+        try:
+            return [dataclasses.astuple(m) for m in api.decode_pull_messages(body, tags, extra, check_crc=check_crc)]
+        except (CorruptRecordError, zlib.error) as e:
+            return type(e).__name__, str(e)
+    fast = one()
+    original, api.C = api.C, None
+    try:
+        slow = one()
+    finally:
+        api.C = original
+    return fast, slow
+
+
+pull_taken: list[int] = []
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(records(), min_size=1, max_size=5), tag_sets, extras, st.booleans())
+def test_c_pull_decoder_equals_python(recs: list[bytes], tags: frozenset[str], extra: dict[str, str],
+                                      check_crc: bool) -> None:
+    """The tag re-check and the merged properties (MIN_OFFSET / MAX_OFFSET) agree with the Python twin."""
+    body = b"".join(recs)
+    fast, slow = both_pull(body, tags, extra, check_crc)
+    assert fast == slow
+    if C.decode_messages(body, check_crc, api.crc32, MessageExt, zlib.decompress, tags or None, extra) is not None:
+        pull_taken.append(1)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(records(), min_size=1, max_size=3), tag_sets, st.data())
+def test_damaged_pull_bodies_are_refused_alike(recs: list[bytes], tags: frozenset[str], data: st.DataObject) -> None:
+    body = bytearray(b"".join(recs))
+    at = data.draw(st.integers(0, len(body) - 1))
+    body[at] ^= data.draw(st.integers(1, 255))
+    fast, slow = both_pull(bytes(body), tags, {P.MIN_OFFSET: "1"})
+    assert fast == slow
+
+
+def test_most_generated_pull_bodies_were_taken_by_c() -> None:
+    assert len(pull_taken) > 50
+
+
+def test_pull_decoding_filters_on_the_exact_tag_and_merges_extra() -> None:
+    recs = [bytes(encode_record(topic="T", body=b"%d" % i, properties=props, store_host=("10.0.0.1", 10911),
+                                physical_offset=i))
+            for i, props in enumerate(["TAGS\x01TagA\x02", "TAGS\x01TagB\x02", "a\x01b\x02", "TAGS\x01TagA\x02"])]
+    body = b"".join(recs)
+    msgs = C.decode_messages(body, True, api.crc32, MessageExt, zlib.decompress, frozenset({"TagA"}),
+                             {P.MIN_OFFSET: "0", P.MAX_OFFSET: "9"})
+    assert [m.body for m in msgs] == [b"0", b"3"]
+    assert list(msgs[0].properties.items())[-2:] == [(P.MIN_OFFSET, "0"), (P.MAX_OFFSET, "9")]
+    assert len(C.decode_messages(body, True, api.crc32, MessageExt, zlib.decompress, frozenset(), None)) == 4
+    with pytest.raises(TypeError, match="tags must be a set"):
+        C.decode_messages(body, True, api.crc32, MessageExt, zlib.decompress, ["TagA"], None)
+    with pytest.raises(TypeError, match="extra a dict"):
+        C.decode_messages(body, True, api.crc32, MessageExt, zlib.decompress, None, [("a", "b")])
