@@ -187,12 +187,9 @@ static PyObject *host_tuple(const unsigned char *p, unsigned char *last_bytes, P
 }
 
 PyDoc_STRVAR(decode_messages_doc,
-"decode_messages(body, check_crc: bool, crc32, cls, inflate, tags=None, extra=None) -> list | None\n\n"
+"decode_messages(body, check_crc: bool, crc32, cls, inflate) -> list | None\n\n"
 "sluice.client.broker_api.decode_messages in C: the stored records of a pull (or view, or query) body to\n"
-"``cls`` (MessageExt) instances, bodies with the COMPRESSED bit passed through ``inflate``. With a set\n"
-"``tags``, a message whose TAGS property is not in it is left out; a dict ``extra`` is then merged into\n"
-"each kept message's properties (broker_api.decode_pull_messages, the pull answer's post-processing).\n"
-"None for\n"
+"``cls`` (MessageExt) instances, bodies with the COMPRESSED bit passed through ``inflate``. None for\n"
 "anything unusual (a record that does not decode or fails its CRC, an IPv6 host, a MAGIC_V2 record,\n"
 "another class layout): the Python decoder then decodes it or says exactly what is wrong.");
 
@@ -200,17 +197,9 @@ static PyObject *decode_messages(PyObject *self, PyObject *args)
 {
     Py_buffer bv;
     int check_crc;
-    PyObject *crc32, *cls, *inflate, *tags = Py_None, *extra = Py_None;
-    if (!PyArg_ParseTuple(args, "y*pOOO|OO:decode_messages", &bv, &check_crc, &crc32, &cls, &inflate, &tags,
-                          &extra))
+    PyObject *crc32, *cls, *inflate;
+    if (!PyArg_ParseTuple(args, "y*pOOO:decode_messages", &bv, &check_crc, &crc32, &cls, &inflate))
         return NULL;
-    if ((tags != Py_None && !PyAnySet_Check(tags)) || (extra != Py_None && !PyDict_Check(extra))) {
-        PyBuffer_Release(&bv);
-        PyErr_SetString(PyExc_TypeError, "decode_messages: tags must be a set or None, extra a dict or None");
-        return NULL;
-    }
-    if (tags != Py_None && PySet_GET_SIZE(tags) == 0)
-        tags = Py_None; /* an empty set filters nothing (a ``*`` or SQL92 selector) */
     PyObject *out = NULL, *list = NULL, *last_topic = NULL, *last_born = NULL, *last_store = NULL;
     unsigned char born_bytes[8], store_bytes[8];
     Py_ssize_t last_tlen = -1;
@@ -301,21 +290,6 @@ static PyObject *decode_messages(PyObject *self, PyObject *args)
         for (int i = 0; i < N_EXT_FIELDS; i++)
             if (f[i] == NULL)
                 missing = 1;
-        if (!missing && tags != Py_None) {
-            /* PullAPIWrapper.processPullResult's re-check on the exact tag: a missing TAGS is not in the set */
-            PyObject *tag = PyDict_GetItemWithError(f[2], s_TAGS);
-            int keep = tag != NULL ? PySet_Contains(tags, tag) : (PyErr_Occurred() ? -1 : 0);
-            if (keep <= 0) {
-                for (int i = 0; i < N_EXT_FIELDS; i++)
-                    Py_XDECREF(f[i]);
-                if (keep < 0)
-                    goto done;
-                pos += total;
-                continue;
-            }
-        }
-        if (!missing && extra != Py_None && PyDict_Update(f[2], extra) < 0)
-            missing = 1;
         PyObject *o = missing ? NULL : ((PyTypeObject *)cls)->tp_alloc((PyTypeObject *)cls, 0);
         if (o == NULL) {
             for (int i = 0; i < N_EXT_FIELDS; i++)

@@ -11,7 +11,6 @@ import zlib
 from sluice.errors import SluiceError
 from sluice.message import MessageExt
 from sluice.protocol import headers as H
-from sluice.protocol import properties as P
 from sluice.protocol.bodies import HeartbeatData, encode_body
 from sluice.transport.client import RemotingClient
 from sluice.protocol.codes import RequestCode, ResponseCode
@@ -23,7 +22,7 @@ from sluice.client.results import MessageQueue
 
 check_message_ext(MessageExt)  # C's decode_messages sets these slots: a renamed one must fail here, not go slow
 
-__all__ = ["BrokerAPI", "decode_messages", "decode_pull_messages"]
+__all__ = ["BrokerAPI", "decode_messages"]
 
 
 def decode_messages(body: bytes, *, check_crc: bool = True) -> list[MessageExt]:
@@ -36,24 +35,6 @@ def decode_messages(body: bytes, *, check_crc: bool = True) -> list[MessageExt]:
         if msgs is not None:
             return msgs
     return [MessageExt.from_record(rec) for rec in iter_records(body, check_crc=check_crc)]
-
-
-def decode_pull_messages(body: bytes, tags: frozenset[str], extra: dict[str, str], *,
-                         check_crc: bool = True) -> list[MessageExt]:
-    """decode_messages, keeping only messages whose TAGS property is in ``tags`` (all when it is empty),
-    with ``extra`` merged into each kept message's properties: a pull answer's records as
-    PullAPIWrapper.processPullResult leaves them, in one C pass where built."""
-    if C is not None:
-        msgs = C.decode_messages(body, check_crc, crc32, MessageExt, zlib.decompress, tags or None, extra)
-        if msgs is not None:
-            return msgs
-    msgs = [MessageExt.from_record(rec) for rec in iter_records(body, check_crc=check_crc)]
-    if tags:
-        # Drops hash-collision false positives and untagged messages, exactly as Java does.
-        msgs = [m for m in msgs if m.properties.get(P.TAGS) in tags]
-    for m in msgs:
-        m.properties.update(extra)
-    return msgs
 
 
 class BrokerAPI:

@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from sluice.client.broker_api import decode_messages, decode_pull_messages
+from sluice.client.broker_api import decode_messages
 from sluice.client.class_filter import ClassFilters
 from sluice.client.lifecycle import AsyncClient
 from sluice.client.options import PullConsumerOptions
@@ -61,9 +61,15 @@ def process_pull_response(response: RemotingCommand, selector: MessageSelector, 
     header = H.PullMessageResponseHeader.from_command(response)
     msgs: list[MessageExt] = []
     if status is PullStatus.FOUND:
-        msgs = decode_pull_messages(response.body, selector.tags,
-                                    {P.MIN_OFFSET: str(header.min_offset), P.MAX_OFFSET: str(header.max_offset)},
-                                    check_crc=check_crc)
+        msgs = decode_messages(response.body, check_crc=check_crc)
+        tags = selector.tags
+        if tags:
+            # Drops hash-collision false positives and untagged messages, exactly as Java does.
+            msgs = [m for m in msgs if m.properties.get(P.TAGS) in tags]
+        lo, hi = str(header.min_offset), str(header.max_offset)
+        for m in msgs:
+            m.properties[P.MIN_OFFSET] = lo
+            m.properties[P.MAX_OFFSET] = hi
     return PullResult(status=status, next_begin_offset=header.next_begin_offset, min_offset=header.min_offset,
                       max_offset=header.max_offset, msg_found_list=msgs,
                       suggest_which_broker_id=header.suggest_which_broker_id)
