@@ -21,7 +21,6 @@ Every refusal is logged once per client and reason a minute (refusal_log.py).
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import random
 import time
@@ -98,57 +97,6 @@ def check_sendable_topic(topic: str) -> None:
         raise NoPermissionError(f"Sending message to topic[{topic}] is forbidden.")
 
 
-# SendMessageRequestHeaderV2's letters: the integers (with their defaults, _REQUIRED for queueId), the booleans.
-_REQUIRED = object()
-_V2_INTS = (("d", 4), ("e", _REQUIRED), ("f", 0), ("g", 0), ("h", 0), ("j", None), ("l", None))
-_V2_LETTERS = frozenset("abcdefghijklmn")
-_new_header = object.__new__
-_HEADER_SETTERS = tuple(SendMessageRequestHeader.__dict__[name].__set__ for name in (
-    "producer_group", "topic", "default_topic", "default_topic_queue_nums", "queue_id", "sys_flag",
-    "born_timestamp", "flag", "reconsume_times", "max_reconsume_times", "properties", "unit_mode", "batch",
-    "broker_name"))
-assert len(dataclasses.fields(SendMessageRequestHeader)) == len(_HEADER_SETTERS), "_v2_header sets every field"
-
-
-def _v2_header(ext: dict[str, str]) -> SendMessageRequestHeader | None:
-    """SendMessageRequestHeader.from_command for the V2 letters every SDK sends, each a plain value (text,
-    decimal digits, true / false), with no other key: the same header, without the rename to full names and
-    the general field conversions. None for any other ext: from_command reads it, or names its error."""
-    if "a" not in ext or not _V2_LETTERS.issuperset(ext):
-        return None
-    get = ext.get
-    group, topic, default_topic = get("a"), get("b"), get("c", "TBW102")
-    props, broker_name = get("i"), get("n")
-    if (type(group) is not str or type(topic) is not str or type(default_topic) is not str
-            or (props is not None and type(props) is not str)
-            or (broker_name is not None and type(broker_name) is not str)):
-        return None
-    ints = []
-    for letter, default in _V2_INTS:
-        v = get(letter)
-        if v is None:
-            if default is _REQUIRED:
-                return None
-            ints.append(default)
-        elif type(v) is str and v.isdigit() and v.isascii() and len(v) < 19:
-            ints.append(int(v))
-        else:
-            return None
-    bools = []
-    for letter in "km":
-        v = get(letter)
-        if v is None or v == "false":
-            bools.append(False)
-        elif v == "true":
-            bools.append(True)
-        else:
-            return None
-    h = _new_header(SendMessageRequestHeader)  # a frozen dataclass: its slots' setters, as fields.py's readers
-    for setter, value in zip(_HEADER_SETTERS, (group, topic, default_topic, *ints, props, *bools, broker_name)):
-        setter(h, value)
-    return h
-
-
 def _born_host(conn: RemotingConnection) -> tuple[str, int]:
     host, _, port = conn.peer.rpartition(":")
     try:
@@ -192,9 +140,7 @@ class SendProcessor:
         appender = self.appender
         sync = appender.sync_flush
         try:
-            header = _v2_header(request.ext_fields)
-            if header is None:
-                header = SendMessageRequestHeader.from_command(request)
+            header = SendMessageRequestHeader.from_command(request)
             check_header_ranges(header)
             batch = request.code == RequestCode.SEND_BATCH_MESSAGE or header.batch or _batch_flag(request)
             window = self.dedup if self.dedup.applies(header.producer_group) else None  # opted in: replays answered

@@ -13,7 +13,7 @@ import dataclasses
 import re
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from sluice.errors import InvalidParameterError
@@ -155,17 +155,29 @@ def from_ext(cls: type[T], ext: Mapping[str, str]) -> T:
     return reader(ext)
 
 
-_READERS: dict[type, Any] = {}
+_READERS: dict[Any, Any] = {}  # by class (from_ext), or by class and keys (keyed_reader)
 
 
-def _compile_reader(cls: type[T]) -> Any:
+def keyed_reader(cls: type[T], keys: Mapping[str, str]) -> Callable[[Mapping[str, str]], T]:
+    """from_ext for ``cls`` reading each field named in ``keys`` (field name -> ext key) under that key instead
+    of its wire name, as compiled as from_ext's own (SendMessageRequestHeaderV2's letters); errors still name
+    the wire name. Generated once per class and keys."""
+    cache_key = (cls, tuple(sorted(keys.items())))
+    reader = _READERS.get(cache_key)
+    if reader is None:
+        reader = _READERS[cache_key] = _compile_reader(cls, keys)
+    return reader  # type: ignore[no-any-return]
+
+
+def _compile_reader(cls: type[T], keys: Mapping[str, str] | None = None) -> Any:
     """from_ext for one class as straight-line code, the same steps as _from_ext_generic's loop without
     its per-field dispatch: every request is parsed through one (docs/protocol.md has the figures)."""
     env: dict[str, Any] = {"cls": cls, "conv": _convert, "bad": _bad}
     lines = ["def read(ext):", " g = ext.get"]
     for i, f in enumerate(_plan(cls)):
         where = f"{cls.__name__}.{f.wire}"
-        env[f"w{i}"], env[f"t{i}"], env[f"e{i}"], env[f"d{i}"], env[f"f{i}"] = f.wire, f.tp, f.enum, f.default, f.factory
+        key = f.wire if keys is None else keys.get(f.name, f.wire)
+        env[f"w{i}"], env[f"t{i}"], env[f"e{i}"], env[f"d{i}"], env[f"f{i}"] = key, f.tp, f.enum, f.default, f.factory
         lines.append(f" v{i} = g(w{i})")
         lines.append(f" if v{i} is None:")
         if f.required and not f.optional:
@@ -179,6 +191,12 @@ def _compile_reader(cls: type[T]) -> Any:
         elif f.tp is int:
             lines.append(f" elif type(v{i}) is str and v{i}.isdigit() and v{i}.isascii() and len(v{i}) < 19:")
             lines.append(f"  v{i} = int(v{i})")
+            lines.append(" else:")
+        elif f.tp is bool:  # what every client sends, without the general conversion
+            lines.append(f" elif v{i} == 'false':")
+            lines.append(f"  v{i} = False")
+            lines.append(f" elif v{i} == 'true':")
+            lines.append(f"  v{i} = True")
             lines.append(" else:")
         else:
             lines.append(" else:")

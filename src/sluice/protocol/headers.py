@@ -67,6 +67,8 @@ class SendMessageRequestHeader(Header):
 
     @classmethod
     def from_v2_ext(cls, ext: Mapping[str, str]) -> SendMessageRequestHeader:
+        if _V1_NAMES.isdisjoint(ext):  # letters only (what every SDK sends): read under the letters, no copy
+            return _read_v2(ext)
         return cls.from_ext(to_v1_names(ext))
 
     def to_v2_ext(self) -> dict[str, str]:
@@ -83,6 +85,8 @@ class SendMessageRequestHeader(Header):
 
 _V1_TO_V2 = {fields.camel(k): v for k, v in _V2_NAMES.items()}
 _V2_TO_V1 = {v: k for k, v in _V1_TO_V2.items()}
+_V1_NAMES = frozenset(_V1_TO_V2)
+_read_v2 = fields.keyed_reader(SendMessageRequestHeader, _V2_NAMES)
 
 
 def to_v1_names(ext: Mapping[str, str]) -> dict[str, str]:
