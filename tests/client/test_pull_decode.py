@@ -95,42 +95,14 @@ def test_damaged_body_is_reported():
     assert not issubclass(CorruptRecordError, RemotingError)
 
 
-# -------------------------------------------------------------------- the header's offsets (_pull_offsets)
-
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from sluice.client.pull_consumer import _pull_offsets  # noqa: E402
-from sluice.protocol import headers as H  # noqa: E402
-
-_FIELDS = ("suggestWhichBrokerId", "nextBeginOffset", "minOffset", "maxOffset")
-_values = (st.integers(0, 2**63 - 1).map(str) | st.sampled_from(["", "-1", "007", " 5", "1e3", "٣", "+4", "9" * 19,
-                                                                  "9" * 18, "2.0", "x"])
-           | st.integers(-5, 5) | st.none())
-
-
-def _outcome(fn, cmd):  # type: ignore[no-untyped-def]
-    try:
-        return fn(cmd)
-    except Exception as exc:  # the same error class and text, or the same values
-        return type(exc), str(exc)
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.fixed_dictionaries({k: _values for k in _FIELDS}))
-def test_pull_offsets_equal_the_header_class(values: dict) -> None:  # type: ignore[type-arg]
-    """The fast read of the four offsets gives what PullMessageResponseHeader.from_command gives, or its error."""
-    cmd = RemotingCommand(code=ResponseCode.SUCCESS, ext_fields={k: v for k, v in values.items() if v is not None})
-
-    def slow(c: RemotingCommand):  # type: ignore[no-untyped-def]
-        h = H.PullMessageResponseHeader.from_command(c)
-        return h.suggest_which_broker_id, h.next_begin_offset, h.min_offset, h.max_offset
-    assert _outcome(_pull_offsets, cmd) == _outcome(slow, cmd)
-
 
 def test_a_missing_offset_is_the_header_error() -> None:
-    cmd = RemotingCommand(code=ResponseCode.SUCCESS, ext_fields={"suggestWhichBrokerId": "0", "nextBeginOffset": "3",
-                                                                   "minOffset": "0"})
+    missing = response(ResponseCode.PULL_NOT_FOUND, b"")
+    missing.ext_fields.pop("maxOffset")
     with pytest.raises(Exception, match="maxOffset"):
-        _pull_offsets(cmd)
-    assert _pull_offsets(RemotingCommand(code=0, ext_fields=dict(zip(_FIELDS, ["1", "12", "0", "40"])))) == (1, 12, 0, 40)
+        process_pull_response(missing, MessageSelector.by_tag())
+    ok = response(ResponseCode.PULL_NOT_FOUND, b"")
+    ok.ext_fields.update(dict(zip(("suggestWhichBrokerId", "nextBeginOffset", "minOffset", "maxOffset"),
+                                  ["1", "12", "0", "40"])))
+    r = process_pull_response(ok, MessageSelector.by_tag())
+    assert (r.suggest_which_broker_id, r.next_begin_offset, r.min_offset, r.max_offset) == (1, 12, 0, 40)

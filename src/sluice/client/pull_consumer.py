@@ -58,7 +58,7 @@ def process_pull_response(response: RemotingCommand, selector: MessageSelector, 
     status = _STATUS_BY_CODE.get(response.code)  # type: ignore[call-overload]
     if status is None:
         raise error_for_response(response)
-    suggest, nxt, lo, hi = _pull_offsets(response)
+    header = H.PullMessageResponseHeader.from_command(response)
     msgs: list[MessageExt] = []
     if status is PullStatus.FOUND:
         msgs = decode_messages(response.body, check_crc=check_crc)
@@ -66,25 +66,13 @@ def process_pull_response(response: RemotingCommand, selector: MessageSelector, 
         if tags:
             # Drops hash-collision false positives and untagged messages, exactly as Java does.
             msgs = [m for m in msgs if m.properties.get(P.TAGS) in tags]
-        lo_s, hi_s = str(lo), str(hi)
+        lo, hi = str(header.min_offset), str(header.max_offset)
         for m in msgs:
-            m.properties[P.MIN_OFFSET] = lo_s
-            m.properties[P.MAX_OFFSET] = hi_s
-    return PullResult(status, nxt, lo, hi, msgs, suggest)
-
-
-def _pull_offsets(response: RemotingCommand) -> tuple[int, int, int, int]:
-    """PullMessageResponseHeader's (suggestWhichBrokerId, nextBeginOffset, minOffset, maxOffset). Every pull
-    answer is read here, so plain digit strings (what brokers send) are converted without building the header
-    object; anything else goes through PullMessageResponseHeader.from_command and its precise errors."""
-    g = response.ext_fields.get
-    raw = (g("suggestWhichBrokerId"), g("nextBeginOffset"), g("minOffset"), g("maxOffset"))
-    for v in raw:
-        if type(v) is not str or not (v.isdigit() and v.isascii() and len(v) < 19):
-            h = H.PullMessageResponseHeader.from_command(response)
-            return h.suggest_which_broker_id, h.next_begin_offset, h.min_offset, h.max_offset
-    s, n, lo, hi = raw
-    return int(s), int(n), int(lo), int(hi)  # type: ignore[arg-type]
+            m.properties[P.MIN_OFFSET] = lo
+            m.properties[P.MAX_OFFSET] = hi
+    return PullResult(status=status, next_begin_offset=header.next_begin_offset, min_offset=header.min_offset,
+                      max_offset=header.max_offset, msg_found_list=msgs,
+                      suggest_which_broker_id=header.suggest_which_broker_id)
 
 
 class AsyncPullConsumer(AsyncClient):
