@@ -44,9 +44,9 @@ _pull_once = AsyncPushConsumer._pull_once
 _invoke = RemotingClient.invoke
 
 
-async def _timed_pull(self: AsyncPushConsumer, mq: Any, offset: int, size: int) -> Any:
+async def _timed_pull(self: AsyncPushConsumer, mq: Any, pq: Any, offset: int, size: int) -> Any:
     t0 = time.perf_counter()
-    r = await _pull_once(self, mq, offset, size)
+    r = await _pull_once(self, mq, pq, offset, size)
     if not mq.topic.startswith("%"):
         PULLS.append((t0, time.perf_counter(), offset, r.next_begin_offset, len(r.msg_found_list or ())))
     return r
