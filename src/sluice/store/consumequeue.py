@@ -183,6 +183,20 @@ class ConsumeQueue:
             return None
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
+    def unit_bytes(self, offset: int) -> bytes | None:
+        """The 20 stored bytes of the unit at ``offset`` (no numpy: a woken held pull reads one), or None."""
+        if not self.min_offset <= offset < self.max_offset:
+            return None
+        pos = offset * CQ_UNIT_SIZE
+        with self.lock:
+            f = self.queue.find(pos)
+            if f is None or pos + CQ_UNIT_SIZE > f.end:
+                return None
+            try:
+                return f.read(pos - f.start, CQ_UNIT_SIZE)
+            except ValueError:  # closed under us by retention
+                return None
+
     def unit(self, offset: int) -> tuple[int, int, int] | None:
         u = self.get_units(offset, 1)
         if u is None or len(u) == 0:

@@ -14,6 +14,7 @@ GetMessageResult (tests/store/test_pull_read.py, tests/store/test_pull_scan.py).
 from __future__ import annotations
 
 import logging
+import struct
 import time
 
 import numpy as np
@@ -32,6 +33,9 @@ from sluice.store.types import GetMessageResult, GetMessageStatus, MessageFilter
 __all__ = ["MAX_VERDICTS", "PullReader", "locate", "verdict_cache"]
 
 log = logging.getLogger("sluice.store.message_store")
+
+#: A consume-queue unit's commit-log offset and size (big-endian, as stored; its tag code follows).
+_UNIT_HEAD = struct.Struct(">qi")
 
 _S = GetMessageStatus
 
@@ -95,6 +99,10 @@ class PullReader:
             return GetMessageResult(_S.OFFSET_OVERFLOW_ONE, offset, lo, hi)
         if offset > hi:
             return GetMessageResult(_S.OFFSET_OVERFLOW_BADLY, lo if lo == 0 else hi, lo, hi)
+        if max_msgs == 1 and message_filter is None and C is not None:
+            one = self._one(cq, offset, max_bytes, lo, hi)
+            if one is not None:
+                return one
         # The filter may bound the records one pull evaluates (MessageFilter.max_evaluations): the pull
         # stops before the first record over it and goes on from there next time.
         budget = [(message_filter.max_evaluations if message_filter is not None else 0) or -1]
@@ -184,6 +192,36 @@ class PullReader:
         if mf is not None:
             mf.consumed(stop_at)
         return _result(res, offset, stop_at, parts, filtered, removed)
+
+    def _one(self, cq: ConsumeQueue, offset: int, max_bytes: int, lo: int, hi: int) -> GetMessageResult | None:
+        """An unfiltered read of one record (a woken held pull's unit, judged as it arrived) without numpy:
+        the unit's bytes straight to C (speedups.gather_units, as _gather_runs calls it); None, having
+        changed nothing, for anything but a plain record found whole in its file (the caller takes the
+        general road, which says what is wrong)."""
+        raw = cq.unit_bytes(offset)
+        if raw is None:
+            return None
+        p, s = _UNIT_HEAD.unpack_from(raw)
+        cl = self.commitlog
+        if s <= 0 or s == PAD_SIZE or p < cl.min_offset:
+            return None
+        f = cl.queue.find(p)
+        if f is None:
+            return None
+        res = GetMessageResult(_S.FOUND, offset, lo, hi)
+        try:
+            data, _, why = C.gather_units(  # type: ignore[union-attr]
+                raw, 0, f.mm, f.start, min(f.end, cl.write_pos), 1, max_bytes, 0, 0,
+                self.config.verify_crc_on_read, crc32, offset, res.queue_offsets, res.commitlog_offsets,
+                res.sizes, None)
+        except ValueError:  # closed by retention meanwhile
+            return None
+        if why > 1 or not data:
+            return None
+        res.records_read = 1
+        self.records_read += 1
+        self.bytes_read += len(data)
+        return _result(res, offset, 1, [data], False, False)
 
     def _gather_runs(self, cq: ConsumeQueue, offset: int, units: np.ndarray,
                      wanted: np.ndarray | list[bool] | None,
