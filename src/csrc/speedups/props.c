@@ -22,34 +22,6 @@ static int utf8_ok(const unsigned char *p, Py_ssize_t n)
     return 1;
 }
 
-/* Records ahead of the one being judged whose lines are prefetched: a queue's records lie apart in the log
- * (other queues' records between them), so the hardware's stream prefetch does not see them coming and each
- * record would start with a wait on memory. */
-#define PREFETCH_AHEAD 4
-
-/* Hint the lines of the record unit ``unit`` names into the cache when it lies in [file_start, limit): all
- * of them when the CRC will read the body, else the head and the tail (topic and properties follow the
- * body). Prefetches never fault; the bounds only keep the hint to records that will be read. */
-static inline void prefetch_record(const unsigned char *unit, const unsigned char *base, long long file_start,
-                                   long long limit, int whole)
-{
-    int64_t at = (int64_t)get_u64(unit);
-    int32_t size = (int32_t)get_u32(unit + 8);
-    if (size <= 0 || at < file_start || at + size > limit)
-        return;
-    const unsigned char *r = base + (at - file_start);
-    if (whole) {
-        for (int32_t off = 0; off < size; off += 64)
-            __builtin_prefetch(r + off, 0, 3);
-    } else {
-        __builtin_prefetch(r, 0, 3);
-        __builtin_prefetch(r + 64, 0, 3);
-        for (int32_t off = size > 256 ? size - 256 : 128; off < size; off += 64)
-            __builtin_prefetch(r + off, 0, 3);
-    }
-    __builtin_prefetch(r + size - 1, 0, 3);
-}
-
 #define MAX_KEYS 64 /* names a selector may read for the C path; more: the filter's own Python step */
 
 /* The key of a record's values of ``names`` (per name: 0xFF for absent, else a 4-byte length and the bytes)
