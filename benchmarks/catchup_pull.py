@@ -1,14 +1,19 @@
 """Catch-up filtered drains: a group that subscribes after the messages were written (no bitmaps).
 
-One topic (one queue) of N 1 KiB messages with the common workload's properties (issue 15): ``region``
-(10 values), ``a`` (0..99, as text) and a tag (TagA..TagJ). The store is driven in-process with the
+One topic of N 1 KiB messages with the common workload's properties (issue 15): ``region`` (10 values),
+``a`` (0..99, as text) and a tag (TagA..TagJ), written to ``--queues`` queues (4, as ``sluice bench``'s
+topic) in runs of 32 (its send_batch size), so a queue's records lie apart in the commit log between
+the other queues' runs as they do in the broker: with one queue the records are contiguous and the
+hardware prefetcher hides what a broker's scan waits for. The store is driven in-process with the
 broker's pull filter (broker/filtering.py SelectorFilter, no Bloom data), so every scanned record is
 evaluated at pull time. Per selector: matched msgs/s and CPU microseconds per scanned record
-(time.process_time, the pull loop only), pulls of 32 as the push consumer asks.
+(time.process_time, the pull loop only; the first drain of a store also maps its pages, which a
+broker serving what it wrote does not), each queue drained in pulls of 32 as the push consumer asks.
 
-    .venv/bin/python benchmarks/catchup_pull.py [--quick] [--messages N] [--store DIR] [--per-record]
+    .venv/bin/python benchmarks/catchup_pull.py [--quick] [--messages N] [--queues Q] [--store DIR] [--per-record]
 
---quick uses 100,000 messages instead of 1,000,000. --store keeps (and reuses) the written store there.
+--quick uses 100,000 messages instead of 1,000,000. --store keeps (and reuses) the written store there
+(written with the same --queues).
 --per-record forces the Python record-by-record evaluation (the path before speedups.scan_records), for a
 comparison in one process. --broker adds the same catch-up drains through a real namesrv and broker
 (subprocesses, ``--flush async``) and the SDK push consumer (batches of 32 to the listener), the common
@@ -45,38 +50,45 @@ def store_config() -> StoreConfig:
     return StoreConfig(commitlog_file_size=256 * 1024 * 1024, index_enable=False, checkpoint_interval_ms=1000)
 
 
-def fill(root: Path, n: int) -> None:
+#: Records one put writes to one queue (sluice bench's send_batch of 32); queues take turns.
+RUN = 32
+
+
+def fill(root: Path, n: int, queues: int) -> None:
     rng = random.Random(15)
     store = MessageStore(root, store_config())
     store.start()
     try:
-        for i in range(0, n, 256):
-            store.put_messages([StoreMessage(TOPIC, BODY, 0, {
+        for k, i in enumerate(range(0, n, RUN)):
+            store.put_messages([StoreMessage(TOPIC, BODY, k % queues, {
                 "TAGS": f"Tag{'ABCDEFGHIJ'[rng.randrange(10)]}", "region": rng.choice(REGIONS),
-                "a": str(rng.randrange(100))}) for _ in range(i, min(n, i + 256))])
+                "a": str(rng.randrange(100))}) for _ in range(i, min(n, i + RUN))])
         store.wait_dispatched(600)
     finally:
         store.close()
 
 
-def drain(root: Path, expression: str) -> dict:
+def drain(root: Path, expression: str, queues: int) -> dict:
     store = MessageStore(root, store_config())
     store.start()
     try:
         mf = SelectorFilter(compile_selector("SQL92", expression)).for_pull()
-        end = store.get_max_offset(TOPIC, 0)
-        matched = off = pulls = 0
+        matched = scanned = pulls = 0
         c0, t0 = time.process_time(), time.perf_counter()
-        while off < end:
-            res = store.get_messages(TOPIC, 0, off, 32, mf)
-            pulls += 1
-            if res.status is S.FOUND:
-                matched += res.message_count
-            elif res.status is not S.NO_MATCHED_MESSAGE:
-                break
-            off = res.next_begin_offset
+        for q in range(queues):
+            end, off = store.get_max_offset(TOPIC, q), 0
+            while off < end:
+                res = store.get_messages(TOPIC, q, off, 32, mf)
+                pulls += 1
+                if res.status is S.FOUND:
+                    matched += res.message_count
+                elif res.status is not S.NO_MATCHED_MESSAGE:
+                    break
+                off = res.next_begin_offset
+            scanned += off
         cpu, wall = time.process_time() - c0, time.perf_counter() - t0
-        return {"matched": matched, "scanned": off, "pulls": pulls, "cpu_us_per_scanned": round(cpu / off * 1e6, 3),
+        return {"matched": matched, "scanned": scanned, "pulls": pulls,
+                "cpu_us_per_scanned": round(cpu / max(1, scanned) * 1e6, 3),
                 "matched_per_cpu_s": round(matched / cpu), "matched_per_s": round(matched / wall)}
     finally:
         store.close()
@@ -135,11 +147,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="100,000 messages instead of 1,000,000")
     ap.add_argument("--messages", type=int, help="override the message count")
+    ap.add_argument("--queues", type=int, default=4, help="queues the messages go to, in runs of 32 (4)")
     ap.add_argument("--store", type=Path, help="keep the written store here and reuse it when present")
     ap.add_argument("--per-record", action="store_true", help="evaluate record by record (the Python path)")
     ap.add_argument("--broker", action="store_true", help="also drain through a broker and the push consumer")
     args = ap.parse_args()
     n = args.messages or (100_000 if args.quick else 1_000_000)
+    if args.queues < 1:
+        ap.error(f"--queues must be at least 1, got {args.queues}")
     if args.per_record:
         from sluice.store import pull_read
         pull_read.C = None  # the module's own switch: no C for pulls (gather_units nor scan_records)
@@ -148,12 +163,13 @@ def main() -> None:
     if root is None:
         tmp = Path(tempfile.mkdtemp(prefix="sluice-catchup-"))
         root = tmp / "store"
-    out: dict = {"benchmark": "catchup_pull", "quick": args.quick, "messages": n, "body_bytes": len(BODY),
+    out: dict = {"benchmark": "catchup_pull", "quick": args.quick, "messages": n, "queues": args.queues,
+                 "body_bytes": len(BODY),
                  "c_extension": C is not None and not args.per_record}
     try:
         if not (root / "commitlog").exists():
-            fill(root, n)
-        out["drains"] = {name: drain(root, expr) for name, (_, expr) in SELECTORS.items()}
+            fill(root, n, args.queues)
+        out["drains"] = {name: drain(root, expr, args.queues) for name, (_, expr) in SELECTORS.items()}
         if args.broker:
             work = Path(tempfile.mkdtemp(prefix="sluice-catchup-broker-"))
             try:

@@ -11,7 +11,9 @@ subscribe afterwards (pull-time evaluation). Per drain:
   ``first_pull_ms`` (rebalanced, start offsets known), ``first_found_ms``, ``first_delivery_ms``, ``last_ms``;
 * ``pulls`` and the queue offsets one pull moved on by (``units_per_pull``), answers without a match,
   flow-control waits, and the request round trips before the first pull (``start_rpcs``);
-* CPU per matched message of this process (the consumer) and of the broker (all its threads, schedstat).
+* CPU per matched message of this process (the consumer) and of the broker (all its threads, schedstat),
+  the broker's split into what the consumer's start() cost it (``broker_start_cpu_ms``: join, heartbeat,
+  routes) and the drain after it (``broker_drain_cpu_us_per_msg``: the pulls).
 
 The consumer's methods are wrapped to time them; nothing else changes. The machine's load makes wall
 figures vary: compare CPU per message, and rates over several rounds, alternating trees.
@@ -96,7 +98,7 @@ def drain(ns: str, broker_pid: int, group: str, f: Filter, expected: int, timeou
     c0, b0 = time.process_time(), cpu_seconds(broker_pid)
     started = time.perf_counter()
     c = R.push(group, ns, f, listener, consume_message_batch_max_size=R.DRAIN_BATCH)
-    start_returned = time.perf_counter()
+    start_returned, bs = time.perf_counter(), cpu_seconds(broker_pid)
     try:
         done = counter.wait(timeout)
     finally:
@@ -115,7 +117,8 @@ def drain(ns: str, broker_pid: int, group: str, f: Filter, expected: int, timeou
         units_per_pull=round(statistics.fmean(p[3] - p[2] for p in pulls), 1) if pulls else 0,
         empty_answers=sum(1 for p in pulls if not p[4]), flow_control_waits=flow,
         start_rpcs=[name for t0, _t1, name in RPCS if t0 < first_pull],
-        client_cpu_us_per_msg=round((c1 - c0) / n * 1e6, 2), broker_cpu_us_per_msg=round((b1 - b0) / n * 1e6, 2))
+        client_cpu_us_per_msg=round((c1 - c0) / n * 1e6, 2), broker_cpu_us_per_msg=round((b1 - b0) / n * 1e6, 2),
+        broker_start_cpu_ms=round((bs - b0) * 1e3, 2), broker_drain_cpu_us_per_msg=round((b1 - bs) / n * 1e6, 2))
     return out
 
 
@@ -161,6 +164,7 @@ def main() -> None:
                    "first_pull_ms": med(o["first_pull_ms"] for o in v), "pulls": med(o["pulls"] for o in v),
                    "client_cpu_us_per_msg": med(o["client_cpu_us_per_msg"] for o in v),
                    "broker_cpu_us_per_msg": med(o["broker_cpu_us_per_msg"] for o in v),
+                   "broker_drain_cpu_us_per_msg": med(o["broker_drain_cpu_us_per_msg"] for o in v),
                    "all_done": all(o["done"] for o in v)} for k, v in rows.items()}
     print(json.dumps({"messages": wl.messages, "rounds": a.rounds, "load_average": os.getloadavg(),
                       "drains": summary}))

@@ -47,3 +47,35 @@ def test_pull_copies_share_the_verdict_cache_until_too_many_errors(monkeypatch) 
     assert len(one._messages) == 3  # a pull under way keeps its own
     if C is not None:
         assert three.record_verdicts is not one.record_verdicts
+
+
+def test_subscriptions_of_one_expression_share_verdicts(monkeypatch) -> None:
+    """A new subscription of an expression (a new group, a new sub_version) finds the verdicts an earlier one
+    judged; another expression has its own; the shared verdicts are bounded in expressions."""
+    monkeypatch.setattr(filtering, "_shared_verdicts", filtering.OrderedDict())
+    first, again, other = sql("region = 'eu' AND a >= 50"), sql("region = 'eu' AND a >= 50"), sql("a >= 50")
+    assert again.record_verdicts is first.record_verdicts and again._messages is first._messages
+    assert other._messages is not first._messages
+    assert (first.record_verdicts is None) == (C is None)
+    if C is not None:
+        assert other.record_verdicts is not first.record_verdicts
+    code = first.for_pull().judge(("eu", "x"))  # an evaluation error: its message is found by the other
+    assert code >= 2 and "x" in again._messages[code - 2]
+    tag = SelectorFilter(compile_selector("TAG", "TagA"))
+    assert tag.record_verdicts is None and tag._shared is None
+    monkeypatch.setattr(filtering, "MAX_SHARED_VERDICTS", 2)
+    sql("b = 'x'")
+    assert [k[1] for k in filtering._shared_verdicts] == ["a >= 50", "b = 'x'"]  # the least recent dropped
+
+
+def test_starting_afresh_is_shared_with_later_subscriptions(monkeypatch) -> None:
+    monkeypatch.setattr(filtering, "_shared_verdicts", filtering.OrderedDict())
+    monkeypatch.setattr(filtering, "MAX_MESSAGES", 1)
+    base = sql("a > 1")
+    pull = base.for_pull()
+    for v in ("x", "y"):
+        assert pull.judge((v,)) >= 2
+    fresh = base.for_pull()
+    assert fresh._messages == [] and fresh._messages is base._messages
+    later = sql("a > 1")
+    assert later._messages is base._messages and later.record_verdicts is base.record_verdicts

@@ -6,7 +6,14 @@
  * 0 when not, -1 on a memory error. */
 static int utf8_ok(const unsigned char *p, Py_ssize_t n)
 {
-    for (Py_ssize_t i = 0; i < n; i++) {
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8) { /* ASCII, the usual case, eight bytes at a time */
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        if (w & 0x8080808080808080ULL)
+            break;
+    }
+    for (; i < n; i++) {
         if (p[i] & 0x80) {
             PyObject *s = PyUnicode_DecodeUTF8((const char *)p, n, "strict");
             if (s != NULL) {
@@ -50,19 +57,24 @@ static int values_key(Buf *key, const unsigned char *p, Py_ssize_t n, PyObject *
         }
         pos = end + 1;
     }
+    Py_ssize_t need = 0; /* the key's size, reserved once */
+    for (Py_ssize_t k = 0; k < nk; k++)
+        need += vpos[k] < 0 ? 1 : 5 + vlen[k];
     key->len = 0;
+    if (buf_reserve(key, need) < 0)
+        return -1;
+    unsigned char *w = key->data;
     for (Py_ssize_t k = 0; k < nk; k++) {
         if (vpos[k] < 0) {
-            unsigned char absent = 0xFF;
-            if (buf_add(key, &absent, 1) < 0)
-                return -1;
+            *w++ = 0xFF;
             continue;
         }
-        unsigned char len[5] = {0};
-        put_u32(len + 1, (uint32_t)vlen[k]);
-        if (buf_add(key, len, 5) < 0 || buf_add(key, p + vpos[k], vlen[k]) < 0)
-            return -1;
+        w[0] = 0;
+        put_u32(w + 1, (uint32_t)vlen[k]);
+        memcpy(w + 5, p + vpos[k], (size_t)vlen[k]);
+        w += 5 + vlen[k];
     }
+    key->len = need;
     return 0;
 }
 
@@ -94,8 +106,8 @@ static PyObject *key_values(const unsigned char *k, Py_ssize_t n, Py_ssize_t nk)
 
 /* ------------------------------------------------------------------------------------- verdict_cache */
 
-/* Verdicts by values key, kept across pulls (a capsule the filter holds): open addressing on a 64-bit FNV-1a
- * hash, keys in one arena. Emptied when it holds ``max`` keys: a verdict depends on the values alone, so a
+/* Verdicts by values key, kept across pulls (a capsule the filter holds): open addressing on a 64-bit
+ * hash (key_hash), keys in one arena. Emptied when it holds ``max`` keys: a verdict depends on the values alone, so a
  * dropped one is only judged again. */
 typedef struct {
     uint64_t *hash; /* 0: empty slot */
@@ -120,11 +132,24 @@ static void verdicts_free(PyObject *cap)
     PyMem_Free(v);
 }
 
-static uint64_t fnv1a(const unsigned char *p, Py_ssize_t n)
+/* The key's hash: eight bytes a step (a multiply and shifts per word, as in splitmix64's finaliser), never 0. */
+static uint64_t key_hash(const unsigned char *p, Py_ssize_t n)
 {
-    uint64_t h = 1469598103934665603ULL;
-    for (Py_ssize_t i = 0; i < n; i++)
-        h = (h ^ p[i]) * 1099511628211ULL;
+    uint64_t h = 0x9E3779B97F4A7C15ULL ^ (uint64_t)n;
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        h = (h ^ w) * 0xBF58476D1CE4E5B9ULL;
+        h ^= h >> 31;
+    }
+    if (i < n) {
+        uint64_t w = 0;
+        memcpy(&w, p + i, (size_t)(n - i));
+        h = (h ^ w) * 0xBF58476D1CE4E5B9ULL;
+    }
+    h = (h ^ (h >> 30)) * 0x94D049BB133111EBULL;
+    h ^= h >> 31;
     return h ? h : 1;
 }
 
@@ -300,7 +325,11 @@ static PyObject *scan_records(PyObject *self, PyObject *args)
     int32_t *ev_idx = iv.buf, *ev_code = ev.buf;
     if (limit > file_start + mv.len)
         limit = file_start + mv.len;
+    for (Py_ssize_t k = first; k < nunits && k < first + PREFETCH_AHEAD; k++)
+        prefetch_record(units + k * CQ_UNIT_SIZE, base, file_start, limit, verify);
     for (; u < nunits; u++) {
+        if (u + PREFETCH_AHEAD < nunits)
+            prefetch_record(units + (u + PREFETCH_AHEAD) * CQ_UNIT_SIZE, base, file_start, limit, verify);
         if (!wanted[u])
             continue;
         const unsigned char *unit = units + u * CQ_UNIT_SIZE;
@@ -346,7 +375,7 @@ static PyObject *scan_records(PyObject *self, PyObject *args)
             }
             if (values_key(&key, r + tail.ppos + 2, tail.plen, names) < 0)
                 goto done;
-            uint64_t h = fnv1a(key.data, key.len);
+            uint64_t h = key_hash(key.data, key.len);
             Py_ssize_t slot = cache->cap ? verdicts_slot(cache, key.data, key.len, h) : -1;
             long code;
             if (slot >= 0 && cache->hash[slot] != 0) {

@@ -138,6 +138,37 @@ int sluice_intern_names(void);
 extern PyObject *s_topic, *s_queue_id, *s_body, *s_properties, *s_flag, *s_sysflag, *s_born_timestamp,
     *s_born_host, *s_reconsume_times, *s_prepared_tx_offset, *s_TAGS, *s_KEYS, *s_UNIQ_KEY;
 
+/* crc.c: zlib's CRC-32 of p[0:n] in C (``fold``: with PCLMULQDQ where the CPU has it, else a byte at a time);
+ * sluice_crc32_native() is 1 when the folding is there, and callers use it instead of body_crc. */
+int sluice_crc32_native(void);
+uint32_t sluice_crc32(const unsigned char *p, Py_ssize_t n, int fold);
+
+/* Hint the lines of the record a consume-queue unit names into the cache when it lies in [file_start, limit):
+ * all of them when ``whole`` (the CRC will read the body), else the head and the tail (topic and properties
+ * follow the body). A queue's records lie apart in the log, between other queues', so the hardware's stream
+ * prefetch does not see them coming. Prefetches never fault; the bounds keep the hint to records read. */
+static inline void prefetch_record(const unsigned char *unit, const unsigned char *base, long long file_start,
+                                   long long limit, int whole)
+{
+    int64_t at = (int64_t)get_u64(unit);
+    int32_t size = (int32_t)get_u32(unit + 8);
+    if (size <= 0 || at < file_start || at + size > limit)
+        return;
+    const unsigned char *r = base + (at - file_start);
+    if (whole) {
+        for (int32_t off = 0; off < size; off += 64)
+            __builtin_prefetch(r + off, 0, 3);
+    } else {
+        __builtin_prefetch(r, 0, 3);
+        __builtin_prefetch(r + 64, 0, 3);
+        for (int32_t off = size > 256 ? size - 256 : 128; off < size; off += 64)
+            __builtin_prefetch(r + off, 0, 3);
+    }
+    __builtin_prefetch(r + size - 1, 0, 3);
+}
+/* Records ahead of the one being read whose lines are prefetched (prefetch_record). */
+#define PREFETCH_AHEAD 4
+
 /* reads.c: verify_record_bytes's checks (1 fine, 0 not, -1 error from crc32) */
 int record_ok(const unsigned char *rec, Py_ssize_t size, int64_t at, PyObject *crc32);
 

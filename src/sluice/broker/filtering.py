@@ -12,6 +12,8 @@ FilterMetrics. Compile errors are raised, never turned into "match all".
 """
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,6 +35,29 @@ MAX_CLASS_NAME = 512
 
 #: Distinct evaluation error messages a subscription keeps for its verdicts before it starts afresh.
 MAX_MESSAGES = 4_096
+#: Selectors whose verdict caches are kept for the next subscription of the same expression (least recently
+#: compiled dropped first): a new group, a restarted consumer or a new sub_version compiles the expression
+#: anew, and would otherwise judge every combination of values again on its first catch-up.
+MAX_SHARED_VERDICTS = 256
+
+#: (selector class, expression) -> [verdict cache, its error messages], shared by every SelectorFilter of
+#: that selector: a verdict depends on the selector and the values alone.
+_shared_verdicts: OrderedDict[tuple[str, str], list] = OrderedDict()
+_shared_lock = threading.Lock()  # selectors compile on the loop (heartbeats) and off it (selector_compile.py)
+
+
+def _verdicts_of(selector: Selector) -> list:
+    """The shared [verdict cache, messages] of ``selector``'s expression, made on first use."""
+    key = (type(selector).__qualname__, selector.expression)
+    with _shared_lock:
+        entry = _shared_verdicts.get(key)
+        if entry is None:
+            entry = _shared_verdicts[key] = [verdict_cache(), []]
+            while len(_shared_verdicts) > MAX_SHARED_VERDICTS:
+                _shared_verdicts.popitem(last=False)
+        else:
+            _shared_verdicts.move_to_end(key)
+        return entry
 
 SQL92_DISABLED = ("The broker does not support consumer to filter message by SQL92 "
                   "(enable_property_filter is off in the broker config)")
@@ -58,7 +83,7 @@ class SelectorFilter:
 
     __slots__ = ("selector", "needs_record", "_tag", "metrics", "bloom", "bloom_data", "live_after",
                  "_hits", "_skip", "_backfill", "_cursor", "_ruled_out", "max_evaluations", "record_keys",
-                 "record_verdicts", "_messages")
+                 "record_verdicts", "_messages", "_shared")
 
     def __init__(self, selector: Selector, *, like: SelectorFilter | None = None) -> None:
         """``like``: a filter of the same selector whose verdict cache this one shares (a pull's copy)."""
@@ -80,18 +105,20 @@ class SelectorFilter:
         #: store judges each distinct combination of their values once (judge, settle); None for tags.
         self.record_keys: tuple[bytes, ...] | None = None
         #: The store's cache of judge's verdicts (store/pull_read.py verdict_cache), and the error messages
-        #: verdicts >= 2 stand for: shared by the pull copies of one subscription (``like``), since
-        #: evaluation depends on the values alone.
+        #: verdicts >= 2 stand for: shared by the pull copies of one subscription (``like``) and by every
+        #: subscription of the same expression (``_shared``), since evaluation depends on the values alone.
         self.record_verdicts: object | None = None
         self._messages: list[str] = []
+        self._shared: list | None = None
         if like is not None:
-            self.record_keys = like.record_keys
+            self.record_keys, self._shared = like.record_keys, like._shared
             self.record_verdicts, self._messages = like.record_verdicts, like._messages
         else:
             names = getattr(selector, "properties", None) if self._tag is None else None
             self.record_keys = None if names is None else tuple(n.encode() for n in names)
             if self.record_keys is not None:
-                self.record_verdicts = verdict_cache()
+                self._shared = _verdicts_of(selector)
+                self.record_verdicts, self._messages = self._shared[0], self._shared[1]
 
     def use_backfill(self, backfill, offset: int) -> None:
         """Consult ``backfill`` (broker/backfill.py) for this pull starting at queue ``offset``: units it rules
@@ -105,6 +132,8 @@ class SelectorFilter:
         lacks the bits of ``bloom_data``."""
         if len(self._messages) > MAX_MESSAGES:  # errors on ever-new values: start afresh
             self.record_verdicts, self._messages = verdict_cache(), []
+            if self._shared is not None:  # and so do subscriptions of the expression compiled from now on
+                self._shared[:] = [self.record_verdicts, self._messages]
         f = SelectorFilter(self.selector, like=self)
         f.metrics = metrics
         if bloom is not None and bloom_data is not None and bloom.is_valid(bloom_data) and self._tag is None:
