@@ -26,9 +26,7 @@ int record_ok(const unsigned char *rec, Py_ssize_t size, int64_t at, PyObject *c
     if (body_len < 0 || p + 4 + body_len > size)
         return 0;
     uint32_t crc;
-    if (sluice_crc32_native())  /* the same CRC without a Python call per record */
-        crc = sluice_crc32(rec + p + 4, body_len, 1) & 0x7FFFFFFFu;
-    else if (body_crc(crc32, rec + p + 4, body_len, &crc) < 0)
+    if (body_crc(crc32, rec + p + 4, body_len, &crc) < 0)
         return -1;
     return crc == (get_u32(rec + POS_BODYCRC) & 0x7FFFFFFFu);
 }
@@ -328,31 +326,7 @@ done:
     return out;
 }
 
-PyDoc_STRVAR(crc32_doc,
-"crc32(data, fold: bool = True) -> int\n\n"
-"zlib.crc32(data) computed by crc.c, as record checks on the read path compute it: with ``fold`` through\n"
-"PCLMULQDQ where the CPU has it (crc32_native() says whether), else (or without ``fold``) a byte at a time.");
-
-static PyObject *crc32_c(PyObject *self, PyObject *args)
-{
-    Py_buffer b;
-    int fold = 1;
-    if (!PyArg_ParseTuple(args, "y*|p:crc32", &b, &fold))
-        return NULL;
-    uint32_t c = sluice_crc32(b.buf, b.len, fold);
-    PyBuffer_Release(&b);
-    return PyLong_FromUnsignedLong(c);
-}
-
-static PyObject *crc32_native(PyObject *self, PyObject *unused)
-{
-    return PyBool_FromLong(sluice_crc32_native());
-}
-
 PyMethodDef sluice_reads_methods[] = {
-    {"crc32", (PyCFunction)crc32_c, METH_VARARGS, crc32_doc},
-    {"crc32_native", (PyCFunction)crc32_native, METH_NOARGS,
-     "crc32_native() -> bool: whether record checks compute the CRC in C (PCLMULQDQ), not through crc32."},
     {"gather_units", (PyCFunction)gather_units, METH_VARARGS, gather_units_doc},
     {"decode_messages", (PyCFunction)decode_messages, METH_VARARGS, decode_messages_doc},
     {NULL, NULL, 0, NULL},

@@ -138,11 +138,6 @@ int sluice_intern_names(void);
 extern PyObject *s_topic, *s_queue_id, *s_body, *s_properties, *s_flag, *s_sysflag, *s_born_timestamp,
     *s_born_host, *s_reconsume_times, *s_prepared_tx_offset, *s_TAGS, *s_KEYS, *s_UNIQ_KEY;
 
-/* crc.c: zlib's CRC-32 of p[0:n] in C (``fold``: with PCLMULQDQ where the CPU has it, else a byte at a time);
- * sluice_crc32_native() is 1 when the folding is there, and callers use it instead of body_crc. */
-int sluice_crc32_native(void);
-uint32_t sluice_crc32(const unsigned char *p, Py_ssize_t n, int fold);
-
 /* Hint the lines of the record a consume-queue unit names into the cache when it lies in [file_start, limit):
  * all of them when ``whole`` (the CRC will read the body), else the head and the tail (topic and properties
  * follow the body). A queue's records lie apart in the log, between other queues', so the hardware's stream
