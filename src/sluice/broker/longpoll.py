@@ -440,6 +440,13 @@ class HoldService:
         loop = self._loop
         if not watched or loop is None or not requests:
             return
+        if len(requests) == 1:  # one message (a live stream at a low rate): no grouping
+            r = requests[0]
+            key = (r.topic, r.queue_id)
+            if key in watched:
+                self._hand_over(loop, {key: [(r.queue_offset, r.tag_code, r.properties)]},
+                                r.commitlog_offset + r.size)
+            return
         hits: dict[Key, list[tuple[int, int, dict[str, str]]]] = {}
         for r in requests:
             key = (r.topic, r.queue_id)
