@@ -97,3 +97,41 @@ def test_hold_one_message_at_a_time_wakes_the_pulls_a_batch_wakes(seed, n):
 def test_hold_one_message_wakes_a_matching_pull_at_once():
     r = DispatchRequest("Sql2", 0, 0, 0, 100, 0, {"region": "eu", "a": "1"}, 1, [], None)
     assert _outcomes([r], one_by_one=True) == [TIMED_OUT, TIMED_OUT, 100, TIMED_OUT, TIMED_OUT, TIMED_OUT]
+
+
+def _batch_outcomes(runs: list, columnar: bool) -> list[int]:
+    from sluice.store.dispatch_columns import DispatchBatch
+
+    async def main() -> list[int]:
+        hold = HoldService(lambda t, q: 0, check_interval_s=60)
+        hold.start()
+        filters = [None, SelectorFilter(compile_selector("TAG", "TagB")),
+                   SelectorFilter(compile_selector("SQL92", "region = 'eu'")),
+                   SelectorFilter(compile_selector("TAG", "TagZ")), None]
+        offsets = [2, 0, 0, 0, 0]
+        keys = [("T", 0)] * 4 + [("Other", 0)]
+        tasks = [asyncio.create_task(hold.hold(t, q, off, f, 0.3)) for (t, q), off, f in zip(keys, offsets, filters)]
+        await asyncio.sleep(0.01)
+        batch = DispatchBatch(runs)
+        fn = hold.dispatch_batch if columnar else (lambda b: hold.dispatch(b.requests()))
+        fn(batch)
+        out = await asyncio.gather(*tasks)
+        await hold.stop()
+        return out
+    return asyncio.run(main())
+
+
+@settings(max_examples=10, deadline=None)
+@given(tags=st.lists(st.sampled_from(["TagA", "TagB", None]), min_size=1, max_size=4),
+       regions=st.lists(st.sampled_from(["eu", "us"]), min_size=4, max_size=4))
+def test_hold_columnar_one_run_wakes_what_requests_wake(tags, regions):
+    """HoldService.dispatch_batch of a batch of one run (its own road) wakes the pulls dispatch(requests) wakes."""
+    from sluice.store.dispatch_columns import PutRun
+
+    def run() -> PutRun:
+        n = len(tags)
+        props = [P.encode_properties({**({P.TAGS: t} if t else {}), "region": r}) for t, r in zip(tags, regions)]
+        return PutRun("T", 0, [100] * n, [0] * n, props, list(tags), [None] * n, [None] * n,
+                      phys=[100 * i for i in range(n)], qoffs=list(range(n)), store_timestamp=1)
+
+    assert _batch_outcomes([run()], columnar=True) == _batch_outcomes([run()], columnar=False)

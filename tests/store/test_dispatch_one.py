@@ -146,3 +146,40 @@ def test_put_unit_rejects_a_field_out_of_range(tmp_path):
         q.put_unit(0, 10, 1 << 31, 1)
     assert q.max_offset == 0
     q.close()
+
+
+def test_one_record_batches_give_the_requests_replay_parses(tmp_path):
+    """DispatchBatch.requests() of a one-record put (its own road) equals what parsing the log back gives."""
+    from store_testlib import small_config
+
+    from sluice.store import MessageStore, StoreMessage
+    from sluice.store.types import RequestDispatcher
+
+    seen: list = []
+
+    class D(RequestDispatcher):
+        def dispatch(self, reqs) -> None:
+            assert len(reqs) == 1
+            seen.extend(reqs)
+
+    store = MessageStore(tmp_path, small_config())
+    store.add_dispatcher(D())
+    store.start()
+    try:
+        msgs = [StoreMessage("T", b"a", 1, {"TAGS": "x", "KEYS": "k1 k2", "empty": ""}),
+                StoreMessage("T", b"b", 1, {"UNIQ_KEY": "U"}, sysflag=0x4, born_host=("::1", 9)),
+                StoreMessage("U", b"c", 0, {}),
+                StoreMessage("T", b"d", 1, {"TAGS": "y"})]
+        for m in msgs:
+            store.put_message(m)
+            assert store.wait_dispatched()
+        replay, end = [], 0
+        while end < store.commitlog.write_pos:
+            got, end = store.dispatch._parse_batch(end)
+            replay.extend(got)
+        assert len(seen) == 4 and seen == replay
+        assert [r.queue_offset for r in seen] == [0, 0, 0, 1]  # the prepared record takes no offset, no unit
+        assert store.queues.get("T", 1).max_offset == 2
+        assert store.get_messages("T", 1, 0, 10).message_count == 2  # the prepared one is not served
+    finally:
+        store.close()

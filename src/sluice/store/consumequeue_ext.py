@@ -264,8 +264,7 @@ class ConsumeQueueExt:
         f, pos = self._file_with_room(size)
         f.allocate_to(pos + size)
         mm = f.mm
-        mm[pos + 2:pos + MIN_UNIT_SIZE] = head[2:]
-        mm[pos + MIN_UNIT_SIZE:pos + size] = bitmap
+        mm[pos + 2:pos + size] = head[2:] + bitmap
         mm[pos:pos + 2] = head[:2]  # last: a unit with a size is whole
         self._dirty.add(f)
         addr = decorate(self._write_off)

@@ -101,8 +101,15 @@ class DispatchBatch:
     def requests(self) -> list[DispatchRequest]:
         """One DispatchRequest per record, equal to what parsing the records back gives (built once)."""
         if self._requests is None:
-            out: list[DispatchRequest] = []
             decode, split, tc = P.decode_properties, P.split_keys, tag_code
+            if self.count == 1 and len(self.runs) == 1:  # one record (a live stream at a low rate): no loop
+                run = self.runs[0]
+                props = decode(run.props[0])
+                self._requests = [DispatchRequest(
+                    run.topic, run.queue_id, run.qoffs[0], run.phys[0], run.sizes[0], tc(props.get(P.TAGS)), props,
+                    run.store_timestamp, split(props.get(P.KEYS)), props.get(P.UNIQ_KEY), run.sysflags[0])]
+                return self._requests
+            out: list[DispatchRequest] = []
             for run in self.runs:
                 topic, qid, ts = run.topic, run.queue_id, run.store_timestamp
                 for props_s, phys, qoff, size, sysflag in zip(run.props, run.phys, run.qoffs, run.sizes,
