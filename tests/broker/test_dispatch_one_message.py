@@ -135,3 +135,40 @@ def test_hold_columnar_one_run_wakes_what_requests_wake(tags, regions):
                       phys=[100 * i for i in range(n)], qoffs=list(range(n)), store_timestamp=1)
 
     assert _batch_outcomes([run()], columnar=True) == _batch_outcomes([run()], columnar=False)
+
+
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 10_000), exprs=st.lists(st.sampled_from(EXPRS), min_size=1, max_size=3, unique=True),
+       n=st.integers(1, 30))
+def test_store_one_message_per_dispatch_writes_the_bitmaps_of_one_batch(tmp_path_factory, seed, exprs, n):
+    """Through the store: one message per dispatch step (the dispatchers' and write_one's roads) gives the
+    ext units' tag codes and bitmaps that one batch of all of them gives."""
+    import numpy as np
+    from filtering_support import FilteredStore, props_of
+
+    from sluice.store import StoreMessage
+
+    root = tmp_path_factory.mktemp("st")
+    rng = random.Random(seed)
+    props = [props_of(i, rng) for i in range(n)]
+    one, whole = FilteredStore(root / "one"), FilteredStore(root / "whole")
+    try:
+        for s in (one, whole):
+            for k, e in enumerate(exprs):
+                assert s.manager.register("P", f"G{k}", e, "SQL92", 1)
+        for p in props:
+            one.store.put_messages([StoreMessage("P", b"m", 0, dict(p))])
+            assert one.store.wait_dispatched(10.0)
+        whole.store.put_messages([StoreMessage("P", b"m", 0, dict(p)) for p in props])
+        assert whole.store.wait_dispatched(10.0)
+        got = []
+        for s in (one, whole):
+            slots = s.store.queues.get("P", 0).get_units(0, n)["tag"].astype(np.int64)
+            units = s.store.ext.get("P", 0).get_many(slots)
+            assert units.valid.all()
+            got.append((units.tags_codes.tolist(), [bytes(b) for b in units.bitmaps],
+                        s.dispatcher.messages, s.dispatcher.evaluations))
+        assert got[0] == got[1]
+    finally:
+        one.close()
+        whole.close()

@@ -52,7 +52,10 @@ class CalcBitmapDispatcher:
         if not sql:
             return
         runs = batch.runs
-        if runs[0].topic in sql if len(runs) == 1 else any(run.topic in sql for run in runs):
+        if len(batch) == 1:  # one message (a live stream at a low rate): straight to its own road
+            if runs[0].topic in sql and self.filters.bloom is not None:
+                self._dispatch_one(batch.requests()[0], sql)
+        elif any(run.topic in sql for run in runs):
             self.dispatch(batch.requests())
 
     def dispatch(self, requests: list[DispatchRequest]) -> None:
