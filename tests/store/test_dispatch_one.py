@@ -183,3 +183,54 @@ def test_one_record_batches_give_the_requests_replay_parses(tmp_path):
         assert store.get_messages("T", 1, 0, 10).message_count == 2  # the prepared one is not served
     finally:
         store.close()
+
+
+_KEYS = st.sampled_from([None, "", "k1", "k1 k2", " a  b ", "x"])
+
+
+@settings(max_examples=40, deadline=None)
+@given(runs=st.lists(st.lists(st.tuples(st.sampled_from([None, "", "U1", "U2"]), _KEYS,
+                                        st.sampled_from([0, 0, FLAG_TRANSACTION_PREPARED, FLAG_TRANSACTION_ROLLBACK])),
+                              min_size=1, max_size=5), min_size=1, max_size=6),
+       together=st.booleans())
+def test_index_runs_one_run_road_equals_python(tmp_path_factory, runs, together):
+    """index_runs: a one-run batch (its own road in C) or several runs at once index what the per-message
+    Python loop indexes, byte for byte."""
+    from sluice.speedups import C
+    from sluice.store import dispatch_columns as dc
+    from sluice.store.dispatch_columns import PutRun, index_runs
+    from sluice.store.index import IndexService
+
+    if C is None:
+        pytest.skip("the C road needs the extension")
+    root = tmp_path_factory.mktemp("idx")
+    put_runs, phy = [], 0
+    for k, recs in enumerate(runs):
+        n = len(recs)
+        put_runs.append(PutRun(f"T{k % 2}", 0, [100] * n, [f for _, _, f in recs], [""] * n, [None] * n,
+                               [kk for _, kk, _ in recs], [u for u, _, _ in recs], all_queued=False,
+                               phys=list(range(phy, phy + 100 * n, 100)), qoffs=list(range(n)),
+                               store_timestamp=1_700_000_000_000 + 1000 * k))
+        phy += 100 * n
+    c_svc = IndexService(root / "c", max_hash_slots=7, max_index_num=20)
+    py_svc = IndexService(root / "py", max_hash_slots=7, max_index_num=20)
+    try:
+        if together:
+            index_runs(c_svc, put_runs)
+        else:
+            for r in put_runs:
+                index_runs(c_svc, [r])
+        orig = dc.C
+        dc.C = None
+        try:
+            for r in put_runs:
+                index_runs(py_svc, [r])
+        finally:
+            dc.C = orig
+        c_svc.flush()
+        py_svc.flush()
+        # files are named by their creation time: compare them in order
+        assert list(_files(root / "c").values()) == list(_files(root / "py").values())
+    finally:
+        c_svc.close()
+        py_svc.close()

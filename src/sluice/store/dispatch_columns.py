@@ -231,11 +231,17 @@ def index_runs(index: IndexService, runs: list[PutRun]) -> None:
 
 def _index_runs_c(index: IndexService, runs: list[PutRun]) -> None:
     """index_runs with the keys split and hashed in C (speedups.index_entries), one call per run."""
+    entries = C.index_entries  # type: ignore[union-attr]
+    if len(runs) == 1:  # one put (a live stream's dispatch step): its columns as they are, no lists, no numpy
+        run = runs[0]
+        h, p = entries(prefix_hash(run.topic), run.uniq, run.keys, run.phys, run.sysflags)
+        if h:
+            index.build_index_raw(h, p, _I64.pack(run.store_timestamp) * (len(h) // 8))
+        return
     hashes: list[bytes] = []
     phys: list[bytes] = []
     ts: list[int] = []
     counts: list[int] = []
-    entries = C.index_entries  # type: ignore[union-attr]
     for run in runs:
         h, p = entries(prefix_hash(run.topic), run.uniq, run.keys, run.phys, run.sysflags)
         if h:
