@@ -262,7 +262,8 @@ class ConsumeQueueExt:
     def _write_unit(self, head: bytes, bitmap: bytes, size: int) -> int:
         """Under ``_lock``: write one checked unit at the end of the log; its address."""
         f, pos = self._file_with_room(size)
-        f.allocate_to(pos + size)
+        if pos + size > f.alloc_end:
+            f.allocate_to(pos + size)
         mm = f.mm
         mm[pos + 2:pos + size] = head[2:] + bitmap
         mm[pos:pos + 2] = head[:2]  # last: a unit with a size is whole
