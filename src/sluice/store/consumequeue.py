@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sluice.format import CQ_PAD_SIZE, CQ_UNIT_FIELDS, CQ_UNIT_SIZE
+from sluice.format import CQ_PAD_SIZE, CQ_UNIT, CQ_UNIT_FIELDS, CQ_UNIT_SIZE
 from sluice.store.mapped import MappedFileQueue
 from sluice.store.per_queue import OpenFilesLru, PerQueueTable
 
@@ -137,6 +137,22 @@ class ConsumeQueue:
             if len(units):
                 self._write(first_offset, units.tobytes())
             self.max_offset = max(self.max_offset, first_offset + len(units))
+
+    def put_unit(self, offset: int, phys: int, size: int, tag: int) -> None:
+        """Write one unit at queue ``offset``: what :meth:`put` does with a one-unit array, without numpy
+        (dispatch at a low rate writes one unit per step). A unit that needs padding before it, or whose
+        file does not exist yet, goes the way of :meth:`put`."""
+        data = CQ_UNIT.pack(phys, size, tag)
+        with self.lock:
+            if offset <= self.max_offset:
+                pos = offset * CQ_UNIT_SIZE
+                f = self.queue.find(pos)
+                if f is not None:  # files hold whole units; a unit in a file is not below the queue's first
+                    f.write(pos - f.start, data)
+                    if offset >= self.max_offset:
+                        self.max_offset = offset + 1
+                    return
+            self.put(offset, np.frombuffer(data, dtype=CQ_DTYPE))
 
     def _write(self, offset: int, data: bytes) -> None:
         pos = offset * CQ_UNIT_SIZE

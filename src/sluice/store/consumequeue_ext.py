@@ -242,8 +242,35 @@ class ConsumeQueueExt:
     # -- writing ---------------------------------------------------------------------------------------
 
     def put(self, tags_code: int, msg_store_time: int, bitmap: bytes) -> int:
-        """Append a unit; returns its decorated (negative) address for the consume queue's tag-code slot."""
-        return self._put_few([tags_code], [msg_store_time], [bitmap])[0]
+        """Append a unit; returns its decorated (negative) address for the consume queue's tag-code slot.
+
+        The unit :meth:`put_many` would write for a one-unit list (dispatch at a low rate puts one per step),
+        without building its lists."""
+        blen = len(bitmap)
+        if blen > self.bitmap_bytes_max:
+            raise InvalidParameterError(f"a {blen}-byte filter bitmap exceeds the ext limit of {self.bitmap_bytes_max}")
+        size = MIN_UNIT_SIZE + blen
+        try:
+            head = UNIT_HEAD.pack(size, tags_code, msg_store_time, blen)
+        except struct.error as e:
+            raise InvalidParameterError(f"ext unit field out of range: {e}") from None
+        with self._lock:
+            if self._write_off + size > MAX_REAL_OFFSET:
+                raise StoreError("the ext log has reached its highest address")
+            return self._write_unit(head, bitmap, size)
+
+    def _write_unit(self, head: bytes, bitmap: bytes, size: int) -> int:
+        """Under ``_lock``: write one checked unit at the end of the log; its address."""
+        f, pos = self._file_with_room(size)
+        if pos + size > f.alloc_end:
+            f.allocate_to(pos + size)
+        mm = f.mm
+        mm[pos + 2:pos + size] = head[2:] + bitmap
+        mm[pos:pos + 2] = head[:2]  # last: a unit with a size is whole
+        self._dirty.add(f)
+        addr = decorate(self._write_off)
+        self._write_off += size
+        return addr
 
     def put_many(self, tags_codes: list[int], msg_store_times: list[int], bitmaps: list[bytes]) -> list[int]:
         """Append many units (dispatch's batch): one buffer per file instead of one write per unit.
@@ -307,22 +334,14 @@ class ConsumeQueueExt:
             if self._write_off + sum(MIN_UNIT_SIZE + len(b) for b in bitmaps) > MAX_REAL_OFFSET:
                 raise StoreError("the ext log has reached its highest address")
             for head, bitmap in zip(heads, bitmaps):
-                size = MIN_UNIT_SIZE + len(bitmap)
-                f, pos = self._file_with_room(size)
-                f.allocate_to(pos + size)
-                mm = f.mm
-                mm[pos + 2:pos + MIN_UNIT_SIZE] = head[2:]
-                mm[pos + MIN_UNIT_SIZE:pos + size] = bitmap
-                mm[pos:pos + 2] = head[:2]  # last: a unit with a size is whole
-                self._dirty.add(f)
-                out.append(decorate(self._write_off))
-                self._write_off += size
+                out.append(self._write_unit(head, bitmap, MIN_UNIT_SIZE + len(bitmap)))
         return out
 
     def _file_with_room(self, size: int) -> tuple[_ExtFile, int]:
         """The file and position the next unit of ``size`` bytes goes to. A file without room for it gets
         the end marker (size -1) at its write position, and the unit goes to a new file."""
-        f = self.files[-1] if self.files else None
+        files = self.files  # once: each use touches the LRU
+        f = files[-1] if files else None
         if f is None or self._write_off >= f.end:
             f = self._new_file()
         pos = self._write_off - f.start

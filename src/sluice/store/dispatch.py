@@ -193,6 +193,9 @@ class DispatchService:
             index_requests(self.index, batch)
 
     def _write_requests(self, batch: list[DispatchRequest]) -> None:
+        if len(batch) == 1:  # one record (a live stream at a low rate): no grouping, no per-batch lists
+            self.write_one(batch[0])
+            return
         groups: dict[tuple[str, int], list[DispatchRequest]] = defaultdict(list)
         for r in batch:
             if is_queued(r.sysflag):
@@ -210,7 +213,11 @@ class DispatchService:
             except Exception:  # a plug-in's failure must not stop the store (RocketMQ logs and goes on)
                 log.exception("dispatcher %r failed", d)
         if batch.materialised:  # dispatchers may have changed tag codes or set bitmaps: write those
-            self._write_requests(batch.requests())
+            reqs = batch.requests()
+            if len(reqs) == 1:
+                self.write_one(reqs[0])
+            else:
+                self._write_requests(reqs)
         else:
             write_units(self.queues, batch.runs)
         if self.index is not None:
@@ -248,6 +255,19 @@ class DispatchService:
         else:  # not contiguous (should not happen): put runs one by one
             for i, r in enumerate(reqs):
                 cq.put(r.queue_offset, units[i:i + 1])
+
+    def write_one(self, r: DispatchRequest) -> None:
+        """What :meth:`write_queue` writes for a one-request list (nothing for a record that gets no unit:
+        a prepared or rolled-back transactional one), without its lists and numpy array."""
+        if not is_queued(r.sysflag):
+            return
+        tag = r.tag_code
+        if r.bitmap is not None and self.ext is not None:
+            try:
+                tag = self.ext.get_or_create(r.topic, r.queue_id).put(tag, r.store_timestamp, r.bitmap)
+            except SluiceError as e:
+                log.warning("no ext units for %s/%d offsets %d..: %s", r.topic, r.queue_id, r.queue_offset, e)
+        self.queues.get_or_create(r.topic, r.queue_id).put_unit(r.queue_offset, r.commitlog_offset, r.size, tag)
 
     # ---- waiting -----------------------------------------------------------------------------------
     def wait_for(self, offset: int, timeout: float) -> bool:
