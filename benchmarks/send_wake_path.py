@@ -10,13 +10,18 @@ busy until then), medians over the sends after the first fifth, for matched and 
 process CPU per send (the harness's own work included). ``--pace-ms 1`` sleeps that long between sends, as at
 1,000 msgs/s, so the broker's code runs cold as it does there.
 
-Run: .venv/bin/python benchmarks/send_wake_path.py [--quick] [--sends N] [--pace-ms MS]
+``--segments`` also times the broker's steps inside each send (its methods wrapped with timers, which add
+well under a microsecond each): the send handler, the append, the dispatch step, answering the woken pulls
+(``HoldService.end_fires``) and the key index, medians per matched and unmatched send.
+
+Run: .venv/bin/python benchmarks/send_wake_path.py [--quick] [--sends N] [--pace-ms MS] [--segments]
 Prints one JSON object on its last line.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
 import logging
 import statistics
@@ -60,6 +65,41 @@ def _pull(offset: int) -> RemotingCommand:
         expressionType="SQL92"))
 
 
+#: The broker steps ``--segments`` times: (class path, method, name).
+SEGMENTS = [("sluice.broker.send:SendProcessor", "handle", "send_handler"),
+            ("sluice.broker.appender:Appender", "_append", "append"),
+            ("sluice.store.dispatch:DispatchService", "_dispatch", "dispatch"),
+            ("sluice.broker.longpoll:HoldService", "end_fires", "woken_answers"),
+            ("sluice.broker.appender:Appender", "index_deferred", "key_index")]
+
+
+class _Segments:
+    """Wraps the SEGMENTS methods with timers; ``spent`` holds each one's microseconds since :meth:`take`."""
+
+    def __init__(self) -> None:
+        self.spent: dict[str, float] = {}
+        for where, method, name in SEGMENTS:
+            module, cls_name = where.split(":")
+            cls = getattr(importlib.import_module(module), cls_name)
+            setattr(cls, method, self._timed(getattr(cls, method), name))
+
+    def _timed(self, f: Any, name: str) -> Any:
+        spent = self.spent
+
+        def timed(*a: Any, **k: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return f(*a, **k)
+            finally:
+                spent[name] = spent.get(name, 0.0) + (time.perf_counter() - t0) * 1e6
+        return timed
+
+    def take(self) -> dict[str, float]:
+        out = dict(self.spent)
+        self.spent.clear()
+        return out
+
+
 class _Transport(asyncio.Transport):
     """Keeps the bytes written and the time of the first write since :meth:`take`."""
 
@@ -93,7 +133,7 @@ class _Transport(asyncio.Transport):
         return out
 
 
-async def _run(root: str, sends: int, pace_s: float) -> dict[str, float]:
+async def _run(root: str, sends: int, pace_s: float, segments: _Segments | None) -> dict[str, float]:
     broker = BrokerController(BrokerConfig.load(None, listen="127.0.0.1:0", store=root + "/store"))
     await broker.start()
     try:
@@ -117,6 +157,7 @@ async def _run(root: str, sends: int, pace_s: float) -> dict[str, float]:
         t.take()
         times: dict[str, list[float]] = {"matched_to_write": [], "unmatched_to_write": [],
                                          "matched_read_total": [], "unmatched_read_total": []}
+        steps: dict[str, list[float]] = {}
         c0 = time.process_time()
         for i in range(1, sends + 1):
             matched = i % 10 == 0
@@ -130,6 +171,9 @@ async def _run(root: str, sends: int, pace_s: float) -> dict[str, float]:
                 raise RuntimeError(f"send {i}: nothing written within its read")
             times[kind + "_to_write"].append((t.first - t0) * 1e6)
             times[kind + "_read_total"].append((t1 - t0) * 1e6)
+            if segments is not None:
+                for name, us in segments.take().items():
+                    steps.setdefault(f"{kind}_{name}", []).append(us)
             frames = [f for f in t.take() if f.is_response]
             if matched:
                 answers = [f for f in frames if f.opaque == pull_opaque]
@@ -139,12 +183,16 @@ async def _run(root: str, sends: int, pace_s: float) -> dict[str, float]:
                 conn.data_received(_wire(_pull(int(answers[0].ext_fields["nextBeginOffset"])), opaque))
                 opaque += 1
                 t.take()
+                if segments is not None:
+                    segments.take()  # the next pull's handling is not the send's
             await asyncio.sleep(pace_s)  # let the loop run what it scheduled, as between real reads
         cpu = (time.process_time() - c0) / sends * 1e6
     finally:
         await broker.stop()
     out = {f"{k}_us": round(statistics.median(v[len(v) // 5:]), 1) for k, v in times.items()}
     out["cpu_us_per_send"] = round(cpu, 1)
+    if segments is not None:
+        out["segments_us"] = {k: round(statistics.median(v[len(v) // 5:]), 1) for k, v in sorted(steps.items())}
     return out
 
 
@@ -153,11 +201,13 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="1,000 sends instead of 5,000")
     ap.add_argument("--sends", type=int, default=0)
     ap.add_argument("--pace-ms", type=float, default=0.0, help="sleep between sends (1: as at 1,000 msgs/s)")
+    ap.add_argument("--segments", action="store_true", help="also time the broker's steps inside each send")
     args = ap.parse_args()
     sends = args.sends or (1000 if args.quick else 5000)
     logging.disable(logging.WARNING)
     with tempfile.TemporaryDirectory(prefix="sluice-sendwake-") as root:
-        result = asyncio.run(_run(root, sends, max(0.0, args.pace_ms) / 1000.0))
+        result = asyncio.run(_run(root, sends, max(0.0, args.pace_ms) / 1000.0,
+                                  _Segments() if args.segments else None))
     print(json.dumps({"quick": args.quick, "sends": sends, "pace_ms": args.pace_ms, **result}))
 
 
