@@ -37,8 +37,9 @@ MAX_CLASS_NAME = 512
 MAX_MESSAGES = 4_096
 #: Selectors whose verdict caches are kept for the next subscription of the same expression (least recently
 #: compiled dropped first): a new group, a restarted consumer or a new sub_version compiles the expression
-#: anew, and would otherwise judge every combination of values again on its first catch-up.
-MAX_SHARED_VERDICTS = 256
+#: anew, and would otherwise judge every combination of values again on its first catch-up. Few: a cache
+#: outlives its subscriptions here, and one over ever-new values grows to MAX_VERDICTS keys (megabytes).
+MAX_SHARED_VERDICTS = 32
 
 #: (selector class, expression) -> [verdict cache, its error messages], shared by every SelectorFilter of
 #: that selector: a verdict depends on the selector and the values alone.
