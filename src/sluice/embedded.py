@@ -19,6 +19,12 @@ The child runs ``python -m sluice <args> --listen 127.0.0.1:<port>``, its
 stderr goes to ``<tmp_path>/<name>.stderr.log`` (printed in the error when it
 fails to start), readiness is "the port accepts a TCP connection" (bounded),
 and stop is SIGTERM then SIGKILL after a timeout, by pid.
+
+Children run in sessions of their own (a Ctrl-C in the terminal reaches the
+program, whose ``with`` blocks stop them), so a program killed by SIGTERM
+would leave them running: starting one makes SIGTERM raise SystemExit in the
+program's main thread, as SIGINT raises KeyboardInterrupt, unless the program
+handles SIGTERM itself (:func:`exit_on_sigterm`).
 """
 from __future__ import annotations
 
@@ -27,12 +33,13 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["SluiceProcess", "free_port", "wait_for_port"]
+__all__ = ["SluiceProcess", "exit_on_sigterm", "free_port", "wait_for_port"]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -61,6 +68,21 @@ def wait_for_port(host: str, port: int, timeout: float, proc: subprocess.Popen[b
     raise TimeoutError(f"{host}:{port} did not accept connections within {timeout:g} s")
 
 
+def exit_on_sigterm() -> None:
+    """Make SIGTERM raise SystemExit (code 143) in the main thread, so the ``with`` and ``finally`` blocks of a
+    program that started servers in sessions of their own stop them (``sluice demo``, ``sluice bench``,
+    the benchmarks, a test run killed by a timeout) instead of leaving them running. Nothing when SIGTERM
+    is handled already or when called off the main thread (where signal handlers cannot be set)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _exit_on_signal)
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 class SluiceProcess:
     """A running ``python -m sluice`` child process listening on ``host:port``."""
 
@@ -86,6 +108,7 @@ class SluiceProcess:
     ) -> SluiceProcess:
         """Start and wait until the port accepts connections; retries on a port stolen meanwhile."""
         name = name or (args[0] if args else "sluice")
+        exit_on_sigterm()
         last: Exception | None = None
         for attempt in range(attempts):
             chosen = port if port is not None else free_port(host)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
-from sluice.embedded import free_port, port_accepts
+from sluice.embedded import exit_on_sigterm, free_port, port_accepts
 
 __all__ = ["INSTALL_HINT", "PeerMissing", "PeerProcess", "free_port", "require", "rss_bytes"]
 
@@ -86,6 +86,7 @@ class PeerProcess:
     def start(cls, name: str, argv: Sequence[str], port: int, workdir: Path, *, env: dict[str, str] | None = None,
               timeout: float = 60.0, ready_port: int | None = None) -> PeerProcess:
         """Start ``argv`` and wait (bounded) until ``ready_port`` (default ``port``) on 127.0.0.1 accepts."""
+        exit_on_sigterm()  # the peer runs in a session of its own: a SIGTERM'd bench stops it on its way out
         workdir.mkdir(parents=True, exist_ok=True)
         log_path = workdir / f"{name}.log"
         with open(log_path, "wb") as log:
