@@ -22,9 +22,9 @@ and stop is SIGTERM then SIGKILL after a timeout, by pid.
 
 Children run in sessions of their own (a Ctrl-C in the terminal reaches the
 program, whose ``with`` blocks stop them), so a program killed by SIGTERM
-would leave them running: starting one makes SIGTERM raise SystemExit in the
-program's main thread, as SIGINT raises KeyboardInterrupt, unless the program
-handles SIGTERM itself (:func:`exit_on_sigterm`).
+would leave them running: starting one makes SIGTERM in the program's main
+thread a KeyboardInterrupt, as Ctrl-C is, unless the program handles SIGTERM
+itself (:func:`exit_on_sigterm`).
 """
 from __future__ import annotations
 
@@ -69,10 +69,12 @@ def wait_for_port(host: str, port: int, timeout: float, proc: subprocess.Popen[b
 
 
 def exit_on_sigterm() -> None:
-    """Make SIGTERM raise SystemExit (code 143) in the main thread, so the ``with`` and ``finally`` blocks of a
-    program that started servers in sessions of their own stop them (``sluice demo``, ``sluice bench``,
-    the benchmarks, a test run killed by a timeout) instead of leaving them running. Nothing when SIGTERM
-    is handled already or when called off the main thread (where signal handlers cannot be set)."""
+    """Make SIGTERM raise KeyboardInterrupt in the main thread, as Ctrl-C does, so the ``with`` and ``finally``
+    blocks of a program that started servers in sessions of their own stop them (``sluice demo``,
+    ``sluice bench``, the benchmarks, a test run killed by a timeout) instead of leaving them running.
+    KeyboardInterrupt, not SystemExit: programs and pytest stop on it (pytest takes a SystemExit inside a test
+    for that test's failure and goes on). Nothing when SIGTERM is handled already or when called off the main
+    thread (where signal handlers cannot be set)."""
     if threading.current_thread() is not threading.main_thread():
         return
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
@@ -80,7 +82,7 @@ def exit_on_sigterm() -> None:
 
 
 def _exit_on_signal(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 class SluiceProcess:
