@@ -49,13 +49,7 @@ class CalcBitmapDispatcher:
         """The store's columnar batch: per-message requests are built only when a topic in it has SQL92
         filter data (everything else keeps the no-objects fast path)."""
         sql = self.filters.sql_topics()
-        if not sql:
-            return
-        runs = batch.runs
-        if len(batch) == 1:  # one message (a live stream at a low rate): straight to its own road
-            if runs[0].topic in sql and self.filters.bloom is not None:
-                self._dispatch_one(batch.requests()[0], sql)
-        elif any(run.topic in sql for run in runs):
+        if sql and any(run.topic in sql for run in batch.runs):
             self.dispatch(batch.requests())
 
     def dispatch(self, requests: list[DispatchRequest]) -> None:
@@ -63,13 +57,14 @@ class CalcBitmapDispatcher:
         bloom = self.filters.bloom
         if not sql or bloom is None:
             return
+        by_topic: dict[str, list[DispatchRequest]]
         if len(requests) == 1:  # one message (a live stream at a low rate): no grouping by topic
-            self._dispatch_one(requests[0], sql)
-            return
-        by_topic: dict[str, list[DispatchRequest]] = defaultdict(list)
-        for r in requests:
-            if r.topic in sql:
-                by_topic[r.topic].append(r)
+            by_topic = {requests[0].topic: requests} if requests[0].topic in sql else {}
+        else:
+            by_topic = defaultdict(list)
+            for r in requests:
+                if r.topic in sql:
+                    by_topic[r.topic].append(r)
         if not by_topic:
             return
         t0 = time.perf_counter()
@@ -89,25 +84,6 @@ class CalcBitmapDispatcher:
         self.seconds += took
         if took >= SLOW_PER_MESSAGE_S * len(requests):
             log.warning("bitmap calculation took %.0f ms for %d messages", took * 1000, len(requests))
-
-    def _dispatch_one(self, r: DispatchRequest, sql: dict[str, tuple[SqlFilterEntry, ...]]) -> None:
-        """:meth:`dispatch` for a one-request list."""
-        entries = sql.get(r.topic)
-        if entries is None:
-            return
-        t0 = time.perf_counter()
-        plan = self._plan(r.topic, entries)
-        self.evaluations += len(plan.rows)
-        mask = plan.multi(r.properties)
-        row = plan.rows_by_mask.get(mask)
-        if row is None:
-            row = plan.rows_by_mask[mask] = plan.row_of(mask)
-        r.bitmap = row
-        self.messages += 1
-        took = time.perf_counter() - t0
-        self.seconds += took
-        if took >= SLOW_PER_MESSAGE_S:
-            log.warning("bitmap calculation took %.0f ms for %d messages", took * 1000, 1)
 
     def _plan(self, topic: str, entries: tuple[SqlFilterEntry, ...]) -> _Plan:
         plan = self._plans.get(topic)

@@ -441,13 +441,6 @@ class HoldService:
         loop = self._loop
         if not watched or loop is None or not requests:
             return
-        if len(requests) == 1:  # one message (a live stream at a low rate): no grouping
-            r = requests[0]
-            key = (r.topic, r.queue_id)
-            if key in watched:
-                self._hand_over(loop, {key: [(r.queue_offset, r.tag_code, r.properties)]},
-                                r.commitlog_offset + r.size)
-            return
         hits: dict[Key, list[tuple[int, int, dict[str, str]]]] = {}
         for r in requests:
             key = (r.topic, r.queue_id)
@@ -468,16 +461,8 @@ class HoldService:
         if batch.materialised:  # requests exist already (another dispatcher asked): use them as they are
             self.dispatch(batch.requests())
             return
-        runs = batch.runs
-        if len(runs) == 1:  # one put (a live stream at a low rate): no grouping
-            run = runs[0]
-            key = (run.topic, run.queue_id)
-            if key in watched:
-                self._hand_over(loop, {key: [(qoff, tag_code(tag), decode_properties(props)) for qoff, tag, props
-                                             in zip(run.qoffs, run.tags, run.props)]}, run.end)
-            return
         hits: dict[Key, list[tuple[int, int, dict[str, str]]]] = {}
-        for run in runs:
+        for run in batch.runs:
             key = (run.topic, run.queue_id)
             if key in watched:
                 hits.setdefault(key, []).extend(

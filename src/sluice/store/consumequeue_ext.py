@@ -246,18 +246,22 @@ class ConsumeQueueExt:
 
         The unit :meth:`put_many` would write for a one-unit list (dispatch at a low rate puts one per step),
         without building its lists."""
-        blen = len(bitmap)
-        if blen > self.bitmap_bytes_max:
-            raise InvalidParameterError(f"a {blen}-byte filter bitmap exceeds the ext limit of {self.bitmap_bytes_max}")
-        size = MIN_UNIT_SIZE + blen
-        try:
-            head = UNIT_HEAD.pack(size, tags_code, msg_store_time, blen)
-        except struct.error as e:
-            raise InvalidParameterError(f"ext unit field out of range: {e}") from None
+        head = self._unit_head(tags_code, msg_store_time, bitmap)
+        size = MIN_UNIT_SIZE + len(bitmap)
         with self._lock:
             if self._write_off + size > MAX_REAL_OFFSET:
                 raise StoreError("the ext log has reached its highest address")
             return self._write_unit(head, bitmap, size)
+
+    def _unit_head(self, tags_code: int, msg_store_time: int, bitmap: bytes) -> bytes:
+        """A unit's packed head, its fields checked (InvalidParameterError for a field out of range)."""
+        blen = len(bitmap)
+        if blen > self.bitmap_bytes_max:
+            raise InvalidParameterError(f"a {blen}-byte filter bitmap exceeds the ext limit of {self.bitmap_bytes_max}")
+        try:
+            return UNIT_HEAD.pack(MIN_UNIT_SIZE + blen, tags_code, msg_store_time, blen)
+        except struct.error as e:
+            raise InvalidParameterError(f"ext unit field out of range: {e}") from None
 
     def _write_unit(self, head: bytes, bitmap: bytes, size: int) -> int:
         """Under ``_lock``: write one checked unit at the end of the log; its address."""
@@ -320,15 +324,7 @@ class ConsumeQueueExt:
 
     def _put_few(self, tags_codes: list[int], msg_store_times: list[int], bitmaps: list[bytes]) -> list[int]:
         """put_many unit by unit, as put() writes each; every unit is checked before the first is written."""
-        heads = []
-        for t, st, b in zip(tags_codes, msg_store_times, bitmaps, strict=True):
-            if len(b) > self.bitmap_bytes_max:
-                raise InvalidParameterError(
-                    f"a {len(b)}-byte filter bitmap exceeds the ext limit of {self.bitmap_bytes_max}")
-            try:
-                heads.append(UNIT_HEAD.pack(MIN_UNIT_SIZE + len(b), t, st, len(b)))
-            except struct.error as e:
-                raise InvalidParameterError(f"ext unit field out of range: {e}") from None
+        heads = [self._unit_head(t, st, b) for t, st, b in zip(tags_codes, msg_store_times, bitmaps, strict=True)]
         out: list[int] = []
         with self._lock:
             if self._write_off + sum(MIN_UNIT_SIZE + len(b) for b in bitmaps) > MAX_REAL_OFFSET:

@@ -213,11 +213,7 @@ class DispatchService:
             except Exception:  # a plug-in's failure must not stop the store (RocketMQ logs and goes on)
                 log.exception("dispatcher %r failed", d)
         if batch.materialised:  # dispatchers may have changed tag codes or set bitmaps: write those
-            reqs = batch.requests()
-            if len(reqs) == 1:
-                self.write_one(reqs[0])
-            else:
-                self._write_requests(reqs)
+            self._write_requests(batch.requests())
         else:
             write_units(self.queues, batch.runs)
         if self.index is not None:

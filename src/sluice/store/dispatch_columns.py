@@ -101,15 +101,8 @@ class DispatchBatch:
     def requests(self) -> list[DispatchRequest]:
         """One DispatchRequest per record, equal to what parsing the records back gives (built once)."""
         if self._requests is None:
-            decode, split, tc = P.decode_properties, P.split_keys, tag_code
-            if self.count == 1 and len(self.runs) == 1:  # one record (a live stream at a low rate): no loop
-                run = self.runs[0]
-                props = decode(run.props[0])
-                self._requests = [DispatchRequest(
-                    run.topic, run.queue_id, run.qoffs[0], run.phys[0], run.sizes[0], tc(props.get(P.TAGS)), props,
-                    run.store_timestamp, split(props.get(P.KEYS)), props.get(P.UNIQ_KEY), run.sysflags[0])]
-                return self._requests
             out: list[DispatchRequest] = []
+            decode, split, tc = P.decode_properties, P.split_keys, tag_code
             for run in self.runs:
                 topic, qid, ts = run.topic, run.queue_id, run.store_timestamp
                 for props_s, phys, qoff, size, sysflag in zip(run.props, run.phys, run.qoffs, run.sizes,
@@ -231,17 +224,11 @@ def index_runs(index: IndexService, runs: list[PutRun]) -> None:
 
 def _index_runs_c(index: IndexService, runs: list[PutRun]) -> None:
     """index_runs with the keys split and hashed in C (speedups.index_entries), one call per run."""
-    entries = C.index_entries  # type: ignore[union-attr]
-    if len(runs) == 1:  # one put (a live stream's dispatch step): its columns as they are, no lists, no numpy
-        run = runs[0]
-        h, p = entries(prefix_hash(run.topic), run.uniq, run.keys, run.phys, run.sysflags)
-        if h:
-            index.build_index_raw(h, p, _I64.pack(run.store_timestamp) * (len(h) // 8))
-        return
     hashes: list[bytes] = []
     phys: list[bytes] = []
     ts: list[int] = []
     counts: list[int] = []
+    entries = C.index_entries  # type: ignore[union-attr]
     for run in runs:
         h, p = entries(prefix_hash(run.topic), run.uniq, run.keys, run.phys, run.sysflags)
         if h:
