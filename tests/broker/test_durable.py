@@ -175,3 +175,66 @@ def test_a_confirm_that_raises_does_not_stop_the_thread(tmp_path: Path, raising:
     finally:
         store.close()
     assert seen == ["first", "second"]
+
+
+def test_a_hung_fsync_round_answers_flush_disk_timeout_and_frees_its_replies(tmp_path: Path, monkeypatch) -> None:
+    """An fdatasync that does not return (a disk that stopped answering) holds its replies only until the
+    store's sync_flush_timeout_s; a round that ends later confirms only the replies still waiting. The
+    Python fsync thread, whose fdatasync can be made to hang here."""
+    store = MessageStore(tmp_path, StoreConfig(flush_mode="sync", commitlog_file_size=1 << 20,
+                                               max_message_size=1024, sync_flush_timeout_s=0.3))
+    store.background_flush = lambda: BackgroundFlush(store.flusher, use_c=False)  # type: ignore[method-assign]
+    store.start()
+    store.dispatch.drive_externally()
+    disk = threading.Event()
+    real = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        if threading.current_thread().name == "sluice-group-commit":
+            disk.wait(30)  # hangs until the test lets the disk answer
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    appender = Appender(store)
+
+    async def main() -> tuple[object, float, object, int]:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        first = (await asyncio.gather(stored(appender.put("T", 0, [StoreMessage("T", b"a", 0, {})])),
+                                      return_exceptions=True))[0]
+        waited = loop.time() - t0
+        assert appender._waiter is not None
+        timed_out = appender._waiter.timed_out
+        disk.set()  # the hung round ends now, successfully: "a" was answered already and is not again
+        second = await stored(appender.put("T", 0, [StoreMessage("T", b"b", 0, {})]))
+        return first, waited, second, timed_out
+
+    try:
+        first, waited, second, timed_out = asyncio.run(main())
+    finally:
+        disk.set()
+        appender.close()
+        store.close()
+    assert isinstance(first, FlushDiskTimeoutError) and "not confirmed durable within 0.3 s" in str(first)
+    assert 0.3 <= waited < 5
+    assert timed_out == 1
+    assert second[1][0].queue_offset == 1  # type: ignore[index]  # stored after the stored-but-unconfirmed "a"
+
+
+def test_the_wait_defaults_to_the_stores_sync_flush_timeout(tmp_path: Path, _store) -> None:
+    store = _store(tmp_path)
+
+    async def main() -> tuple[float, float]:
+        loop = asyncio.get_running_loop()
+        default = DurableWaiter(store, loop, lambda items, err: None)
+        given = DurableWaiter(store, loop, lambda items, err: None, timeout_s=0.5)
+        with pytest.raises(ValueError, match="must be positive"):
+            DurableWaiter(store, loop, lambda items, err: None, timeout_s=0)
+        for w in (default, given):
+            await loop.run_in_executor(None, w.close)
+        return default.timeout_s, given.timeout_s
+
+    try:
+        assert asyncio.run(main()) == (store.config.sync_flush_timeout_s, 0.5)
+    finally:
+        store.close()

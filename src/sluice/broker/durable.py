@@ -12,6 +12,13 @@ Replies are confirmed only once an fsync that started after their append finishe
 answered before a round asked for it or for a higher one reported success (or a flush of the store's own
 did, ``FlushService.flushed_offset``). A failed round answers its replies with the error, even when a later
 round succeeds (after a failed writeback Linux may report the next fsync clean without the lost pages).
+
+A round that hangs (a disk or network filesystem that stops answering fdatasync) does not hold its replies:
+one still waiting ``timeout_s`` after it was asked for (the store's ``sync_flush_timeout_s``, RocketMQ's
+syncFlushTimeout, 5 s) is answered with FlushDiskTimeoutError, as RocketMQ's GroupCommitRequest answers
+FLUSH_DISK_TIMEOUT when its wait runs out; the message is stored, its durability unconfirmed. Each
+such reply leaves the waiter then, so the waits of a hung disk do not pile up in memory, and a round
+that ends later confirms only the replies still waiting.
 """
 from __future__ import annotations
 
@@ -21,6 +28,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
+from sluice.errors import FlushDiskTimeoutError
+from sluice.ratelog import RateLimitedLog
 from sluice.store import MessageStore
 
 __all__ = ["DurableWaiter"]
@@ -35,10 +44,19 @@ class DurableWaiter(Generic[T]):
     (error None) or the round for it failed (a FlushDiskTimeoutError, RocketMQ's FLUSH_DISK_TIMEOUT)."""
 
     def __init__(self, store: MessageStore, loop: asyncio.AbstractEventLoop,
-                 confirm: Callable[[list[T], BaseException | None], None]) -> None:
+                 confirm: Callable[[list[T], BaseException | None], None], *,
+                 timeout_s: float | None = None) -> None:
         self._loop = loop
         self._confirm = confirm
-        self._pending: deque[tuple[int, T]] = deque()  # the loop's alone: (end, item), ends rising
+        self.timeout_s = store.config.sync_flush_timeout_s if timeout_s is None else timeout_s
+        if not self.timeout_s > 0:
+            raise ValueError(f"timeout_s {self.timeout_s} must be positive")
+        # The loop's alone: (end, item, deadline), ends and deadlines rising.
+        self._pending: deque[tuple[int, T, float]] = deque()
+        self._timer: asyncio.TimerHandle | None = None  # armed while anything waits
+        #: Replies answered FLUSH_DISK_TIMEOUT because no round confirmed them in time, so far.
+        self.timed_out = 0
+        self._timeouts_log = RateLimitedLog(log)
         self._flush = store.background_flush()
         self._closed = False
         loop.add_reader(self._flush.fileno(), self._ready)
@@ -50,7 +68,10 @@ class DurableWaiter(Generic[T]):
 
     def wait(self, end: int, item: T) -> None:
         """Confirm ``item`` once commit-log bytes below ``end`` are durable (loop thread)."""
-        self._pending.append((end, item))
+        deadline = self._loop.time() + self.timeout_s
+        self._pending.append((end, item, deadline))
+        if self._timer is None:
+            self._timer = self._loop.call_at(deadline, self._expire)
         if not self._flush.request():  # durable already (a flush of the store's own covered it)
             self._settle(self._flush.durable, [])
 
@@ -75,8 +96,30 @@ class DurableWaiter(Generic[T]):
 
     def _finish(self) -> None:
         self._ready()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         self._loop.remove_reader(self._flush.fileno())
         self._flush.release()
+
+    def _expire(self) -> None:
+        """Answer the replies whose wait ran out; re-arm for the next one (no timer per reply: one at a time,
+        at most fifty wake-ups per timeout while a disk hangs)."""
+        self._timer = None
+        pending, now = self._pending, self._loop.time()
+        late: list[T] = []
+        while pending and pending[0][2] <= now:
+            late.append(pending.popleft()[1])
+        if late:
+            self.timed_out += len(late)
+            self._timeouts_log.log(logging.ERROR, "%d synchronous-flush replies not confirmed durable within %g s "
+                                   "(an fsync round hangs; %d answered so far): answered FLUSH_DISK_TIMEOUT",
+                                   len(late), self.timeout_s, self.timed_out)
+            self._deliver(late, FlushDiskTimeoutError(
+                f"the message was stored but not confirmed durable within {self.timeout_s:g} s "
+                "(the broker's fsync did not finish: sync_flush_timeout_s)"))
+        if pending and not self._closed:
+            self._timer = self._loop.call_at(max(pending[0][2], now + self.timeout_s / 50), self._expire)
 
     def _ready(self) -> None:
         durable, errors = self._flush.collect()
@@ -94,6 +137,7 @@ class DurableWaiter(Generic[T]):
         while pending and pending[0][0] <= durable:
             items.append(pending.popleft()[1])
         self._deliver(items, None)
+        # The timer stays armed when nothing waits: it finds nothing and stops (no cancel per round).
 
     def _deliver(self, items: list[T], error: BaseException | None) -> None:
         if items:
