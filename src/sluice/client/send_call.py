@@ -83,7 +83,7 @@ class SendCall:
 
     __slots__ = ("producer", "prepared", "msg", "fut", "timeout", "selector", "arg", "queue", "oneway", "on_result",
                  "loop", "deadline", "info", "left", "last_broker", "last_exc", "result", "tried", "mq", "begin",
-                 "task", "finished")
+                 "task", "finished", "ordered")
 
     def __init__(self, producer: Sender, prepared: PreparedSend, msg: Message | None, fut: AnyFuture, *,
                  timeout: float | None, selector: QueueSelector | None = None, arg: Any = None,
@@ -97,6 +97,8 @@ class SendCall:
         self.selector = selector
         self.arg = arg
         self.queue = queue
+        #: A selector or an explicit queue: one attempt, on that queue (set once: read on every attempt).
+        self.ordered = selector is not None or queue is not None
         self.oneway = oneway
         self.on_result = on_result
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -112,9 +114,6 @@ class SendCall:
         self.task: asyncio.Task[None] | None = None
         self.finished = False
 
-    @property
-    def ordered(self) -> bool:
-        return self.selector is not None or self.queue is not None
 
     # ------------------------------------------------------------------------------ steps
 
