@@ -46,7 +46,8 @@ def consumer() -> tuple[AsyncPushConsumer, FakeConn, list[tuple[MessageQueue, li
         return "addr"
 
     remoting = SimpleNamespace(open_connection=lambda addr: conn, request_with=request_with)
-    c._instance = SimpleNamespace(remoting=remoting, broker_addr_for=broker_addr_for)  # type: ignore[assignment]
+    c._instance = SimpleNamespace(  # type: ignore[assignment]
+        remoting=remoting, broker_addr_for=broker_addr_for, find_broker_addr=lambda name, master_only=True: "addr")
     return c, conn, submitted
 
 

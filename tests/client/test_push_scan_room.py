@@ -34,7 +34,8 @@ def sent_scan(selector: MessageSelector, *, orderly: bool = False, **options: An
         return "addr"
 
     remoting = SimpleNamespace(invoke=invoke, open_connection=lambda addr: None)  # no open connection: invoke
-    c._instance = SimpleNamespace(remoting=remoting, broker_addr_for=broker_addr_for)  # type: ignore[assignment]
+    c._instance = SimpleNamespace(  # type: ignore[assignment]
+        remoting=remoting, broker_addr_for=broker_addr_for, find_broker_addr=lambda name, master_only=True: None)
     result = asyncio.run(c._pull_once(MQ, ProcessQueue(), 0, 32))
     assert result.status is PullStatus.NO_NEW_MSG and len(seen) == 1
     return seen[0].ext_fields.get("maxScanUnits")

@@ -20,6 +20,7 @@ from sluice.client.pull_consumer import AsyncPullConsumer
 from sluice.client.results import MessageQueue, PullResult, SendResult
 from sluice.client.routing import QueueSelector
 from sluice.client.selector import MessageSelector
+from sluice.client.send_future import SendFuture
 from sluice.errors import ClientError
 from sluice.message import Message, MessageExt
 from sluice.transport.blocking import LoopThread
@@ -137,7 +138,7 @@ class Producer(_Facade):
              arg: Any = None, queue: MessageQueue | None = None) -> SendResult:
         t = self._timeout(timeout)
         loop = self._started_loop()
-        fut: Future[SendResult] = Future()
+        fut: Future[SendResult] = SendFuture()
         if self._sent_from_here(loop, msg, fut, t, selector, queue):
             return loop.wait(fut, t + _SLACK)
         return loop.run_call(partial(self._impl.send_soon, msg, fut, timeout=t, selector=selector, arg=arg,
@@ -172,14 +173,16 @@ class Producer(_Facade):
         the outcome. Retries as :meth:`send` does. An unordered send whose route and connection are at hand
         is written from this thread; sends made while the loop thread is busy reach it together, in one
         wake-up, and each is still its own request with its own result."""
-        loop = self._started_loop()
-        fut: Future[SendResult] = Future()
+        loop = self._loop
+        if loop is None:
+            loop = self._started_loop()  # raises
+        fut: Future[SendResult] = SendFuture()
         if callback is not None:
             def done(f: Future[SendResult]) -> None:
                 exc = f.exception() if not f.cancelled() else ClientError("send cancelled")
                 callback(None if exc else f.result(), exc)
             fut.add_done_callback(done)
-        t = self._timeout(timeout)
+        t = self._impl.options.send_timeout if timeout is None else timeout  # _timeout(), inline: per send
         if self._sent_from_here(loop, msg, fut, t, selector, queue):
             return fut
         return loop.submit_call(partial(self._impl.send_soon, msg, fut, timeout=t, selector=selector, arg=arg,

@@ -42,6 +42,7 @@ from sluice.client.offset_store import LocalFileOffsetStore, OffsetStore, Remote
 from sluice.client.lifecycle import AsyncClient
 from sluice.client.process_queue import ProcessQueue
 from sluice.client.pull_consumer import process_pull_response
+from sluice.client.push_requests import PullTemplate
 from sluice.client.rebalance import RETRY_PREFIX, RebalanceService, Rebalancer
 from sluice.client.producer import started_trace
 from sluice.client.trace import TraceDispatcher
@@ -65,6 +66,8 @@ log = logging.getLogger(__name__)
 #: again as soon as consumed messages leave it (ProcessQueue.wait_for_room).
 FLOW_CONTROL_DELAY_S = 0.05
 MIB = 1024 * 1024
+#: The group's retry topic's subscription: everything (the broker applies the original topic's filter).
+_RETRY_SUB = (MessageSelector.by_tag("*"), 0)
 
 
 class AsyncPushConsumer(AsyncClient):
@@ -87,6 +90,8 @@ class AsyncPushConsumer(AsyncClient):
         self.offset_store: OffsetStore = RemoteBrokerOffsetStore(self._query_offset, self._commit_offset)
         self.service: ConcurrentConsumeService | OrderlyConsumeService | None = None
         self._pull_tasks: dict[MessageQueue, asyncio.Task[None]] = {}
+        #: Each pulled queue's PULL_MESSAGE fields that stay put between pulls (_pull_once).
+        self._pull_templates: dict[MessageQueue, PullTemplate] = {}
         self._lock_task: asyncio.Task[None] | None = None
         self._running = False
         #: Times a queue waited because its cache was over a threshold (flow control).
@@ -148,7 +153,7 @@ class AsyncPushConsumer(AsyncClient):
     def _selector(self, topic: str) -> tuple[MessageSelector, int]:
         got = self._subs.get(topic)
         if got is None:  # the retry topic: everything; the broker applies the original topic's filter
-            return MessageSelector.by_tag("*"), 0
+            return _RETRY_SUB
         return got
 
     # ------------------------------------------------------------------------------ lifecycle
@@ -293,9 +298,15 @@ class AsyncPushConsumer(AsyncClient):
             old.cancel()
         task = asyncio.get_running_loop().create_task(self._pull_loop(mq, pq, offset), name=f"sluice-pull-{mq}")
         self._pull_tasks[mq] = task
-        task.add_done_callback(lambda t, mq=mq: self._pull_tasks.pop(mq) if self._pull_tasks.get(mq) is t else None)
+        self._pull_templates.pop(mq, None)
+        task.add_done_callback(lambda t, mq=mq: self._pull_done(mq, t))
         if isinstance(self.service, OrderlyConsumeService):
             self.service.start_queue(mq, pq)
+
+    def _pull_done(self, mq: MessageQueue, task: asyncio.Task[None]) -> None:
+        if self._pull_tasks.get(mq) is task:  # not a newer task of the same queue
+            del self._pull_tasks[mq]
+            self._pull_templates.pop(mq, None)
 
     def _flow_controlled(self, pq: ProcessQueue) -> bool:
         o = self.options
@@ -362,25 +373,26 @@ class AsyncPushConsumer(AsyncClient):
         (_PullWaiter), not a loop iteration later when this task resumes."""
         o = self.options
         inst = self.instance
-        sel, version = self._selector(mq.topic)
+        sub = self._selector(mq.topic)
+        sel = sub[0]
         flags = FLAG_SUSPEND | FLAG_SUBSCRIPTION
         commit = 0
         if o.model is MessageModel.CLUSTERING:
             commit = self.offset_store.read_memory(mq)
             if commit > 0:
                 flags |= FLAG_COMMIT_OFFSET
-        header = H.PullMessageRequestHeader(
-            consumer_group=self.group, topic=mq.topic, queue_id=mq.queue_id, queue_offset=offset,
-            max_msg_nums=size, sys_flag=flags, commit_offset=max(commit, 0),
-            suspend_timeout_millis=int(o.broker_suspend_max * 1000), subscription=sel.expression,
-            sub_version=version, expression_type=sel.wire_expression_type,
-            max_scan_units=self._scan_room(sel))
+        template = self._pull_templates.get(mq)
+        if template is None or template.sub is not sub:  # a new queue, or the topic subscribed anew
+            template = self._pull_templates[mq] = PullTemplate(self._pull_header(mq, sub, 0, 0, 0, 0), sub)
+        ext = template.ext(offset, size, flags, max(commit, 0))
         if sel.is_class:  # a filter server of mq's broker runs the class; the broker never serves it
-            response = await ClassFilters.of(inst).pull(self.group, mq, sel, header.to_ext(),
-                                                         o.consumer_timeout_when_suspend)
+            response = await ClassFilters.of(inst).pull(self.group, mq, sel, ext, o.consumer_timeout_when_suspend)
             return self._pulled(mq, pq, sel, response)
-        addr = await inst.broker_addr_for(mq.topic, mq.broker_name, master_only=False)
-        request = RemotingCommand.request(RequestCode.PULL_MESSAGE, header.to_ext())
+        # Looked up on every pull (routes change); the coroutine only when the route must be fetched.
+        addr = inst.find_broker_addr(mq.broker_name, master_only=False)
+        if addr is None:
+            addr = await inst.broker_addr_for(mq.topic, mq.broker_name, master_only=False)
+        request = RemotingCommand.request(RequestCode.PULL_MESSAGE, ext)
         remoting = inst.remoting
         conn = remoting.open_connection(addr)
         if conn is None:  # to connect, or the transport's buffer is full: wait as any request does
@@ -393,6 +405,17 @@ class AsyncPushConsumer(AsyncClient):
             return await fut
         finally:
             conn.forget(opaque)  # a cancelled pull's late answer is dropped
+
+    def _pull_header(self, mq: MessageQueue, sub: tuple[MessageSelector, int], offset: int, size: int, flags: int,
+                     commit: int) -> H.PullMessageRequestHeader:
+        """The PULL_MESSAGE header of one pull (PullTemplate keeps its fixed fields per queue and subscription)."""
+        sel, version = sub
+        return H.PullMessageRequestHeader(
+            consumer_group=self.group, topic=mq.topic, queue_id=mq.queue_id, queue_offset=offset,
+            max_msg_nums=size, sys_flag=flags, commit_offset=commit,
+            suspend_timeout_millis=int(self.options.broker_suspend_max * 1000), subscription=sel.expression,
+            sub_version=version, expression_type=sel.wire_expression_type,
+            max_scan_units=self._scan_room(sel))
 
     def _pulled(self, mq: MessageQueue, pq: ProcessQueue, sel: MessageSelector,
                 response: RemotingCommand) -> PullResult:

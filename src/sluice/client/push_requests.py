@@ -17,7 +17,29 @@ from sluice.protocol.bodies import (
 from sluice.protocol.codes import RequestCode
 from sluice.protocol.command import RemotingCommand
 
-__all__ = ["consumer_id_list", "lock_batch", "send_message_back", "store_addr", "unlock_batch"]
+__all__ = ["PullTemplate", "consumer_id_list", "lock_batch", "send_message_back", "store_addr", "unlock_batch"]
+
+
+class PullTemplate:
+    """A queue's PULL_MESSAGE extFields with the fields fixed while its subscription stays (group, topic, queue,
+    expression and type, sub_version, suspend and scan limits) rendered once: :meth:`ext` sets the four that
+    change per pull, so a pull costs no header dataclass and no to_ext. ``sub`` is the (selector, version)
+    it was built for; the owner builds a new one when its subscription entry is another object."""
+
+    __slots__ = ("_ext", "sub")
+
+    def __init__(self, header: H.PullMessageRequestHeader, sub: object) -> None:
+        self._ext = header.to_ext()  # every field in header order; the per-pull ones are overwritten in place
+        self.sub = sub
+
+    def ext(self, queue_offset: int, max_msg_nums: int, sys_flag: int, commit_offset: int) -> dict[str, str]:
+        """What ``dataclasses.replace(header, ...).to_ext()`` gives with these four fields."""
+        ext = self._ext.copy()
+        ext["queueOffset"] = str(queue_offset)
+        ext["maxMsgNums"] = str(max_msg_nums)
+        ext["sysFlag"] = str(sys_flag)
+        ext["commitOffset"] = str(commit_offset)
+        return ext
 
 
 async def consumer_id_list(api: BrokerAPI, addr: str, group: str, timeout: float) -> list[str]:

@@ -39,6 +39,7 @@ class LoopThread:
         self.wakeups = 0
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
+        self._ident = self._thread.ident  # set once start() returns; quiet() runs per send
         self._ready.wait()
 
     def _main(self) -> None:
@@ -75,7 +76,7 @@ class LoopThread:
     def quiet(self) -> bool:
         """Called from another thread while nothing submitted waits for the loop: work this thread does itself
         now (a request written from it, RemotingClient.request_from_thread) overtakes nothing it submitted."""
-        return not self._submitted and threading.get_ident() != self._thread.ident
+        return not self._submitted and threading.get_ident() != self._ident
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         """``asyncio.run_coroutine_threadsafe(coro, self.loop)`` (cancelling the Future cancels the task), but

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 
 from sluice.protocol.command import FLAG_ONEWAY, FLAG_RESPONSE, RemotingCommand
 from sluice.protocol.frame import encode_frame_head
@@ -32,6 +33,9 @@ __all__ = ["ThreadWritableConnection"]
 
 # The transport whose buffer and socket this module reasons about (asyncio's plain selector transport).
 _PLAIN_TRANSPORT = "_SelectorSocketTransport"
+# asyncio's own loops tell time.monotonic() (BaseEventLoop.time): read directly there, per request.
+_BASE_TIME = asyncio.BaseEventLoop.time
+_monotonic = time.monotonic
 
 
 class ThreadWritableConnection(RemotingConnection):
@@ -105,7 +109,7 @@ class ThreadWritableConnection(RemotingConnection):
         body = cmd.body
         parts = [head, body] if body else [head]
         size = len(head) + len(body)
-        deadline = loop.time() + timeout
+        deadline = (_monotonic() if type(loop).time is _BASE_TIME else loop.time()) + timeout
         transport = self._transport
         with self._wlock:
             fd = self._fd
