@@ -20,7 +20,6 @@ from sluice.client.pull_consumer import AsyncPullConsumer
 from sluice.client.results import MessageQueue, PullResult, SendResult
 from sluice.client.routing import QueueSelector
 from sluice.client.selector import MessageSelector
-from sluice.client.send_future import SendFuture
 from sluice.errors import ClientError
 from sluice.message import Message, MessageExt
 from sluice.transport.blocking import LoopThread
@@ -138,7 +137,7 @@ class Producer(_Facade):
              arg: Any = None, queue: MessageQueue | None = None) -> SendResult:
         t = self._timeout(timeout)
         loop = self._started_loop()
-        fut: Future[SendResult] = SendFuture()
+        fut: Future[SendResult] = Future()
         if self._sent_from_here(loop, msg, fut, t, selector, queue):
             return loop.wait(fut, t + _SLACK)
         return loop.run_call(partial(self._impl.send_soon, msg, fut, timeout=t, selector=selector, arg=arg,
@@ -176,7 +175,7 @@ class Producer(_Facade):
         loop = self._loop
         if loop is None:
             loop = self._started_loop()  # raises
-        fut: Future[SendResult] = SendFuture()
+        fut: Future[SendResult] = Future()
         if callback is not None:
             def done(f: Future[SendResult]) -> None:
                 exc = f.exception() if not f.cancelled() else ClientError("send cancelled")
