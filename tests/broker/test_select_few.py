@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from sluice.broker.filter_data import FilterMetrics
 from sluice.broker.filtering import SelectorFilter
 from sluice.filter import BloomFilter, compile_selector
-from sluice.store.consumequeue_ext import SMALL_BATCH, ExtBatch
+from sluice.store.consumequeue_ext import SMALL_BATCH, ExtBatch, FewExtBatch
 
 BLOOM = BloomFilter(20, 32)
 NBYTES = BLOOM.m // 8
@@ -44,11 +44,22 @@ def windows(draw):
     return data, batch, verdicts, consumed
 
 
-def run(data, batch, verdicts, consumed, few: bool):
+def as_few(batch: ExtBatch) -> FewExtBatch:
+    """The same rows as get_few keeps them (lists, no arrays)."""
+    return FewExtBatch(batch.tags_codes.tolist(), batch.valid.tolist(), batch.bitmap_lengths.tolist(),
+                       batch.msg_store_times.tolist(), batch.bitmaps.tobytes(), batch.bitmaps.shape[1])
+
+
+def run(data, batch, verdicts, consumed, few: bool, lists: bool = False):
     f = SelectorFilter(compile_selector("SQL92", "region = 'eu'")).for_pull(FilterMetrics(), BLOOM, data, LIVE_AFTER)
     f._messages.extend(["e0", "e1", "e2"])
     nbytes, check_all = BLOOM.m // 8, np.ones(len(batch), dtype=bool)
-    keep, check = (f._select_sql_few if few else f._select_sql_many)(batch, nbytes, check_all)
+    if lists:  # get_few's batch: the filter decides on its lists and builds none of its arrays
+        batch = as_few(batch)
+        keep, check = f._select_sql(np.zeros(len(batch), dtype=np.int64), batch)
+        assert batch._arrays is None
+    else:
+        keep, check = (f._select_sql_few if few else f._select_sql_many)(batch, nbytes, check_all)
     hits = None if f._hits is None else [bool(h) for h in f._hits]
     if keep is not None:
         idx = np.flatnonzero(check).astype(np.int32)
@@ -61,6 +72,13 @@ def run(data, batch, verdicts, consumed, few: bool):
 @given(windows())
 def test_few_equals_many(w):
     assert run(*w, few=True) == run(*w, few=False)
+
+
+@settings(max_examples=300, deadline=None)
+@given(windows())
+def test_few_lists_equal_many(w):
+    """A FewExtBatch (get_few's lists) gives the vectorised path's masks, hits and counts."""
+    assert run(*w, few=True, lists=True) == run(*w, few=False)
 
 
 @settings(max_examples=100, deadline=None)

@@ -253,6 +253,10 @@ def test_resolving_a_few_slots_equals_the_vectorised_resolve(units: list[tuple[i
         assert few[0].dtype == vectorised[0].dtype and np.array_equal(few[0], vectorised[0])
         assert (few[1] is None) == (vectorised[1] is None) and (few[2] is None) == (vectorised[2] is None)
         if few[1] is not None:
+            # The few road's lists (what a few-unit filter reads, FewExtBatch.row_lists) equal the arrays'.
+            assert isinstance(few[1], CQE.FewExtBatch)
+            assert few[1].width == vectorised[1].width
+            assert few[1].row_lists() == vectorised[1].row_lists()
             for name in ("tags_codes", "bitmaps", "bitmap_lengths", "msg_store_times", "valid"):
                 a, b = getattr(few[1], name), getattr(vectorised[1], name)
                 assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), name

@@ -1,4 +1,5 @@
-/* The module: sluice._speedups, the functions of batches.c, records.c, index.c, reads.c, io.c, spans.c, props.c, ext.c and acl.c, the Syncer type of syncer.c, and
+/* The module: sluice._speedups, the functions of batches.c, records.c, index.c, reads.c, io.c, spans.c, props.c, ext.c,
+ * acl.c and command.c, the Syncer type of syncer.c, and
  * what they were compiled with: FORMAT (speedups.h's layout constants, checked by sluice.speedups against
  * sluice.format.C_FORMAT) and MESSAGE_EXT_FIELDS (the MessageExt slots decode_messages sets). */
 #include "speedups.h"
@@ -67,7 +68,7 @@ PyMODINIT_FUNC PyInit__speedups(void)
         || PyModule_AddFunctions(m, sluice_index_methods) < 0 || PyModule_AddFunctions(m, sluice_reads_methods) < 0
         || PyModule_AddFunctions(m, sluice_io_methods) < 0 || PyModule_AddFunctions(m, sluice_spans_methods) < 0
         || PyModule_AddFunctions(m, sluice_props_methods) < 0 || PyModule_AddFunctions(m, sluice_ext_methods) < 0
-        || PyModule_AddFunctions(m, sluice_acl_methods) < 0
+        || PyModule_AddFunctions(m, sluice_acl_methods) < 0 || PyModule_AddFunctions(m, sluice_command_methods) < 0
         || sluice_syncer_add(m) < 0 || add_format(m) < 0) {
         Py_DECREF(m);
         return NULL;

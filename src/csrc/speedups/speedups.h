@@ -174,7 +174,7 @@ extern const char *sluice_ext_fields[];
 /* The functions of each file, added to the module by module.c. */
 extern PyMethodDef sluice_batches_methods[], sluice_records_methods[], sluice_index_methods[],
     sluice_reads_methods[], sluice_io_methods[], sluice_spans_methods[], sluice_props_methods[],
-    sluice_ext_methods[], sluice_acl_methods[];
+    sluice_ext_methods[], sluice_acl_methods[], sluice_command_methods[];
 /* syncer.c: adds the Syncer type */
 int sluice_syncer_add(PyObject *m);
 

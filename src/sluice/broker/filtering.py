@@ -22,7 +22,7 @@ from sluice.errors import FilterEvaluationError, SelectorSyntaxError, SluiceErro
 from sluice.filter import BloomFilter, BloomFilterData, Selector, TagSelector, compile_selector
 from sluice.protocol.bodies import SubscriptionData
 from sluice.protocol.codes import ResponseCode
-from sluice.store.consumequeue_ext import SMALL_BATCH, ExtBatch
+from sluice.store.consumequeue_ext import SMALL_BATCH, ExtBatch, FewExtBatch
 from sluice.store.pull_read import verdict_cache
 
 __all__ = ["CLASS_FILTER", "CompiledSubscription", "SelectorFilter", "class_subscription", "compile_subscription",
@@ -149,7 +149,7 @@ class SelectorFilter:
             return None
         return self._tag.match_codes(tag_codes)
 
-    def select_units(self, codes: np.ndarray, batch: ExtBatch | None, unresolved: np.ndarray | None
+    def select_units(self, codes: np.ndarray, batch: ExtBatch | FewExtBatch | None, unresolved: np.ndarray | None
                      ) -> tuple[np.ndarray | None, np.ndarray | None]:
         """(units that may match, units whose record must be evaluated): MessageFilter.select_units."""
         self._hits = self._skip = None
@@ -177,13 +177,14 @@ class SelectorFilter:
         reads neither, nor does a backfill (it follows the window's position alone)."""
         return self._tag is not None or self.bloom is not None
 
-    def _select_sql(self, codes: np.ndarray, batch: ExtBatch | None) -> tuple[np.ndarray | None, np.ndarray]:
+    def _select_sql(self, codes: np.ndarray, batch: ExtBatch | FewExtBatch | None
+                    ) -> tuple[np.ndarray | None, np.ndarray]:
         check_all = np.ones(len(codes), dtype=bool)
         bloom = self.bloom
         if bloom is None or batch is None:
             return None, check_all
         nbytes = bloom.m // 8
-        if batch.bitmaps.shape[1] < nbytes:
+        if batch.width < nbytes:
             return None, check_all
         if len(codes) <= SMALL_BATCH:
             return self._select_sql_few(batch, nbytes, check_all)
@@ -202,21 +203,20 @@ class SelectorFilter:
         keep = ~self._skip
         return keep, keep
 
-    def _select_sql_few(self, batch: ExtBatch, nbytes: int, check_all: np.ndarray
+    def _select_sql_few(self, batch: ExtBatch | FewExtBatch, nbytes: int, check_all: np.ndarray
                         ) -> tuple[np.ndarray | None, np.ndarray]:
         """_select_sql's Bloom check for a few units (a woken held pull's window) on Python ints: the numpy
         steps' fixed costs would outweigh the work. The same results (tests/broker/test_select_few.py)."""
         after = self.live_after
-        live = [v and n == nbytes and t > after for v, n, t in
-                zip(batch.valid.tolist(), batch.bitmap_lengths.tolist(), batch.msg_store_times.tolist())]
+        valid, lengths, times, raw = batch.row_lists()  # a FewExtBatch (get_few's) builds no array for it
+        live = [v and n == nbytes and t > after for v, n, t in zip(valid, lengths, times)]
         if not any(live):
             return None, check_all
         need: dict[int, int] = {}  # byte of the bitmap -> the bits of it the group's data sets
         for pos in self.bloom_data.bit_pos:  # type: ignore[union-attr]
             need[pos >> 3] = need.get(pos >> 3, 0) | (1 << (pos & 7))
         masks = tuple(need.items())
-        width = batch.bitmaps.shape[1]
-        raw = batch.bitmaps.tobytes()
+        width = batch.width
         hit = [ok and all(raw[at + c] & m == m for c, m in masks)
                for ok, at in zip(live, range(0, len(live) * width, width))]
         self._hits = hit  # lists: consumed, settle and match_record_at read them as they read arrays

@@ -24,6 +24,7 @@ import orjson
 
 from sluice import errors as E
 from sluice.protocol.codes import ResponseCode
+from sluice.speedups import C
 
 __all__ = [
     "FLAG_ONEWAY", "FLAG_RESPONSE", "LANGUAGE_CODES", "RemotingCommand", "SerializeType",
@@ -193,6 +194,8 @@ def _java_string(value: Any) -> str:
 
 
 _STR_ONLY = frozenset((str,))
+#: speedups.json_command (src/csrc/speedups/command.c), or None: the Python lines after it are its reference.
+_json_command = getattr(C, "json_command", None) if C is not None else None
 _JSON = SerializeType.JSON
 _ROCKETMQ = SerializeType.ROCKETMQ
 
@@ -204,6 +207,10 @@ def _decode_json_header(data: bytes | memoryview, body: bytes) -> RemotingComman
         raise E.ProtocolError(f"remoting header is not valid JSON: {exc}") from None
     if type(header) is not dict:
         raise E.ProtocolError(f"remoting header must be a JSON object, not {type(header).__name__}")
+    if _json_command is not None:  # C's twin of the usual case below, one call per frame (None: not usual)
+        cmd = _json_command(RemotingCommand, header, body, _JSON)
+        if cmd is not None:
+            return cmd
     # Fast path for what real clients send: int numbers, string language/remark, string extFields values.
     get = header.get
     code, version, opaque, flag = get("code"), get("version", 0), get("opaque", 0), get("flag", 0)

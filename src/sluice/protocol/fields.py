@@ -10,6 +10,7 @@ naming the class and the wire field.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import types
 import typing
@@ -17,6 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from sluice.errors import InvalidParameterError
+from sluice.speedups import C
 
 __all__ = ["camel", "from_ext", "from_jsonable", "to_ext", "to_jsonable", "wire"]
 
@@ -213,7 +215,35 @@ def _compile_reader(cls: type[T], keys: Mapping[str, str] | None = None) -> Any:
         lines.append(" return o")
         env["new"] = object.__new__
     exec("\n".join(lines), env)  # noqa: S102 - the source is built from the dataclass's own field names
-    return env["read"]
+    read = env["read"]
+    spec = _c_spec(cls, keys, read)
+    return read if spec is None else functools.partial(C.read_header, spec)  # type: ignore[union-attr]
+
+
+_C_KINDS = {str: 0, int: 1, bool: 2}
+
+
+def _c_spec(cls: type, keys: Mapping[str, str] | None, read: Any) -> tuple[Any, ...] | None:
+    """speedups.read_header's spec for the reader ``read`` (its twin, and its fallback for any value but
+    what clients send), or None where C does not apply: no extension, a field C does not read (an enum, a
+    default factory, a type other than str, int or bool), or a class built through its __init__."""
+    if C is None or not hasattr(C, "read_header"):
+        return None
+    plan = _plan(cls)
+    if hasattr(cls, "__post_init__") or not all(f.name in getattr(cls, "__slots__", ()) for f in plan):
+        return None
+    offsets = C.slot_offsets(cls, tuple(f.name for f in plan))
+    if offsets is None:
+        return None
+    fields = []
+    for f, off in zip(plan, offsets):
+        kind = _C_KINDS.get(f.tp)
+        if kind is None or f.enum is not None or f.factory is not None or (kind == 0 and f.tp is not str):
+            return None
+        missing = 0 if f.required and not f.optional else 1 if f.required else 2
+        fields.append((f.wire if keys is None else keys.get(f.name, f.wire), kind, missing,
+                       None if missing != 2 else f.default, off))
+    return cls, read, tuple(fields)
 
 
 def _from_ext_generic(cls: type[T], ext: Mapping[str, str]) -> T:

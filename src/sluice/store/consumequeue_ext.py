@@ -22,13 +22,13 @@ import logging
 import os
 import struct
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from sluice.errors import InvalidParameterError, StoreError
+from sluice.store.ext_batch import ExtBatch, FewExtBatch
 from sluice.format import (
     EXT_END_BLANK,
     EXT_MAX_ADDR,
@@ -47,7 +47,7 @@ from sluice.store.mapped import MappedFile, open_file_run
 from sluice.store.per_queue import OpenFilesLru
 
 __all__ = [
-    "ConsumeQueueExt", "ExtUnit", "ExtBatch", "decorate", "undecorate", "is_ext_address",
+    "ConsumeQueueExt", "ExtUnit", "ExtBatch", "FewExtBatch", "decorate", "undecorate", "is_ext_address",
     "is_ext_address_array", "ext_queue_dir", "MAX_ADDR", "MIN_UNIT_SIZE", "MAX_UNIT_SIZE",
 ]
 
@@ -83,28 +83,6 @@ class ExtUnit:
     tags_code: int
     msg_store_time: int
     bitmap: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class ExtBatch:
-    """get_many's answer, row i for address i. Unpacks as ``tags_codes, bitmaps = batch``.
-
-    A row whose address is not an ext address, not (or no longer) stored or not a sound unit has
-    ``valid`` False, tag code 0 and an all-zero bitmap; RocketMQ lets such a message through the
-    filter. ``bitmaps`` rows are zero-padded to the longest bitmap; ``bitmap_lengths`` has the real ones.
-    """
-
-    tags_codes: np.ndarray       # int64
-    bitmaps: np.ndarray          # uint8, shape (n, longest bitmap)
-    bitmap_lengths: np.ndarray   # int32
-    msg_store_times: np.ndarray  # int64
-    valid: np.ndarray            # bool
-
-    def __iter__(self) -> Iterator[np.ndarray]:
-        return iter((self.tags_codes, self.bitmaps))
-
-    def __len__(self) -> int:
-        return len(self.tags_codes)
 
 
 class _ExtFile(MappedFile):
@@ -460,11 +438,12 @@ class ConsumeQueueExt:
 
     def _get_few(self, addresses: list[int]) -> ExtBatch:
         """get_many's batch, unit by unit: the same checks as :meth:`get`, the same zero rows for the rest."""
-        return self.get_few(addresses)[2]
+        return self.get_few(addresses)[2].arrays()
 
-    def get_few(self, addresses: list[int]) -> tuple[list[int], list[bool], ExtBatch]:
+    def get_few(self, addresses: list[int]) -> tuple[list[int], list[bool], FewExtBatch]:
         """get_many's batch for a few addresses (Python ints), read unit by unit, with its tag codes and valid
-        flags as lists too (ext_files.resolve_units decides a woken pull's few units on them, no numpy)."""
+        flags as lists too (ext_files.resolve_units decides a woken pull's few units on them, no numpy); the
+        batch builds its arrays only if they are read (FewExtBatch)."""
         n = len(addresses)
         tags = [0] * n
         times = [0] * n
@@ -492,10 +471,7 @@ class ConsumeQueueExt:
                     bitmaps[i] = f.mm[pos + MIN_UNIT_SIZE:pos + size]
         width = max(lengths, default=0)
         rows = b"".join(b.ljust(width, b"\0") for b in bitmaps) if width else b""
-        return tags, valid, ExtBatch(np.array(tags, dtype=np.int64),
-                                     np.frombuffer(rows, dtype=np.uint8).reshape(n, width).copy(),
-                                     np.array(lengths, dtype=np.int32), np.array(times, dtype=np.int64),
-                                     np.array(valid, dtype=bool))
+        return tags, valid, FewExtBatch(tags, valid, lengths, times, rows, width)
 
     def max_address(self) -> int:
         """The address the next unit will get (RocketMQ's getMaxAddress)."""

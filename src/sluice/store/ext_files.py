@@ -17,7 +17,9 @@ from pathlib import Path
 import numpy as np
 
 from sluice.store.consumequeue import PAD_SIZE, ConsumeQueue
-from sluice.store.consumequeue_ext import MAX_ADDR, SMALL_BATCH, ConsumeQueueExt, ExtBatch, is_ext_address_array
+from sluice.store.consumequeue_ext import (
+    MAX_ADDR, SMALL_BATCH, ConsumeQueueExt, ExtBatch, FewExtBatch, is_ext_address_array,
+)
 from sluice.store.per_queue import OpenFilesLru, PerQueueTable
 
 __all__ = ["ExtTable", "resolve_units", "recover_ext", "retain_ext", "ext_addresses_ok"]
@@ -50,7 +52,7 @@ class ExtTable(PerQueueTable[ConsumeQueueExt]):
 
 
 def resolve_units(ext: ConsumeQueueExt | None, tag_slots: np.ndarray
-                  ) -> tuple[np.ndarray, ExtBatch | None, np.ndarray | None]:
+                  ) -> tuple[np.ndarray, ExtBatch | FewExtBatch | None, np.ndarray | None]:
     """Tag codes for a batch of consume-queue tag slots.
 
     Returns ``(codes, batch, unresolved)``: int64 tag codes with ext addresses replaced by their unit's
@@ -75,7 +77,7 @@ def resolve_units(ext: ConsumeQueueExt | None, tag_slots: np.ndarray
 
 
 def _resolve_few(ext: ConsumeQueueExt | None, slots: list[int]
-                 ) -> tuple[np.ndarray, ExtBatch | None, np.ndarray | None]:
+                 ) -> tuple[np.ndarray, FewExtBatch | None, np.ndarray | None]:
     """resolve_units for a few slots (a woken held pull's window), decided on Python ints: the numpy steps'
     fixed costs would outweigh the work. The same three results."""
     is_ext = [s <= MAX_ADDR for s in slots]

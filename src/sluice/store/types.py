@@ -12,7 +12,7 @@ import numpy as np
 from sluice.store.dispatch_request import DispatchRequest
 
 if TYPE_CHECKING:  # annotations only
-    from sluice.store.consumequeue_ext import ExtBatch
+    from sluice.store.ext_batch import ExtBatch, FewExtBatch
     from sluice.store.dispatch_columns import DispatchBatch
 
 __all__ = [
@@ -109,14 +109,14 @@ class MessageFilter(Protocol):
     #: evaluated on every record, with no Bloom data: a SQL92 group catching up).
     needs_units: bool
 
-    def select_units(self, tag_codes: np.ndarray, ext_batch: ExtBatch | None, unresolved: np.ndarray | None
-                     ) -> tuple[np.ndarray | None, np.ndarray | None]:
+    def select_units(self, tag_codes: np.ndarray, ext_batch: ExtBatch | FewExtBatch | None,
+                     unresolved: np.ndarray | None) -> tuple[np.ndarray | None, np.ndarray | None]:
         """Decide a window of units before any record is read.
 
         ``tag_codes`` are the units' tag codes (int64; ConsumeQueueExt addresses already resolved to
         their unit's tag code); ``ext_batch`` is the row-aligned ConsumeQueueExt rows (bitmaps, store
-        times), None when no unit of the window has one; ``unresolved`` marks units whose ext address
-        could not be read (tag code 0 there), None when there are none: RocketMQ lets those through
+        times; for a few units a FewExtBatch, the same rows kept as lists), None when no unit of the window
+        has one; ``unresolved`` marks units whose ext address could not be read (tag code 0 there), None when there are none: RocketMQ lets those through
         to the record. Returns ``(may_match, evaluate)``: a boolean mask of units that may match
         (None: all may), and a boolean mask of units whose record must go to :meth:`match_record_at`
         (None: none; the others that may match are served without looking at their record).
@@ -173,8 +173,8 @@ class TagCodeFilter(MessageFilter):
         """Does a record pass, on its decoded properties?"""
         return True
 
-    def select_units(self, tag_codes: np.ndarray, ext_batch: ExtBatch | None, unresolved: np.ndarray | None
-                     ) -> tuple[np.ndarray | None, np.ndarray | None]:
+    def select_units(self, tag_codes: np.ndarray, ext_batch: ExtBatch | FewExtBatch | None,
+                     unresolved: np.ndarray | None) -> tuple[np.ndarray | None, np.ndarray | None]:
         mask = self.match_units(tag_codes)
         needs = bool(self.needs_record)
         check = np.full(len(tag_codes), needs) if needs or unresolved is not None else None
