@@ -158,3 +158,42 @@ def test_held_pulls_of_a_closed_connection_are_dropped(make_broker):
         t.join(10)
         assert "closed" in str(out["error"])
     assert producer.pull("Gone", offset=0).code == R.SUCCESS
+
+
+def test_a_pull_that_matches_nothing_to_the_queue_end_is_held_there(broker):
+    """RocketMQ answers PULL_RETRY_IMMEDIATELY, and the client's next pull, from the end, is held: here the
+    first pull is held at the end itself, and answered by the arrival that matches, past the ones that do not."""
+    consumer, producer = broker.rpc(), broker.rpc()
+    for i in range(3):
+        producer.send("LPE", b"b%d" % i, tags="TagB")
+    t, out = _pull_in_thread(consumer, "LPE", offset=0, sub="TagA", suspend_ms=10_000)
+    _wait_held(broker)
+    assert broker.broker.pull_processor.held_after_no_match == 1
+    producer.send("LPE", b"b3", tags="TagB")  # rules out on arrival: still held
+    time.sleep(0.1)
+    assert "resp" not in out
+    sent = time.monotonic()
+    producer.send("LPE", b"a4", tags="TagA")
+    t.join(10)
+    assert out["resp"].code == R.SUCCESS and bodies(out["resp"]) == [b"a4"]
+    assert out["resp"].ext_fields["nextBeginOffset"] == "5"
+    assert out["at"] - sent < 0.1, f"answered {out['at'] - sent:.3f} s after the send"
+
+
+def test_a_pull_held_after_matching_nothing_times_out_past_what_it_read(broker):
+    rpc = broker.rpc()
+    for i in range(3):
+        rpc.send("LPF", b"b%d" % i, tags="TagB")
+    t0 = time.monotonic()
+    resp = rpc.pull("LPF", offset=0, sub="TagA", suspend_ms=400)
+    assert 0.35 <= time.monotonic() - t0 < 2.0
+    assert resp.code == R.PULL_NOT_FOUND and resp.ext_fields["nextBeginOffset"] == "3"
+
+
+def test_a_pull_that_matches_nothing_is_answered_at_once_without_the_suspend_flag(broker):
+    rpc = broker.rpc()
+    for i in range(3):
+        rpc.send("LPG", b"b%d" % i, tags="TagB")
+    resp = rpc.pull("LPG", offset=0, sub="TagA", sys_flag=0x4)  # no SUSPEND flag: RocketMQ's answer
+    assert resp.code == R.PULL_RETRY_IMMEDIATELY and resp.ext_fields["nextBeginOffset"] == "3"
+    assert broker.broker.pull_processor.held_after_no_match == 0

@@ -20,6 +20,7 @@ the filter servers pull it and run the class.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -107,6 +108,9 @@ class PullProcessor:
         self.compiler = compiler or SelectorCompiler(
             max_per_client_per_minute=config.max_selector_compiles_per_client_per_minute)
         self.pulled_messages = 0
+        #: Filtered pulls held at the queue's end after a read that matched nothing (instead of answering
+        #: PULL_RETRY_IMMEDIATELY), so far.
+        self.held_after_no_match = 0
         #: Tasks of woken held pulls waiting for dispatch to catch up before their answer.
         self._late: set[asyncio.Task[None]] = set()
         #: Told of each answered pull (topic, group, messages, bytes): the broker's stats.py.
@@ -278,8 +282,18 @@ class PullProcessor:
             return self._wait_and_answer(conn, request, h, max_msgs, mf, max_bytes, None)
         res = self._get_now(h, max_msgs, mf, max_bytes)
         code = pull_response_code(res.status, h.queue_offset)
-        if code == _R.PULL_NOT_FOUND and h.sys_flag & FLAG_SUSPEND:
-            return self._hold_then_answer(conn, request, h, max_msgs, mf, max_bytes, res, code)
+        if h.sys_flag & FLAG_SUSPEND:
+            if code == _R.PULL_NOT_FOUND:
+                return self._hold_then_answer(conn, request, h, max_msgs, mf, max_bytes, res, code)
+            if res.status is _S.NO_MATCHED_MESSAGE and res.next_begin_offset >= res.max_offset:
+                # Read to the queue's end and nothing matched. RocketMQ answers PULL_RETRY_IMMEDIATELY, and the
+                # client's next pull, from the end, is then held: a round trip for every run of unmatched
+                # arrivals between two matches (most of a selective group's pulls). Held here instead, from
+                # the end, as that next pull would be: an arrival that matches is answered as it comes, a
+                # timeout with PULL_NOT_FOUND and nextBeginOffset past the units read.
+                past = dataclasses.replace(h, queue_offset=res.next_begin_offset)
+                self.held_after_no_match += 1
+                return self._hold_then_answer(conn, request, past, max_msgs, mf, max_bytes, res, code)
         return self._answer(request, h, res, code)
 
     def _hold_then_answer(self, conn: RemotingConnection, request: RemotingCommand, h: PullMessageRequestHeader,
