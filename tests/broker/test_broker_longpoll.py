@@ -4,6 +4,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from broker_support import bodies
 from sluice.protocol.codes import ResponseCode
 
@@ -160,9 +162,12 @@ def test_held_pulls_of_a_closed_connection_are_dropped(make_broker):
     assert producer.pull("Gone", offset=0).code == R.SUCCESS
 
 
-def test_a_pull_that_matches_nothing_to_the_queue_end_is_held_there(broker):
+@pytest.mark.parametrize("on_loop", [True, False])
+def test_a_pull_that_matches_nothing_to_the_queue_end_is_held_there(make_broker, on_loop: bool):
     """RocketMQ answers PULL_RETRY_IMMEDIATELY, and the client's next pull, from the end, is held: here the
-    first pull is held at the end itself, and answered by the arrival that matches, past the ones that do not."""
+    first pull is held at the end itself, and answered by the arrival that matches, past the ones that do not
+    (reading on the loop, the default, or on the pool)."""
+    broker = make_broker(pull_on_event_loop=on_loop)
     consumer, producer = broker.rpc(), broker.rpc()
     for i in range(3):
         producer.send("LPE", b"b%d" % i, tags="TagB")
@@ -180,7 +185,9 @@ def test_a_pull_that_matches_nothing_to_the_queue_end_is_held_there(broker):
     assert out["at"] - sent < 0.1, f"answered {out['at'] - sent:.3f} s after the send"
 
 
-def test_a_pull_held_after_matching_nothing_times_out_past_what_it_read(broker):
+@pytest.mark.parametrize("on_loop", [True, False])
+def test_a_pull_held_after_matching_nothing_times_out_past_what_it_read(make_broker, on_loop: bool):
+    broker = make_broker(pull_on_event_loop=on_loop)
     rpc = broker.rpc()
     for i in range(3):
         rpc.send("LPF", b"b%d" % i, tags="TagB")

@@ -285,16 +285,23 @@ class PullProcessor:
         if h.sys_flag & FLAG_SUSPEND:
             if code == _R.PULL_NOT_FOUND:
                 return self._hold_then_answer(conn, request, h, max_msgs, mf, max_bytes, res, code)
-            if res.status is _S.NO_MATCHED_MESSAGE and res.next_begin_offset >= res.max_offset:
-                # Read to the queue's end and nothing matched. RocketMQ answers PULL_RETRY_IMMEDIATELY, and the
-                # client's next pull, from the end, is then held: a round trip for every run of unmatched
-                # arrivals between two matches (most of a selective group's pulls). Held here instead, from
-                # the end, as that next pull would be: an arrival that matches is answered as it comes, a
-                # timeout with PULL_NOT_FOUND and nextBeginOffset past the units read.
-                past = dataclasses.replace(h, queue_offset=res.next_begin_offset)
-                self.held_after_no_match += 1
+            past = self._past_unmatched_end(h, res)
+            if past is not None:
                 return self._hold_then_answer(conn, request, past, max_msgs, mf, max_bytes, res, code)
         return self._answer(request, h, res, code)
+
+    def _past_unmatched_end(self, h: PullMessageRequestHeader, res: GetMessageResult
+                            ) -> PullMessageRequestHeader | None:
+        """The pull as if made from the queue's end when its read got there with nothing matched, to be held
+        (counted in ``held_after_no_match``); else None. RocketMQ answers such a read PULL_RETRY_IMMEDIATELY,
+        and the client's next pull, from the end, is then held: a round trip for every run of unmatched
+        arrivals between two matches (most of a selective group's pulls). Held from the end instead, as that
+        next pull would be: an arrival that matches is answered as it comes, a timeout with PULL_NOT_FOUND and
+        nextBeginOffset past the units read."""
+        if res.status is not _S.NO_MATCHED_MESSAGE or res.next_begin_offset < res.max_offset:
+            return None
+        self.held_after_no_match += 1
+        return dataclasses.replace(h, queue_offset=res.next_begin_offset)
 
     def _hold_then_answer(self, conn: RemotingConnection, request: RemotingCommand, h: PullMessageRequestHeader,
                           max_msgs: int, mf: SelectorFilter | None, max_bytes: int | None,
@@ -390,17 +397,20 @@ class PullProcessor:
         if res is None:
             res = await self._get(h, max_msgs, mf, max_bytes)
         code = pull_response_code(res.status, h.queue_offset)
-        if code == _R.PULL_NOT_FOUND and h.sys_flag & FLAG_SUSPEND:
+        at = None
+        if h.sys_flag & FLAG_SUSPEND:
+            at = h if code == _R.PULL_NOT_FOUND else self._past_unmatched_end(h, res)
+        if at is not None:
             config = self.config
             timeout_ms = h.suspend_timeout_millis if config.long_polling_enable else config.short_polling_ms
-            woke = await self.hold.hold(h.topic, h.queue_id, h.queue_offset, mf, max(0, timeout_ms) / 1000.0,
+            woke = await self.hold.hold(at.topic, at.queue_id, at.queue_offset, mf, max(0, timeout_ms) / 1000.0,
                                         conn)
             if woke == FULL:
                 return self._answer(request, h, res, code)
             if woke > 0 and self.store.dispatch.reput_offset < woke:  # no thread hop when dispatch is there
                 await self.pool.run(self.store.dispatch.wait_for, woke, 1.0)
-            res = await self._get(h, max_msgs, mf, max_bytes)
-            code = pull_response_code(res.status, h.queue_offset)
+            res = await self._get(at, max_msgs, mf, max_bytes)
+            code = pull_response_code(res.status, at.queue_offset)
         return self._answer(request, h, res, code)
 
     def _answer(self, request: RemotingCommand, h: PullMessageRequestHeader, res: GetMessageResult,
