@@ -5,7 +5,6 @@
  * path (its lenient decode) runs. read_header: protocol/fields.py's generated readers of request headers
  * (extFields to a header dataclass), for the values clients send; anything else goes to the Python reader. */
 #include "speedups.h"
-#include <structmember.h>
 
 /* RemotingCommand's fields, in the order json_command fills them: a slots dataclass, each field a member
  * descriptor (T_OBJECT_EX) at an offset, set directly (its frozen __init__ would refuse). */
@@ -20,18 +19,9 @@ static int cmd_layout(PyTypeObject *cls)
 {
     if (cls == cmd_type)
         return 1;
-    if (cls->tp_dictoffset != 0 || !PyType_HasFeature(cls, Py_TPFLAGS_HAVE_GC))
-        return 0;
     Py_ssize_t offs[N_CMD_FIELDS];
-    for (int i = 0; i < N_CMD_FIELDS; i++) {
-        PyObject *d = PyDict_GetItemString(cls->tp_dict, cmd_fields[i]);
-        if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type))
-            return 0;
-        PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
-        if (m->type != T_OBJECT_EX || (m->flags & READONLY))
-            return 0;
-        offs[i] = m->offset;
-    }
+    if (!slot_layout(cls, cmd_fields, N_CMD_FIELDS, offs))
+        return 0;
     memcpy(cmd_offsets, offs, sizeof offs);
     cmd_type = cls;
     return 1;
@@ -138,24 +128,18 @@ static PyObject *slot_offsets(PyObject *self, PyObject *args)
     if (out == NULL)
         return NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *d = PyDict_GetItemWithError(tp->tp_dict, PyTuple_GET_ITEM(names, i));
-        if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type)) {
-            Py_DECREF(out);
-            if (PyErr_Occurred())
-                return NULL;
-            Py_RETURN_NONE;
-        }
-        PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
-        if (m->type != T_OBJECT_EX || (m->flags & READONLY)) {
+        PyObject *name = PyTuple_GET_ITEM(names, i);
+        Py_ssize_t off = PyUnicode_Check(name) ? slot_offset(tp, name) : -1;
+        if (off < 0) {
             Py_DECREF(out);
             Py_RETURN_NONE;
         }
-        PyObject *off = PyLong_FromSsize_t(m->offset);
-        if (off == NULL) {
+        PyObject *o = PyLong_FromSsize_t(off);
+        if (o == NULL) {
             Py_DECREF(out);
             return NULL;
         }
-        PyTuple_SET_ITEM(out, i, off);
+        PyTuple_SET_ITEM(out, i, o);
     }
     return out;
 }

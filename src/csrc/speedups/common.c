@@ -1,5 +1,6 @@
 /* Helpers the other files share: buffers, list appends, the body CRC, the record head, properties. */
 #include "speedups.h"
+#include <structmember.h>
 
 PyObject *s_topic, *s_queue_id, *s_body, *s_properties, *s_flag, *s_sysflag, *s_born_timestamp, *s_born_host,
     *s_reconsume_times, *s_prepared_tx_offset, *s_TAGS, *s_KEYS, *s_UNIQ_KEY;
@@ -147,4 +148,38 @@ int props_into(PyObject *d, PyObject *s)
         pos = end + 1;
     }
     return 0;
+}
+
+/* The instance offset of ``cls``'s writable object slot ``name`` (the member descriptor __slots__ makes), found
+ * as attribute lookup finds it (the MRO's first); -1 for anything else. The functions that fill a slots class's
+ * fields directly (a frozen dataclass's __init__ would refuse) find them here. No error is set. */
+Py_ssize_t slot_offset(PyTypeObject *cls, PyObject *name)
+{
+    PyObject *d = _PyType_Lookup(cls, name); /* borrowed */
+    if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type))
+        return -1;
+    PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+    if (m->type != T_OBJECT_EX || (m->flags & READONLY))
+        return -1;
+    return m->offset;
+}
+
+/* slot_offset of each of ``names`` into ``out``, for a GC'd class without a __dict__: 1, or 0 for any other
+ * layout (no error set). */
+int slot_layout(PyTypeObject *cls, const char *const *names, int n, Py_ssize_t *out)
+{
+    if (cls->tp_dictoffset != 0 || !PyType_HasFeature(cls, Py_TPFLAGS_HAVE_GC))
+        return 0;
+    for (int i = 0; i < n; i++) {
+        PyObject *name = PyUnicode_InternFromString(names[i]);
+        if (name == NULL) {
+            PyErr_Clear();
+            return 0;
+        }
+        out[i] = slot_offset(cls, name);
+        Py_DECREF(name);
+        if (out[i] < 0)
+            return 0;
+    }
+    return 1;
 }

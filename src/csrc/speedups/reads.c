@@ -1,6 +1,5 @@
 /* Pulls and consumers: runs of stored records copied (and checked) into a response, records decoded. */
 #include "speedups.h"
-#include <structmember.h>
 
 /* -------------------------------------------------------------------------------------- gather_units */
 
@@ -159,18 +158,9 @@ static int ext_layout(PyTypeObject *cls)
 {
     if (cls == ext_type)
         return 1;
-    if (cls->tp_dictoffset != 0 || !PyType_HasFeature(cls, Py_TPFLAGS_HAVE_GC))
-        return 0;
     Py_ssize_t offs[N_EXT_FIELDS];
-    for (int i = 0; i < N_EXT_FIELDS; i++) {
-        PyObject *d = PyDict_GetItemString(cls->tp_dict, sluice_ext_fields[i]);
-        if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type))
-            return 0;
-        PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
-        if (m->type != T_OBJECT_EX || (m->flags & READONLY))
-            return 0;
-        offs[i] = m->offset;
-    }
+    if (!slot_layout(cls, sluice_ext_fields, N_EXT_FIELDS, offs))
+        return 0;
     memcpy(ext_offsets, offs, sizeof offs);
     ext_type = cls;
     return 1;

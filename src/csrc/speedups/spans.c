@@ -3,7 +3,6 @@
  * the worker's views built in that walk (sluice/filtersrv/view.py views is record_views's twin), or one at a
  * time while the class's match runs on each (filter_views; sluice/filtersrv/worker.py filter_batch). */
 #include "speedups.h"
-#include <structmember.h>
 
 PyDoc_STRVAR(record_spans_doc,
 "record_spans(body, with_properties: bool) -> (bytes, list[str] | None) | None\n\n"
@@ -91,24 +90,9 @@ static int view_layout(PyTypeObject *cls)
 {
     if (cls == view_type)
         return 1;
-    if (cls->tp_dictoffset != 0 || !PyType_HasFeature(cls, Py_TPFLAGS_HAVE_GC))
-        return 0;
     Py_ssize_t offs[N_VIEW_FIELDS];
-    for (int i = 0; i < N_VIEW_FIELDS; i++) {
-        PyObject *name = PyUnicode_InternFromString(view_fields[i]);
-        if (name == NULL) {
-            PyErr_Clear();
-            return 0;
-        }
-        PyObject *d = _PyType_Lookup(cls, name); /* borrowed; the MRO's first, as attribute lookup finds it */
-        Py_DECREF(name);
-        if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type))
-            return 0;
-        PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
-        if (m->type != T_OBJECT_EX || (m->flags & READONLY))
-            return 0;
-        offs[i] = m->offset;
-    }
+    if (!slot_layout(cls, view_fields, N_VIEW_FIELDS, offs))
+        return 0;
     memcpy(view_offsets, offs, sizeof offs);
     view_type = cls;
     return 1;

@@ -133,6 +133,8 @@ void write_tail(unsigned char *p, const unsigned char *body, Py_ssize_t body_len
 int props_into(PyObject *d, PyObject *s);
 int append_int(PyObject *list, long long v);
 int sluice_intern_names(void);
+Py_ssize_t slot_offset(PyTypeObject *cls, PyObject *name);
+int slot_layout(PyTypeObject *cls, const char *const *names, int n, Py_ssize_t *out);
 
 /* Interned attribute and property names, made once at import (common.c). */
 extern PyObject *s_topic, *s_queue_id, *s_body, *s_properties, *s_flag, *s_sysflag, *s_born_timestamp,
