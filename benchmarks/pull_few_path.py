@@ -23,7 +23,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import orjson  # noqa: E402
 import send_wake_path as S  # noqa: E402
 
 from sluice.broker.config import BrokerConfig  # noqa: E402
@@ -46,18 +45,7 @@ async def _run(root: str, pulls: int) -> dict[str, object]:
     await broker.start()
     out: dict[str, object] = {}
     try:
-        conn, t = broker.server._new_connection(), S._Transport()
-        conn.connection_made(t)
-        conn.data_received(S._wire(S._send(0, "none"), 1))  # creates the topic
-        while not t.data:
-            await asyncio.sleep(0.005)
-        t.take()
-        hb = {"clientID": "c1", "producerDataSet": [], "consumerDataSet": [{
-            "groupName": "G", "consumeType": "CONSUME_PASSIVELY", "messageModel": "CLUSTERING",
-            "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET", "subscriptionDataSet": [{
-                "topic": S.TOPIC, "subString": "region = 'eu'", "expressionType": "SQL92", "subVersion": 1,
-                "tagsSet": [], "codeSet": []}]}]}
-        conn.data_received(S._wire(RemotingCommand.request(RequestCode.HEART_BEAT, {}, orjson.dumps(hb)), 2))
+        conn, t = await S.connected_group(broker)
         await asyncio.sleep(1.2)  # past the live margin after which the broker trusts the group's bitmaps
         for i in range(1, SENDS + 1):
             conn.data_received(S._wire(S._send(i, "eu" if i % 10 == 0 else "us"), 100 + i))

@@ -133,22 +133,29 @@ class _Transport(asyncio.Transport):
         return out
 
 
+async def connected_group(broker: BrokerController) -> tuple[Any, _Transport]:
+    """One connection to ``broker`` through the in-memory transport, the topic made by a first send, and group
+    G on ``region = 'eu'`` (SQL92) registered by a heartbeat (pull_few_path.py starts the same way)."""
+    conn, t = broker.server._new_connection(), _Transport()
+    conn.connection_made(t)
+    conn.data_received(_wire(_send(0, "none"), 1))  # creates the topic
+    while not t.data:
+        await asyncio.sleep(0.005)
+    t.take()
+    hb = {"clientID": "c1", "producerDataSet": [], "consumerDataSet": [{
+        "groupName": "G", "consumeType": "CONSUME_PASSIVELY", "messageModel": "CLUSTERING",
+        "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET", "subscriptionDataSet": [{
+            "topic": TOPIC, "subString": "region = 'eu'", "expressionType": "SQL92", "subVersion": 1,
+            "tagsSet": [], "codeSet": []}]}]}
+    conn.data_received(_wire(RemotingCommand.request(RequestCode.HEART_BEAT, {}, orjson.dumps(hb)), 2))
+    return conn, t
+
+
 async def _run(root: str, sends: int, pace_s: float, segments: _Segments | None) -> dict[str, float]:
     broker = BrokerController(BrokerConfig.load(None, listen="127.0.0.1:0", store=root + "/store"))
     await broker.start()
     try:
-        conn, t = broker.server._new_connection(), _Transport()
-        conn.connection_made(t)
-        conn.data_received(_wire(_send(0, "none"), 1))  # creates the topic
-        while not t.data:
-            await asyncio.sleep(0.005)
-        t.take()
-        hb = {"clientID": "c1", "producerDataSet": [], "consumerDataSet": [{
-            "groupName": "G", "consumeType": "CONSUME_PASSIVELY", "messageModel": "CLUSTERING",
-            "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET", "subscriptionDataSet": [{
-                "topic": TOPIC, "subString": "region = 'eu'", "expressionType": "SQL92", "subVersion": 1,
-                "tagsSet": [], "codeSet": []}]}]}
-        conn.data_received(_wire(RemotingCommand.request(RequestCode.HEART_BEAT, {}, orjson.dumps(hb)), 2))
+        conn, t = await connected_group(broker)
         opaque = 10
         conn.data_received(_wire(_pull(1), opaque))
         pull_opaque = opaque
