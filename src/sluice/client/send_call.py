@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -47,11 +46,6 @@ __all__ = ["AnyFuture", "SendCall", "Sender", "settle"]
 log = logging.getLogger("sluice.client.producer")
 
 AnyFuture = asyncio.Future[Any] | concurrent.futures.Future[Any]
-
-# asyncio's own loops tell time.monotonic() (BaseEventLoop.time); read it directly there, one Python call fewer
-# per read on the per-send road. Any other loop (a test's, a custom one) is asked.
-_BASE_TIME = asyncio.BaseEventLoop.time
-_monotonic = time.monotonic
 
 
 class Sender(Protocol):
@@ -120,7 +114,6 @@ class SendCall:
         self.task: asyncio.Task[None] | None = None
         self.finished = False
 
-
     # ------------------------------------------------------------------------------ steps
 
     def start(self) -> None:
@@ -160,7 +153,7 @@ class SendCall:
         request = self._request(mq)
         # Everything the response's handling reads is set before the bytes leave: it may run at once.
         self.loop = loop
-        self.begin = begin = _monotonic() if type(loop).time is _BASE_TIME else loop.time()
+        self.begin = begin = loop.time()
         self.deadline = begin + self.timeout
         self.info = info
         self.left -= 1
@@ -298,9 +291,7 @@ class SendCall:
                 return
             mq = self.mq
             assert mq is not None
-            loop = self.loop
-            now = _monotonic() if type(loop).time is _BASE_TIME else loop.time()  # type: ignore[union-attr]
-            latency = (now - self.begin) * 1000
+            latency = (self.loop.time() - self.begin) * 1000  # type: ignore[union-attr]
             fault = self.producer.fault
             if exc is not None:
                 if not isinstance(exc, SluiceError):

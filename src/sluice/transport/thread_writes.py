@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-import time
 
 from sluice.protocol.command import FLAG_ONEWAY, FLAG_RESPONSE, RemotingCommand
 from sluice.protocol.frame import encode_frame_head
@@ -33,9 +32,6 @@ __all__ = ["ThreadWritableConnection"]
 
 # The transport whose buffer and socket this module reasons about (asyncio's plain selector transport).
 _PLAIN_TRANSPORT = "_SelectorSocketTransport"
-# asyncio's own loops tell time.monotonic() (BaseEventLoop.time): read directly there, per request.
-_BASE_TIME = asyncio.BaseEventLoop.time
-_monotonic = time.monotonic
 
 
 class ThreadWritableConnection(RemotingConnection):
@@ -109,7 +105,7 @@ class ThreadWritableConnection(RemotingConnection):
         body = cmd.body
         parts = [head, body] if body else [head]
         size = len(head) + len(body)
-        deadline = (_monotonic() if type(loop).time is _BASE_TIME else loop.time()) + timeout
+        deadline = loop.time() + timeout
         transport = self._transport
         with self._wlock:
             fd = self._fd
