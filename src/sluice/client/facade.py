@@ -172,16 +172,14 @@ class Producer(_Facade):
         the outcome. Retries as :meth:`send` does. An unordered send whose route and connection are at hand
         is written from this thread; sends made while the loop thread is busy reach it together, in one
         wake-up, and each is still its own request with its own result."""
-        loop = self._loop
-        if loop is None:
-            loop = self._started_loop()  # raises
+        loop = self._started_loop()
         fut: Future[SendResult] = Future()
         if callback is not None:
             def done(f: Future[SendResult]) -> None:
                 exc = f.exception() if not f.cancelled() else ClientError("send cancelled")
                 callback(None if exc else f.result(), exc)
             fut.add_done_callback(done)
-        t = self._impl.options.send_timeout if timeout is None else timeout  # _timeout(), inline: per send
+        t = self._timeout(timeout)
         if self._sent_from_here(loop, msg, fut, t, selector, queue):
             return fut
         return loop.submit_call(partial(self._impl.send_soon, msg, fut, timeout=t, selector=selector, arg=arg,

@@ -101,14 +101,8 @@ class AsyncProducer(AsyncClient):
     def publish_info_now(self, topic: str) -> TopicPublishInfo | None:
         """The topic's publish info when its route is cached (what :meth:`publish_info` returns without
         waiting), else None."""
-        inst = self.instance
-        route = inst.routes.get(topic)
-        if route is None:
-            return None
-        cached = self._publish.get(topic)  # _publish_info_of's cache hit, inline: this runs per send
-        if cached is not None and cached[0] == inst.route_versions.get(topic, 0):
-            return cached[1]
-        return self._publish_info_of(topic, route)
+        route = self.instance.routes.get(topic)
+        return None if route is None else self._publish_info_of(topic, route)
 
     async def publish_info(self, topic: str) -> TopicPublishInfo:
         info = self.publish_info_now(topic)

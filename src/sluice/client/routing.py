@@ -89,7 +89,7 @@ class TopicPublishInfo:
                 mq = self.queues[(index + i) % n]
                 if mq.broker_name != last_broker_name:
                     return mq
-        return self.queues[next(self._index) % n]  # next_index(), one call fewer per send
+        return self.queues[self.next_index() % n]
 
     def write_queue_nums(self, broker_name: str) -> int:
         """TopicPublishInfo.getQueueIdByBroker: the broker's write queue count, -1 if it has none."""
