@@ -108,8 +108,8 @@ class PullProcessor:
         self.compiler = compiler or SelectorCompiler(
             max_per_client_per_minute=config.max_selector_compiles_per_client_per_minute)
         self.pulled_messages = 0
-        #: Filtered pulls held at the queue's end after a read that matched nothing (instead of answering
-        #: PULL_RETRY_IMMEDIATELY), so far.
+        #: Filtered pulls sent to be held at the queue's end after a read that matched nothing, instead of
+        #: answered PULL_RETRY_IMMEDIATELY, so far (over the held-pull limits one is still answered at once).
         self.held_after_no_match = 0
         #: Tasks of woken held pulls waiting for dispatch to catch up before their answer.
         self._late: set[asyncio.Task[None]] = set()
