@@ -282,22 +282,24 @@ class PullProcessor:
             return self._wait_and_answer(conn, request, h, max_msgs, mf, max_bytes, None)
         res = self._get_now(h, max_msgs, mf, max_bytes)
         code = pull_response_code(res.status, h.queue_offset)
-        if h.sys_flag & FLAG_SUSPEND:
-            if code == _R.PULL_NOT_FOUND:
-                return self._hold_then_answer(conn, request, h, max_msgs, mf, max_bytes, res, code)
-            past = self._past_unmatched_end(h, res)
-            if past is not None:
-                return self._hold_then_answer(conn, request, past, max_msgs, mf, max_bytes, res, code)
+        at = self._hold_at(h, res, code)
+        if at is not None:
+            return self._hold_then_answer(conn, request, at, max_msgs, mf, max_bytes, res, code)
         return self._answer(request, h, res, code)
 
-    def _past_unmatched_end(self, h: PullMessageRequestHeader, res: GetMessageResult
-                            ) -> PullMessageRequestHeader | None:
-        """The pull as if made from the queue's end when its read got there with nothing matched, to be held
-        (counted in ``held_after_no_match``); else None. RocketMQ answers such a read PULL_RETRY_IMMEDIATELY,
-        and the client's next pull, from the end, is then held: a round trip for every run of unmatched
-        arrivals between two matches (most of a selective group's pulls). Held from the end instead, as that
-        next pull would be: an arrival that matches is answered as it comes, a timeout with PULL_NOT_FOUND and
-        nextBeginOffset past the units read."""
+    def _hold_at(self, h: PullMessageRequestHeader, res: GetMessageResult, code: int
+                 ) -> PullMessageRequestHeader | None:
+        """The pull to hold, both roads' one decision: with the SUSPEND flag, a PULL_NOT_FOUND as it is, and
+        a read that got to the queue's end with nothing matched as if made from that end (counted in
+        ``held_after_no_match``); else None, answered at once. RocketMQ answers such a read
+        PULL_RETRY_IMMEDIATELY, and the client's next pull, from the end, is then held: a round trip for every
+        run of unmatched arrivals between two matches (most of a selective group's pulls). Held from the end
+        instead, as that next pull would be: an arrival that matches is answered as it comes, a timeout with
+        PULL_NOT_FOUND and nextBeginOffset past the units read."""
+        if not h.sys_flag & FLAG_SUSPEND:
+            return None
+        if code == _R.PULL_NOT_FOUND:
+            return h
         if res.status is not _S.NO_MATCHED_MESSAGE or res.next_begin_offset < res.max_offset:
             return None
         self.held_after_no_match += 1
@@ -397,9 +399,7 @@ class PullProcessor:
         if res is None:
             res = await self._get(h, max_msgs, mf, max_bytes)
         code = pull_response_code(res.status, h.queue_offset)
-        at = None
-        if h.sys_flag & FLAG_SUSPEND:
-            at = h if code == _R.PULL_NOT_FOUND else self._past_unmatched_end(h, res)
+        at = self._hold_at(h, res, code)
         if at is not None:
             config = self.config
             timeout_ms = h.suspend_timeout_millis if config.long_polling_enable else config.short_polling_ms

@@ -238,7 +238,7 @@ def _c_spec(cls: type, keys: Mapping[str, str] | None, read: Any) -> tuple[Any, 
     fields = []
     for f, off in zip(plan, offsets):
         kind = _C_KINDS.get(f.tp)
-        if kind is None or f.enum is not None or f.factory is not None or (kind == 0 and f.tp is not str):
+        if kind is None or f.enum is not None or f.factory is not None:
             return None
         missing = 0 if f.required and not f.optional else 1 if f.required else 2
         fields.append((f.wire if keys is None else keys.get(f.name, f.wire), kind, missing,

@@ -116,10 +116,11 @@ class MessageFilter(Protocol):
         ``tag_codes`` are the units' tag codes (int64; ConsumeQueueExt addresses already resolved to
         their unit's tag code); ``ext_batch`` is the row-aligned ConsumeQueueExt rows (bitmaps, store
         times; for a few units a FewExtBatch, the same rows kept as lists), None when no unit of the window
-        has one; ``unresolved`` marks units whose ext address could not be read (tag code 0 there), None when there are none: RocketMQ lets those through
-        to the record. Returns ``(may_match, evaluate)``: a boolean mask of units that may match
-        (None: all may), and a boolean mask of units whose record must go to :meth:`match_record_at`
-        (None: none; the others that may match are served without looking at their record).
+        has one; ``unresolved`` marks units whose ext address could not be read (tag code 0 there), None
+        when there are none: RocketMQ lets those through to the record. Returns ``(may_match, evaluate)``:
+        a boolean mask of units that may match (None: all may), and a boolean mask of units whose record
+        must go to :meth:`match_record_at` (None: none; the others that may match are served without
+        looking at their record).
         """
         ...
 
