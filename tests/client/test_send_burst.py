@@ -82,3 +82,28 @@ def test_unordered_sends_leave_from_the_callers_thread_and_ordered_ones_through_
     with PullConsumer("CG_direct", cluster.ns) as c:
         got = {m.msg_id: m.body for m in pull_all(c, topic, expect=64)}
     assert {r.msg_id for r in results} <= set(got)
+
+
+def test_batches_leave_from_the_callers_thread_and_a_bad_one_fails_as_before(cluster: Cluster, topic: str) -> None:
+    with Producer("PG_batch_direct", cluster.ns) as p:
+        p.send(Message(topic, b"warm-up"))  # route cached and connection open
+        loop_thread = p._loop
+        assert loop_thread is not None
+        conn = p.async_producer.instance.remoting._conns[cluster.broker.addr]
+        before, wakeups = conn.thread_writes, loop_thread.wakeups
+        batches = [[Message(topic, f"b{k}-{i}".encode(), tags="T") for i in range(8)] for k in range(20)]
+        results = [p.send_batch(b) for b in batches]
+        assert all(r.status is SendStatus.SEND_OK for r in results)
+        assert conn.thread_writes - before >= 10 and loop_thread.wakeups - wakeups < 10
+        with pytest.raises(MessageIllegalError, match="empty"):  # refused before the wire, on either road
+            p.send_batch([Message(topic, b"ok"), Message(topic, b"")])
+        queue = results[0].queue
+        pinned_before = conn.thread_writes
+        assert p.send_batch([Message(topic, b"pinned")], queue=queue).queue == queue  # pinned: through the loop
+        assert conn.thread_writes == pinned_before
+    ids = [i for r in results for i in r.msg_id.split(",")]
+    assert len(set(ids)) == 160
+    with PullConsumer("CG_batch_direct", cluster.ns) as c:
+        got = {m.msg_id: m.body for m in pull_all(c, topic, expect=162)}
+    assert {i: b for i, b in got.items() if i in set(ids)} == {
+        i: m.body for r, b in zip(results, batches) for i, m in zip(r.msg_id.split(","), b)}

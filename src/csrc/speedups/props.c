@@ -451,7 +451,84 @@ done:
     return out;
 }
 
+PyDoc_STRVAR(props_rows_doc,
+"props_rows(props, names, verdicts, judge, rows) -> list\n\n"
+"Dispatch's bitmaps (broker/bitmap.py): for each encoded properties text of the list ``props`` (str), the\n"
+"values of ``names`` (as scan_records reads them) looked up in ``verdicts`` (a verdict_cache; on a miss\n"
+"``judge(values)`` gives an index into the list ``rows``, kept there), and the item of ``rows`` it names.");
+
+static PyObject *props_rows(PyObject *self, PyObject *args)
+{
+    PyObject *props, *names, *verdicts, *judge, *rows;
+    if (!PyArg_ParseTuple(args, "O!O!OOO!:props_rows", &PyList_Type, &props, &PyTuple_Type, &names, &verdicts,
+                          &judge, &PyList_Type, &rows))
+        return NULL;
+    if (PyTuple_GET_SIZE(names) > MAX_KEYS) {
+        PyErr_Format(PyExc_ValueError, "props_rows: at most %d names", MAX_KEYS);
+        return NULL;
+    }
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(names); k++) {
+        if (!PyBytes_Check(PyTuple_GET_ITEM(names, k))) {
+            PyErr_SetString(PyExc_TypeError, "props_rows: names must be bytes");
+            return NULL;
+        }
+    }
+    Verdicts *cache = PyCapsule_GetPointer(verdicts, VERDICTS);
+    if (cache == NULL)
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(props);
+    PyObject *out = PyList_New(n);
+    if (out == NULL)
+        return NULL;
+    Buf key = {0};
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *s = PyList_GET_ITEM(props, i);
+        if (!PyUnicode_Check(s)) {
+            PyErr_SetString(PyExc_TypeError, "props_rows: props must be str");
+            goto fail;
+        }
+        Py_ssize_t plen;
+        const char *p = PyUnicode_AsUTF8AndSize(s, &plen);
+        if (p == NULL || values_key(&key, (const unsigned char *)p, plen, names) < 0)
+            goto fail;
+        uint64_t h = key_hash(key.data, key.len);
+        Py_ssize_t slot = cache->cap ? verdicts_slot(cache, key.data, key.len, h) : -1;
+        long code;
+        if (slot >= 0 && cache->hash[slot] != 0) {
+            code = cache->verdict[slot];
+        } else {
+            PyObject *vals = key_values(key.data, key.len, PyTuple_GET_SIZE(names));
+            PyObject *got = vals ? PyObject_CallOneArg(judge, vals) : NULL;
+            Py_XDECREF(vals);
+            if (got == NULL)
+                goto fail;
+            code = PyLong_AsLong(got);
+            Py_DECREF(got);
+            if (code == -1 && PyErr_Occurred())
+                goto fail;
+            if (code < 0 || code >= PyList_GET_SIZE(rows) || code > INT32_MAX) { /* never cached */
+                PyErr_Format(PyExc_IndexError, "props_rows: judge gave %ld, not an index of rows", code);
+                goto fail;
+            }
+            if (verdicts_add(cache, key.data, key.len, h, (int32_t)code) < 0)
+                goto fail;
+        }
+        if (code >= PyList_GET_SIZE(rows)) { /* a cached index, rows since cut short */
+            PyErr_SetString(PyExc_IndexError, "props_rows: a cached verdict is not an index of rows");
+            goto fail;
+        }
+        PyList_SET_ITEM(out, i, Py_NewRef(PyList_GET_ITEM(rows, code)));
+    }
+    PyMem_Free(key.data);
+    return out;
+fail:
+    PyMem_Free(key.data);
+    Py_DECREF(out);
+    return NULL;
+}
+
 PyMethodDef sluice_props_methods[] = {
+    {"props_rows", (PyCFunction)props_rows, METH_VARARGS, props_rows_doc},
     {"scan_records", (PyCFunction)scan_records, METH_VARARGS, scan_records_doc},
     {"verdict_cache", (PyCFunction)verdict_cache, METH_O, verdict_cache_doc},
     {"verdict_cache_len", (PyCFunction)verdict_cache_len, METH_O, verdict_cache_len_doc},

@@ -192,6 +192,15 @@ class Producer(_Facade):
     def send_batch(self, msgs: Sequence[Message], *, timeout: float | None = None,
                    queue: MessageQueue | None = None) -> SendResult:
         t = self._timeout(timeout)
+        loop = self._started_loop()
+        if queue is None and loop.quiet():
+            fut: Future[SendResult] = Future()
+            try:
+                sent = self._impl.send_batch_from_thread(msgs, fut, loop.loop, timeout=t)
+            except Exception:  # whatever it was, the loop's attempt raises it where the send's errors go
+                sent = False
+            if sent:
+                return loop.wait(fut, t + _SLACK)
         return self._run(self._impl.send_batch(msgs, timeout=t, queue=queue), t)
 
     def fetch_publish_queues(self, topic: str) -> list[MessageQueue]:

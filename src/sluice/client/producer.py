@@ -171,6 +171,20 @@ class AsyncProducer(AsyncClient):
             pub = functools.partial(self._pub_trace, trace, msg, int(time.time() * 1000))
         return SendCall(self, prepared, msg, fut, timeout=timeout, on_result=pub).start_from_thread(loop)
 
+    def send_batch_from_thread(self, msgs: Sequence[Message], fut: concurrent.futures.Future[SendResult],
+                               loop: asyncio.AbstractEventLoop, *, timeout: float | None = None) -> bool:
+        """:meth:`send_batch`'s first attempt written from the calling thread, as :meth:`send_from_thread` does
+        for one message (the blocking Producer's ``send_batch``: no wake-up of the loop thread, no task). False,
+        with nothing sent, when tracing is on, the batch is invalid or the send needs the loop: then await
+        :meth:`send_batch` there, which raises the error."""
+        if self.trace is not None:
+            return False
+        try:
+            prepared = prepare_batch(list(msgs), max_size=self.options.max_message_size)
+        except Exception:
+            return False
+        return SendCall(self, prepared, None, fut, timeout=timeout).start_from_thread(loop)
+
     def _pub_trace(self, trace: TraceDispatcher, msg: Message, begin: int, result: SendResult) -> None:
         try:
             addr = self.instance.find_broker_addr(result.queue.broker_name) or ""

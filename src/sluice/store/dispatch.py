@@ -20,7 +20,8 @@ from sluice.format import BLANK, CORRUPT, PARTIAL, RecordWalk, is_queued, tag_co
 from sluice.protocol import properties as P
 from sluice.store.commitlog import CommitLog
 from sluice.store.consumequeue import ConsumeQueueTable
-from sluice.store.dispatch_columns import DispatchBatch, PutRun, index_requests, index_runs, unit_array, write_units
+from sluice.store.dispatch_columns import (DispatchBatch, PutRun, ext_tags, index_requests, index_runs, unit_array,
+                                          write_units)
 from sluice.store.ext_files import ExtTable
 from sluice.store.index import IndexService
 from sluice.store.types import Dispatcher, DispatchRequest
@@ -215,7 +216,7 @@ class DispatchService:
         if batch.materialised:  # dispatchers may have changed tag codes or set bitmaps: write those
             self._write_requests(batch.requests())
         else:
-            write_units(self.queues, batch.runs)
+            write_units(self.queues, batch.runs, self.ext)
         if self.index is not None:
             if index_later:
                 self._index_later += batch.runs
@@ -232,17 +233,8 @@ class DispatchService:
         cq = self.queues.get_or_create(topic, qid)
         tags = [r.tag_code for r in reqs]
         if self.ext is not None:
-            with_bits = [i for i, r in enumerate(reqs) if r.bitmap is not None]
-            if with_bits:
-                ext = self.ext.get_or_create(topic, qid)
-                try:
-                    addrs = ext.put_many([tags[i] for i in with_bits], [reqs[i].store_timestamp for i in with_bits],
-                                         [reqs[i].bitmap for i in with_bits])  # type: ignore[misc]
-                except SluiceError as e:
-                    log.warning("no ext units for %s/%d offsets %d..: %s", topic, qid, reqs[0].queue_offset, e)
-                else:
-                    for i, a in zip(with_bits, addrs):
-                        tags[i] = a
+            ext_tags(self.ext, topic, qid, tags, [r.store_timestamp for r in reqs], [r.bitmap for r in reqs],
+                     reqs[0].queue_offset)
         # column-wise (or packed, for a few): far cheaper than a list of tuples
         units = unit_array([r.commitlog_offset for r in reqs], [r.size for r in reqs], tags)
         first = reqs[0].queue_offset

@@ -15,13 +15,15 @@ the consume queues are written from, since a dispatcher may change their
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import chain
+from itertools import chain, repeat
 from struct import Struct
 
 import numpy as np
 
+from sluice.errors import SluiceError
 from sluice.format import FLAG_TRANSACTION_ROLLBACK as _TRAN_ROLLBACK
 from sluice.format import TRANSACTION_MASK as _TRAN_MASK
 from sluice.format import CQ_UNIT, is_queued, tag_code
@@ -31,8 +33,11 @@ from sluice.store.consumequeue import CQ_DTYPE, ConsumeQueueTable
 from sluice.store.index import IndexService
 from sluice.store.keyhash import key_hashes, prefix_hash
 from sluice.store.dispatch_request import DispatchRequest
+from sluice.store.ext_files import ExtTable
 
-__all__ = ["PutRun", "DispatchBatch", "write_units", "index_runs", "index_requests", "unit_array", "FEW_UNITS"]
+__all__ = ["PutRun", "DispatchBatch", "write_units", "ext_tags", "index_runs", "index_requests", "unit_array", "FEW_UNITS"]
+
+log = logging.getLogger(__name__)
 
 _I64 = Struct("=q")  # a native int64, as speedups.index_entries writes its columns
 
@@ -70,6 +75,9 @@ class PutRun:
     phys: list[int] = field(default_factory=list)
     qoffs: Sequence[int] = ()
     store_timestamp: int = 0
+    #: each record's filter bitmap (None: none), set by a dispatcher (broker/bitmap.py) and written to the
+    #: consume queue's ext units as DispatchRequest.bitmap is
+    bitmaps: list[bytes | None] | None = None
 
     @property
     def end(self) -> int:
@@ -105,17 +113,22 @@ class DispatchBatch:
             decode, split, tc = P.decode_properties, P.split_keys, tag_code
             for run in self.runs:
                 topic, qid, ts = run.topic, run.queue_id, run.store_timestamp
+                first = len(out)
                 for props_s, phys, qoff, size, sysflag in zip(run.props, run.phys, run.qoffs, run.sizes,
                                                                run.sysflags):
                     props = decode(props_s)
                     out.append(DispatchRequest(topic, qid, qoff, phys, size, tc(props.get(P.TAGS)), props, ts,
                                                split(props.get(P.KEYS)), props.get(P.UNIQ_KEY), sysflag))
+                if run.bitmaps is not None:  # a dispatcher set them on the columns before
+                    for r, bitmap in zip(out[first:], run.bitmaps):
+                        r.bitmap = bitmap
             self._requests = out
         return self._requests
 
 
-def write_units(queues: ConsumeQueueTable, runs: list[PutRun]) -> None:
-    """Consume-queue units straight from the runs' columns: one numpy array and one put per queue."""
+def write_units(queues: ConsumeQueueTable, runs: list[PutRun], ext: ExtTable | None = None) -> None:
+    """Consume-queue units straight from the runs' columns: one numpy array and one put per queue; records
+    with a bitmap (``PutRun.bitmaps``) also get an ext unit in ``ext``, as :func:`ext_tags` puts them."""
     groups: dict[tuple[str, int], list[PutRun]] = {}
     for run in runs:
         key = (run.topic, run.queue_id)
@@ -125,17 +138,24 @@ def write_units(queues: ConsumeQueueTable, runs: list[PutRun]) -> None:
         else:
             g.append(run)
     for (topic, qid), rs in groups.items():
+        with_bits = ext is not None and any(r.bitmaps is not None for r in rs)
         if all(r.all_queued for r in rs):
             phys = list(chain.from_iterable(r.phys for r in rs))
             sizes = list(chain.from_iterable(r.sizes for r in rs))
             tags = list(map(tag_code, chain.from_iterable(r.tags for r in rs)))
             qoffs = list(chain.from_iterable(r.qoffs for r in rs))
+            if with_bits:
+                bitmaps = list(chain.from_iterable(_bitmaps(r) for r in rs))
+                times = list(chain.from_iterable(repeat(r.store_timestamp, len(r)) for r in rs))
         else:
-            rows = [(p, s, tag_code(t), q) for r in rs
-                    for p, s, t, q, f in zip(r.phys, r.sizes, r.tags, r.qoffs, r.sysflags) if is_queued(f)]
+            rows = [(p, s, tag_code(t), q, b, r.store_timestamp) for r in rs
+                    for p, s, t, q, f, b in zip(r.phys, r.sizes, r.tags, r.qoffs, r.sysflags, _bitmaps(r))
+                    if is_queued(f)]
             if not rows:
                 continue
-            phys, sizes, tags, qoffs = (list(c) for c in zip(*rows))
+            phys, sizes, tags, qoffs, bitmaps, times = (list(c) for c in zip(*rows))
+        if with_bits:
+            ext_tags(ext, topic, qid, tags, times, bitmaps, qoffs[0])  # type: ignore[arg-type]
         units = unit_array(phys, sizes, tags)
         cq = queues.get_or_create(topic, qid)
         first = qoffs[0]
@@ -144,6 +164,33 @@ def write_units(queues: ConsumeQueueTable, runs: list[PutRun]) -> None:
         else:  # not contiguous (should not happen): put them one by one
             for i, q in enumerate(qoffs):
                 cq.put(q, units[i:i + 1])
+
+
+def _bitmaps(run: PutRun) -> Iterable[bytes | None]:
+    return repeat(None, len(run)) if run.bitmaps is None else run.bitmaps
+
+
+def ext_tags(ext: ExtTable, topic: str, qid: int, tags: list[int], times: list[int], bitmaps: list[bytes | None],
+             first_qoff: int) -> None:
+    """Put an ext unit (tag code, store time, bitmap) for each record with a bitmap, in order, and put the
+    unit's address in its tag slot of ``tags`` (RocketMQ's putMessagePositionInfoWrapper). If the ext write
+    fails the slots keep the plain tag codes and pulls evaluate those records directly."""
+    with_bits = [i for i, b in enumerate(bitmaps) if b is not None]
+    if not with_bits:
+        return
+    every = len(with_bits) == len(bitmaps)
+    try:
+        addrs = ext.get_or_create(topic, qid).put_many(
+            tags if every else [tags[i] for i in with_bits], times if every else [times[i] for i in with_bits],
+            bitmaps if every else [bitmaps[i] for i in with_bits])  # type: ignore[arg-type]
+    except SluiceError as e:
+        log.warning("no ext units for %s/%d offsets %d..: %s", topic, qid, first_qoff, e)
+        return
+    if every:
+        tags[:] = addrs
+    else:
+        for i, a in zip(with_bits, addrs):
+            tags[i] = a
 
 
 def _index_keys_of(uniq: str | None, keys: str | None, out: list[str]) -> int:
