@@ -15,13 +15,13 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 
-from sluice.errors import CorruptRecordError, DiskFullError, SluiceError
+from sluice.errors import CorruptRecordError, DiskFullError
 from sluice.format import BLANK, CORRUPT, PARTIAL, RecordWalk, is_queued, tag_code
 from sluice.protocol import properties as P
 from sluice.store.commitlog import CommitLog
 from sluice.store.consumequeue import ConsumeQueueTable
 from sluice.store.dispatch_columns import (DispatchBatch, PutRun, ext_tags, index_requests, index_runs, unit_array,
-                                          write_units)
+                                          write_one_unit, write_units)
 from sluice.store.ext_files import ExtTable
 from sluice.store.index import IndexService
 from sluice.store.types import Dispatcher, DispatchRequest
@@ -249,13 +249,8 @@ class DispatchService:
         a prepared or rolled-back transactional one), without its lists and numpy array."""
         if not is_queued(r.sysflag):
             return
-        tag = r.tag_code
-        if r.bitmap is not None and self.ext is not None:
-            try:
-                tag = self.ext.get_or_create(r.topic, r.queue_id).put(tag, r.store_timestamp, r.bitmap)
-            except SluiceError as e:
-                log.warning("no ext units for %s/%d offsets %d..: %s", r.topic, r.queue_id, r.queue_offset, e)
-        self.queues.get_or_create(r.topic, r.queue_id).put_unit(r.queue_offset, r.commitlog_offset, r.size, tag)
+        write_one_unit(self.queues, self.ext, r.topic, r.queue_id, r.queue_offset, r.commitlog_offset, r.size,
+                       r.tag_code, r.store_timestamp, r.bitmap)
 
     # ---- waiting -----------------------------------------------------------------------------------
     def wait_for(self, offset: int, timeout: float) -> bool:

@@ -35,7 +35,7 @@ from sluice.store.keyhash import key_hashes, prefix_hash
 from sluice.store.dispatch_request import DispatchRequest
 from sluice.store.ext_files import ExtTable
 
-__all__ = ["PutRun", "DispatchBatch", "write_units", "ext_tags", "index_runs", "index_requests", "unit_array", "FEW_UNITS"]
+__all__ = ["PutRun", "DispatchBatch", "write_units", "write_one_unit", "ext_tags", "index_runs", "index_requests", "unit_array", "FEW_UNITS"]
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +138,12 @@ def write_units(queues: ConsumeQueueTable, runs: list[PutRun], ext: ExtTable | N
         else:
             g.append(run)
     for (topic, qid), rs in groups.items():
+        if len(rs) == 1 and len(rs[0]) == 1:  # one record (a live stream at a low rate): no lists, no numpy
+            r = rs[0]
+            if r.all_queued or is_queued(r.sysflags[0]):
+                write_one_unit(queues, ext, topic, qid, r.qoffs[0], r.phys[0], r.sizes[0], tag_code(r.tags[0]),
+                               r.store_timestamp, None if r.bitmaps is None else r.bitmaps[0])
+            continue
         with_bits = ext is not None and any(r.bitmaps is not None for r in rs)
         if all(r.all_queued for r in rs):
             phys = list(chain.from_iterable(r.phys for r in rs))
@@ -164,6 +170,18 @@ def write_units(queues: ConsumeQueueTable, runs: list[PutRun], ext: ExtTable | N
         else:  # not contiguous (should not happen): put them one by one
             for i, q in enumerate(qoffs):
                 cq.put(q, units[i:i + 1])
+
+
+def write_one_unit(queues: ConsumeQueueTable, ext: ExtTable | None, topic: str, qid: int, qoff: int, phys: int,
+                   size: int, tag: int, store_timestamp: int, bitmap: bytes | None) -> None:
+    """One record's consume-queue unit, and its ext unit when it has a bitmap (as :func:`ext_tags` puts
+    them), without the lists and numpy array of a batch."""
+    if bitmap is not None and ext is not None:
+        try:
+            tag = ext.get_or_create(topic, qid).put(tag, store_timestamp, bitmap)
+        except SluiceError as e:
+            log.warning("no ext units for %s/%d offsets %d..: %s", topic, qid, qoff, e)
+    queues.get_or_create(topic, qid).put_unit(qoff, phys, size, tag)
 
 
 def _bitmaps(run: PutRun) -> Iterable[bytes | None]:
