@@ -49,12 +49,15 @@ def main() -> None:
                          "drains, on a warm broker and client")
     ap.add_argument("--inline", action="store_true",
                     help="the consumer's listener on its I/O thread (PushConsumer consume_inline)")
+    ap.add_argument("--auto-batch", action="store_true",
+                    help="the producer's sends made while one is in flight go together (ProducerOptions.auto_batch)")
     args = ap.parse_args()
     wl = Workload.quick() if args.quick else Workload()
     rates = tuple(int(r) for r in args.rates.split(",") if r.strip())
     wl = replace(wl, latency_rates=rates * args.repeat,
                  latency_seconds=args.seconds if args.seconds is not None else wl.latency_seconds)
-    out: dict = {"quick": args.quick, "inline": args.inline, "seconds_per_rate": wl.latency_seconds, "runs": []}
+    out: dict = {"quick": args.quick, "inline": args.inline, "auto_batch": args.auto_batch,
+                 "seconds_per_rate": wl.latency_seconds, "runs": []}
     with tempfile.TemporaryDirectory(prefix="sluice-latency-") as tmp:
         ns, broker = cluster(Path(tmp), "async")
         try:
@@ -69,7 +72,8 @@ def main() -> None:
                 marks.append(measured())
                 print(what, file=sys.stderr, flush=True)
 
-            results = latency(ns.addr, wl, step, warmup_seconds=args.warmup, inline=args.inline)
+            results = latency(ns.addr, wl, step, warmup_seconds=args.warmup, inline=args.inline,
+                              auto_batch=args.auto_batch)
             marks.append(measured())
             for i, res in enumerate(results):
                 (c0, b0), (c1, b1) = marks[i], marks[i + 1]

@@ -97,6 +97,9 @@ ROWS: tuple[Row, ...] = (
      _inline("1000")),
     ("latency_inline_10000", "latency p50 / p99 ms at 10,000 msgs/s, listener on the I/O thread",
      _inline("10000")),
+    *((f"latency_auto_batch_{rate}",
+       f"latency p50 / p99 ms at {int(rate):,} msgs/s, listener on the I/O thread, producer auto-batching",
+       _get("latency_auto_batch", rate)) for rate in ("1000", "10000")),
 )
 
 
@@ -217,7 +220,8 @@ def _errors(r: dict[str, Any], key: str = "error") -> list[tuple[str, dict[str, 
         for case, d in cases.items():
             if isinstance(d, dict) and key in d:
                 found.append((f"{name} drain ({case})", d))
-    for name, what in (("latency", ""), ("latency_inline", ", listener on the I/O thread")):
+    for name, what in (("latency", ""), ("latency_inline", ", listener on the I/O thread"),
+                       ("latency_auto_batch", ", listener on the I/O thread, producer auto-batching")):
         for rate, d in (r.get(name) or {}).items():
             if isinstance(d, dict) and key in d:
                 found.append((f"latency at {rate} msgs/s{what}", d))

@@ -4,7 +4,8 @@
   broker, ``--flush sync``;
 * drains: push consumers, one group per filter; the "before" groups subscribed (heartbeat, so the broker builds
   their bitmaps at dispatch) before the writes and were stopped, the "catch-up" groups subscribe afterwards;
-* latency: a push consumer on ``region = 'eu'`` while single messages are sent at a paced rate.
+* latency: a push consumer on ``region = 'eu'`` while single messages are sent at a paced rate (also with the
+  listener on the consumer's I/O thread, and then with the producer's ``auto_batch`` on as well).
 """
 from __future__ import annotations
 
@@ -189,12 +190,13 @@ def _drain(ns: str, group: str, f: Filter, expected: int, timeout: float) -> dic
 
 
 def latency(ns: str, wl: Workload, step: Step = lambda s: None, *, warmup_seconds: float = 0.0,
-            inline: bool = False) -> list[dict[str, Any]]:
+            inline: bool = False, auto_batch: bool = False) -> list[dict[str, Any]]:
     """One summary per entry of ``wl.latency_rates`` (in order, with its ``rate``): a push consumer on
     ``region = 'eu'`` and a producer ``send_async``-ing single messages paced at the rate, both in this process.
     With ``warmup_seconds`` the first rate runs that long first, unreported (benchmarks/latency.py: sluice bench
     measures latency after the drains, on a warm broker and client). ``inline``: the consumer's listener runs
-    on its I/O thread (``consume_inline``), as the peers' clients call their handlers."""
+    on its I/O thread (``consume_inline``), as the peers' clients call their handlers. ``auto_batch``: the
+    producer's sends made while one is in flight go together (ProducerOptions.auto_batch)."""
     results: list[dict[str, Any]] = []
     probe_box: list[LatencyProbe] = [LatencyProbe()]
 
@@ -228,11 +230,12 @@ def latency(ns: str, wl: Workload, step: Step = lambda s: None, *, warmup_second
              consume_inline=inline)
     try:
         wait_owned(c)
-        with Producer("bench-latency-producer", ns) as producer:
+        with Producer("bench-latency-producer", ns, auto_batch=auto_batch) as producer:
             if warmup_seconds > 0 and wl.latency_rates:
                 run(producer, wl.latency_rates[0], warmup_seconds)
             for rate in wl.latency_rates:
-                step(f"sluice: latency at {rate:,} msgs/s{' (consume_inline)' if inline else ''}")
+                step(f"sluice: latency at {rate:,} msgs/s{' (consume_inline)' if inline else ''}"
+                     f"{' (auto_batch)' if auto_batch else ''}")
                 results.append(run(producer, rate, wl.latency_seconds))
     finally:
         c.shutdown()
@@ -293,6 +296,8 @@ def run_sluice(wl: Workload, workdir: Path, step: Step = lambda s: None, *, sync
         out["broker_rss_bytes"] = rss_bytes(broker.pid)
         out["latency"] = {str(r.pop("rate")): r for r in latency(ns.addr, wl, step)}
         out["latency_inline"] = {str(r.pop("rate")): r for r in latency(ns.addr, wl, step, inline=True)}
+        out["latency_auto_batch"] = {str(r.pop("rate")): r
+                                     for r in latency(ns.addr, wl, step, inline=True, auto_batch=True)}
     finally:
         broker.stop()
         ns.stop()

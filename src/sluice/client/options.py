@@ -45,6 +45,13 @@ class ProducerOptions:
     enable_trace: bool = False
     #: customizedTraceTopic: where traces go.
     trace_topic: str = TRACE_TOPIC
+    #: autoBatch (RocketMQ 5): sends of a topic made while another of its sends is in flight wait and go
+    #: together as one batch, each with its own result (client/accumulate.py). Off by default, as there.
+    auto_batch: bool = False
+    #: batchMaxDelayMs: the longest a send waits for the topic's send in flight before it goes anyway.
+    batch_max_delay_ms: int = 10
+    #: batchMaxBytes: waiting bodies of a topic go at once when they reach this many bytes.
+    batch_max_bytes: int = 32 * 1024
 
     def __post_init__(self) -> None:
         check_trace_topic(self.trace_topic)
@@ -58,6 +65,10 @@ class ProducerOptions:
             raise InvalidParameterError(f"max_message_size must be positive, got {self.max_message_size}")
         if self.default_topic_queue_nums <= 0:
             raise InvalidParameterError("default_topic_queue_nums must be positive")
+        if self.batch_max_delay_ms < 0:
+            raise InvalidParameterError(f"batch_max_delay_ms must be >= 0, got {self.batch_max_delay_ms}")
+        if self.batch_max_bytes <= 0:
+            raise InvalidParameterError(f"batch_max_bytes must be positive, got {self.batch_max_bytes}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

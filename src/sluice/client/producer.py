@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from sluice.client.accumulate import Accumulator
 from sluice.client.encoding import PreparedSend, prepare_batch, prepare_message
 from sluice.client.fault import MQFaultStrategy
 from sluice.client.lifecycle import AsyncClient
@@ -75,6 +76,8 @@ class AsyncProducer(AsyncClient):
         self._publish: dict[str, tuple[int, TopicPublishInfo]] = {}
         #: The trace dispatcher while started with enable_trace (None: tracing costs one test per send).
         self.trace: TraceDispatcher | None = None
+        #: auto_batch's waiting sends (client/accumulate.py); None when off.
+        self.accumulator = Accumulator(self) if self.options.auto_batch else None
 
     # ------------------------------------------------------------------------------ lifecycle
 
@@ -91,6 +94,8 @@ class AsyncProducer(AsyncClient):
     async def shutdown(self) -> None:
         inst = self._instance
         if inst is not None:
+            if self.accumulator is not None:  # what waits goes now; its sends get send_timeout to finish
+                await self.accumulator.close(self.options.send_timeout)
             trace, self.trace = self.trace, None
             if trace is not None:
                 await trace.shutdown()
@@ -142,7 +147,17 @@ class AsyncProducer(AsyncClient):
         """:meth:`send` without a coroutine, on this producer's loop: the SendResult or the error goes to ``fut``
         (an asyncio or a concurrent.futures Future; the blocking Producer passes the latter), set on the loop.
         The request is written before this returns when the topic's route and the broker's connection are
-        at hand."""
+        at hand. With ``auto_batch`` a message it may batch waits while a send of its topic is in flight
+        (client/accumulate.py)."""
+        acc = self.accumulator
+        if acc is not None and acc.takes(msg, selector, queue):
+            acc.add(msg, fut, timeout)
+            return
+        self.send_now(msg, fut, timeout=timeout, selector=selector, arg=arg, queue=queue)
+
+    def send_now(self, msg: Message, fut: AnyFuture, *, timeout: float | None = None,
+                 selector: QueueSelector | None = None, arg: Any = None, queue: MessageQueue | None = None) -> None:
+        """:meth:`send_soon` without waiting for a batch."""
         try:
             prepared = self._prepare(msg)
         except Exception as exc:
@@ -160,7 +175,10 @@ class AsyncProducer(AsyncClient):
         """:meth:`send_soon`'s first attempt written from the calling thread, which is not ``loop``'s (the
         blocking Producer's ``send`` and ``send_async``): True once written, ``fut`` then settled on the loop as
         send_soon's is. False, with nothing sent, when the send needs the loop (SendCall.start_from_thread) or
-        the message is invalid: then call send_soon on the loop, which raises the error."""
+        the message is invalid or sends may be batched (``auto_batch``): then call send_soon on the loop, which
+        raises the error."""
+        if self.accumulator is not None:
+            return False
         try:
             prepared = self._prepare(msg)
         except Exception:
