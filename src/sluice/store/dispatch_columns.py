@@ -11,7 +11,9 @@ Per-message :class:`DispatchRequest` objects (with decoded properties) are built
 only when a registered dispatcher asks for them (``batch.requests()`` in its
 ``dispatch_batch``, as types.RequestDispatcher does). Once built, they are what
 the consume queues are written from, since a dispatcher may change their
-``tag_code`` or set a ``bitmap``.
+``tag_code`` or set a ``bitmap``. A dispatcher that only sets bitmaps may set
+them on the runs instead (``PutRun.bitmaps``, as broker/bitmap.py does): the
+units, and the records' ext units, are then still written from the columns.
 """
 from __future__ import annotations
 
@@ -35,7 +37,8 @@ from sluice.store.keyhash import key_hashes, prefix_hash
 from sluice.store.dispatch_request import DispatchRequest
 from sluice.store.ext_files import ExtTable
 
-__all__ = ["PutRun", "DispatchBatch", "write_units", "write_one_unit", "ext_tags", "index_runs", "index_requests", "unit_array", "FEW_UNITS"]
+__all__ = ["PutRun", "DispatchBatch", "write_units", "write_one_unit", "ext_tags", "index_runs", "index_requests",
+           "unit_array", "FEW_UNITS"]
 
 log = logging.getLogger(__name__)
 
