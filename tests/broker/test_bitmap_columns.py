@@ -111,5 +111,8 @@ def test_props_rows_refuses_what_it_cannot_use() -> None:
         C.props_rows([b"a\x011"], (b"a",), verdict_cache(), lambda v: 0, [b"x"])
     with pytest.raises(TypeError):
         C.props_rows(props, ("a",), verdict_cache(), lambda v: 0, [b"x"])
+    shrinking = [P.encode_properties({"a": str(i)}) for i in range(3)]
+    with pytest.raises(RuntimeError, match="changed size"):  # a judge that cuts the list short
+        C.props_rows(shrinking, (b"a",), verdict_cache(), lambda v: shrinking.clear() or 0, [b"x"])
     with pytest.raises(ZeroDivisionError):  # judge's own error reaches the caller
         C.props_rows(props, (b"b",), verdict_cache(), lambda v: 1 // 0, [b"x"])

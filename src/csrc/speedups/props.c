@@ -482,6 +482,10 @@ static PyObject *props_rows(PyObject *self, PyObject *args)
         return NULL;
     Buf key = {0};
     for (Py_ssize_t i = 0; i < n; i++) {
+        if (i >= PyList_GET_SIZE(props)) { /* judge cut the list short */
+            PyErr_SetString(PyExc_RuntimeError, "props_rows: props changed size during the call");
+            goto fail;
+        }
         PyObject *s = PyList_GET_ITEM(props, i);
         if (!PyUnicode_Check(s)) {
             PyErr_SetString(PyExc_TypeError, "props_rows: props must be str");
