@@ -89,3 +89,42 @@ def test_auto_batch_options_are_checked() -> None:
         ProducerOptions(batch_max_bytes=0)
     with pytest.raises(InvalidParameterError, match="batch_max_delay_ms"):
         ProducerOptions(batch_max_delay_ms=-1)
+
+
+def test_a_send_with_nothing_in_flight_leaves_from_the_callers_thread(cluster: Cluster, topic: str) -> None:
+    with Producer("PG_auto_direct", cluster.ns, auto_batch=True) as p:
+        p.send(Message(topic, b"warm-up"))  # route cached and connection open
+        conn = p.async_producer.instance.remoting._conns[cluster.broker.addr]
+        loop_thread = p._loop
+        assert loop_thread is not None
+        before, wakeups = conn.thread_writes, loop_thread.wakeups
+        results = {f"one-{i}".encode(): p.send(Message(topic, f"one-{i}".encode())) for i in range(20)}
+        # One at a time, nothing is ever in flight: each leaves from here, none waits for a batch.
+        assert conn.thread_writes - before >= 10 and loop_thread.wakeups - wakeups < 10
+        acc = p.async_producer.accumulator
+        assert acc is not None and acc.batches == 0
+        big = p.send(Message(topic, b"y" * 5000))  # not batched, still written from here
+    assert all(r.status is SendStatus.SEND_OK for r in [*results.values(), big])
+    _check_against_store(cluster, topic, {**results, b"y" * 5000: big}, expect=22)
+
+
+def test_async_sends_from_several_threads_each_get_their_own_result(cluster: Cluster, topic: str) -> None:
+    """Caller-thread claims and the loop's waiting sends interleave: nothing is lost, duplicated or misnamed."""
+    futs: dict[bytes, object] = {}
+    lock = threading.Lock()
+    with Producer("PG_auto_mt", cluster.ns, auto_batch=True, batch_max_bytes=2048) as p:
+        def work(k: int) -> None:
+            for i in range(150):
+                body = f"mt{k}-{i}".encode()
+                f = p.send_async(Message(topic, body))
+                with lock:
+                    futs[body] = f
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        results = {body: f.result(30) for body, f in futs.items()}  # type: ignore[attr-defined]
+    assert len(results) == 600 and all(r.status is SendStatus.SEND_OK for r in results.values())
+    assert len({r.msg_id for r in results.values()}) == 600
+    _check_against_store(cluster, topic, results, expect=600)

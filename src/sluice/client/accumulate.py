@@ -12,12 +12,16 @@ Each message keeps its own future and its own SendResult: its own ``msg_id`` and
 the batch went to and its own queue offset in it. A batch goes to one queue, with the attempts and retries
 of any send; if it fails, each of its messages fails with that error. A message that cannot be sent fails
 alone, before it waits (its own validation); a batch the encoder refuses as a whole (too large once
-encoded) is sent message by message instead. Everything runs on the producer's event loop.
+encoded) is sent message by message instead. Everything runs on the producer's event loop, except that the
+blocking Producer's send of a topic with nothing in flight or waiting is written from the calling thread
+(:meth:`Accumulator.add_from_thread`), as it would be without auto-batching: the topic's entry is claimed
+under a lock, and only created or removed under it.
 """
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
 from typing import TYPE_CHECKING, Any
 
 from sluice.client.encoding import prepare_batch
@@ -104,6 +108,9 @@ class Accumulator:
         self.compress_over = o.compress_over
         self.max_size = o.max_message_size
         self._topics: dict[str, _Topic] = {}
+        #: held to add or remove an entry of ``_topics`` (the caller-thread road claims one); the loop's
+        #: other steps change only entries that exist
+        self._lock = threading.Lock()
         self._idle: asyncio.Event | None = None
         #: batches sent (more than one message) and the messages in them
         self.batches = 0
@@ -127,7 +134,8 @@ class Accumulator:
         item = (msg, fut, loop.time() + (self.producer.options.send_timeout if timeout is None else timeout))
         t = self._topics.get(msg.topic)
         if t is None:
-            t = self._topics[msg.topic] = _Topic()
+            with self._lock:
+                t = self._topics.setdefault(msg.topic, _Topic())
         if t.in_flight == 0 and not t.items:
             self._send(msg.topic, t, [item])
             return
@@ -138,6 +146,30 @@ class Accumulator:
         elif t.timer is None:
             t.timer = loop.call_later(self.delay_s, self._flush, msg.topic)
 
+    def add_from_thread(self, msg: Message, fut: AnyFuture, timeout: float | None,
+                        loop: asyncio.AbstractEventLoop) -> bool:
+        """From the blocking Producer's calling thread (not ``loop``'s): when no send of the topic is in flight
+        or waiting, write ``msg`` from this thread (AsyncProducer.send_from_thread's road) and return True;
+        its outcome then comes on the loop. False, with nothing sent, otherwise: call :meth:`add` on the
+        loop (``takes(msg)`` must be true)."""
+        topic = msg.topic
+        if topic in self._topics:  # a send in flight or waiting: the loop decides (checked again below)
+            return False
+        t = _Topic()
+        t.in_flight = 1
+        with self._lock:
+            if self._topics.setdefault(topic, t) is not t:
+                return False
+        sent = False
+        try:
+            timeout = self.producer.options.send_timeout if timeout is None else timeout
+            sink = _Sink(self, topic, [(msg, fut, loop.time() + timeout)])
+            sent = self.producer.send_from_thread_as(msg, sink, loop, timeout)
+        finally:
+            if not sent:  # give the claim back on the loop, where whatever joined meanwhile then goes
+                loop.call_soon_threadsafe(self.sent, topic)
+        return sent
+
     def sent(self, topic: str) -> None:
         """A send of ``topic`` is over: what waited for it goes now."""
         t = self._topics[topic]
@@ -145,8 +177,10 @@ class Accumulator:
         if t.items:
             if t.in_flight == 0:
                 self._flush(topic)
-        elif t.in_flight == 0:
-            del self._topics[topic]
+            return
+        if t.in_flight == 0:
+            with self._lock:
+                del self._topics[topic]
             if not self._topics and self._idle is not None:
                 self._idle.set()
 

@@ -175,10 +175,17 @@ class AsyncProducer(AsyncClient):
         """:meth:`send_soon`'s first attempt written from the calling thread, which is not ``loop``'s (the
         blocking Producer's ``send`` and ``send_async``): True once written, ``fut`` then settled on the loop as
         send_soon's is. False, with nothing sent, when the send needs the loop (SendCall.start_from_thread) or
-        the message is invalid or sends may be batched (``auto_batch``): then call send_soon on the loop, which
-        raises the error."""
-        if self.accumulator is not None:
-            return False
+        the message is invalid, or with ``auto_batch`` when a message it batches has a send of its topic in
+        flight or waiting: then call send_soon on the loop, which raises the error."""
+        acc = self.accumulator
+        if acc is not None and acc.takes(msg, None, None):
+            return acc.add_from_thread(msg, fut, timeout, loop)
+        return self.send_from_thread_as(msg, fut, loop, timeout)
+
+    def send_from_thread_as(self, msg: Message, fut: Any, loop: asyncio.AbstractEventLoop,
+                            timeout: float | None) -> bool:
+        """:meth:`send_from_thread` without auto-batching: ``fut`` (a concurrent.futures Future, or what an
+        accumulated send settles) gets the outcome on the loop."""
         try:
             prepared = self._prepare(msg)
         except Exception:
