@@ -22,17 +22,26 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from sluice.client.encoding import prepare_batch
 from sluice.client.results import MessageQueue, SendResult
-from sluice.client.send_call import AnyFuture, SendCall, settle
+from sluice.client.send_call import AnyFuture, Sender, SendCall, settle
+from sluice.client.trace import TraceDispatcher
 from sluice.message import Message
 
-if TYPE_CHECKING:
-    from sluice.client.producer import AsyncProducer
-
 __all__ = ["Accumulator"]
+
+
+class BatchingProducer(Sender, Protocol):
+    """What the accumulator uses of its producer (AsyncProducer)."""
+
+    trace: TraceDispatcher | None
+
+    def send_now(self, msg: Message, fut: Any, *, timeout: float | None = None) -> None: ...
+
+    def send_from_thread_as(self, msg: Message, fut: Any, loop: asyncio.AbstractEventLoop,
+                            timeout: float | None) -> bool: ...
 
 #: (message, its future, its deadline on the loop's clock)
 _Item = tuple[Message, AnyFuture, float]
@@ -100,7 +109,7 @@ class _Sink:
 class Accumulator:
     """A producer's waiting sends, by topic (see the module's docstring); used on the producer's loop."""
 
-    def __init__(self, producer: AsyncProducer) -> None:
+    def __init__(self, producer: BatchingProducer) -> None:
         o = producer.options
         self.producer = producer
         self.delay_s = o.batch_max_delay_ms / 1000
