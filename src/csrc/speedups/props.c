@@ -230,6 +230,39 @@ static int verdicts_add(Verdicts *v, const unsigned char *key, Py_ssize_t n, uin
     return 0;
 }
 
+/* The verdict on the values ``key`` holds (of ``nk`` names): the cached one, or ``judge(values)``, kept once
+ * it lies in lo..hi (with ``rows``, hi is the last index of that list as judge left it; out of range: an
+ * ``exc`` naming ``fn``, nothing kept). 0 with ``*code`` set, or -1 with an exception. */
+static int verdict_of(Verdicts *cache, const Buf *key, Py_ssize_t nk, PyObject *judge, long lo, long hi,
+                      PyObject *rows, PyObject *exc, const char *fn, long *code)
+{
+    uint64_t h = key_hash(key->data, key->len);
+    Py_ssize_t slot = cache->cap ? verdicts_slot(cache, key->data, key->len, h) : -1;
+    if (slot >= 0 && cache->hash[slot] != 0) {
+        *code = cache->verdict[slot];
+        return 0;
+    }
+    PyObject *vals = key_values(key->data, key->len, nk);
+    PyObject *got = vals ? PyObject_CallOneArg(judge, vals) : NULL;
+    Py_XDECREF(vals);
+    if (got == NULL)
+        return -1;
+    long c = PyLong_AsLong(got);
+    Py_DECREF(got);
+    if (c == -1 && PyErr_Occurred())
+        return -1;
+    if (rows != NULL && PyList_GET_SIZE(rows) - 1 < hi)
+        hi = (long)(PyList_GET_SIZE(rows) - 1);
+    if (c < lo || c > hi) {
+        PyErr_Format(exc, "%s: judge gave %ld, outside %ld..%ld", fn, c, lo, hi);
+        return -1;
+    }
+    if (verdicts_add(cache, key->data, key->len, h, (int32_t)c) < 0)
+        return -1;
+    *code = c;
+    return 0;
+}
+
 PyDoc_STRVAR(verdict_cache_doc,
 "verdict_cache(max: int) -> capsule\n\n"
 "An empty cache of scan_records' verdicts by the values of a record's selected properties, holding at most\n"
@@ -375,28 +408,10 @@ static PyObject *scan_records(PyObject *self, PyObject *args)
             }
             if (values_key(&key, r + tail.ppos + 2, tail.plen, names) < 0)
                 goto done;
-            uint64_t h = key_hash(key.data, key.len);
-            Py_ssize_t slot = cache->cap ? verdicts_slot(cache, key.data, key.len, h) : -1;
             long code;
-            if (slot >= 0 && cache->hash[slot] != 0) {
-                code = cache->verdict[slot];
-            } else {
-                PyObject *vals = key_values(key.data, key.len, PyTuple_GET_SIZE(names));
-                PyObject *got = vals ? PyObject_CallOneArg(judge, vals) : NULL;
-                Py_XDECREF(vals);
-                if (got == NULL)
-                    goto done;
-                code = PyLong_AsLong(got);
-                Py_DECREF(got);
-                if (code == -1 && PyErr_Occurred())
-                    goto done;
-                if (code < INT32_MIN || code > INT32_MAX) {
-                    PyErr_SetString(PyExc_OverflowError, "scan_records: a verdict must fit an int32");
-                    goto done;
-                }
-                if (verdicts_add(cache, key.data, key.len, h, (int32_t)code) < 0)
-                    goto done;
-            }
+            if (verdict_of(cache, &key, PyTuple_GET_SIZE(names), judge, INT32_MIN, INT32_MAX, NULL,
+                           PyExc_OverflowError, "scan_records", &code) < 0)
+                goto done;
             n_read++;
             bytes_read += size;
             if (left > 0)
@@ -495,28 +510,10 @@ static PyObject *props_rows(PyObject *self, PyObject *args)
         const char *p = PyUnicode_AsUTF8AndSize(s, &plen);
         if (p == NULL || values_key(&key, (const unsigned char *)p, plen, names) < 0)
             goto fail;
-        uint64_t h = key_hash(key.data, key.len);
-        Py_ssize_t slot = cache->cap ? verdicts_slot(cache, key.data, key.len, h) : -1;
         long code;
-        if (slot >= 0 && cache->hash[slot] != 0) {
-            code = cache->verdict[slot];
-        } else {
-            PyObject *vals = key_values(key.data, key.len, PyTuple_GET_SIZE(names));
-            PyObject *got = vals ? PyObject_CallOneArg(judge, vals) : NULL;
-            Py_XDECREF(vals);
-            if (got == NULL)
-                goto fail;
-            code = PyLong_AsLong(got);
-            Py_DECREF(got);
-            if (code == -1 && PyErr_Occurred())
-                goto fail;
-            if (code < 0 || code >= PyList_GET_SIZE(rows) || code > INT32_MAX) { /* never cached */
-                PyErr_Format(PyExc_IndexError, "props_rows: judge gave %ld, not an index of rows", code);
-                goto fail;
-            }
-            if (verdicts_add(cache, key.data, key.len, h, (int32_t)code) < 0)
-                goto fail;
-        }
+        if (verdict_of(cache, &key, PyTuple_GET_SIZE(names), judge, 0, INT32_MAX, rows, PyExc_IndexError,
+                       "props_rows", &code) < 0)
+            goto fail;
         if (code >= PyList_GET_SIZE(rows)) { /* a cached index, rows since cut short */
             PyErr_SetString(PyExc_IndexError, "props_rows: a cached verdict is not an index of rows");
             goto fail;

@@ -100,10 +100,7 @@ class CalcBitmapDispatcher:
             masks = list(map(plan.multi, props))
             rows = plan.rows_by_mask
             for r, mask in zip(reqs, masks):
-                row = rows.get(mask)
-                if row is None:
-                    row = rows[mask] = plan.row_of(mask)
-                r.bitmap = row
+                r.bitmap = rows.get(mask) or plan.row(mask)
             self.messages += len(reqs)
         self._took(time.perf_counter() - t0, len(requests))
 
@@ -157,12 +154,16 @@ class _Plan:
         mask = self.multi({k: v for k, v in zip(self._keys, values) if v is not None})
         i = self._row_index.get(mask)
         if i is None:
-            row = self.rows_by_mask.get(mask)
-            if row is None:
-                row = self.rows_by_mask[mask] = self.row_of(mask)
             i = self._row_index[mask] = len(self.row_list)
-            self.row_list.append(row)
+            self.row_list.append(self.row(mask))
         return i
+
+    def row(self, mask: int) -> bytes:
+        """The bitmap row of ``mask``, built once."""
+        row = self.rows_by_mask.get(mask)
+        if row is None:
+            row = self.rows_by_mask[mask] = self.row_of(mask)
+        return row
 
     def row_of(self, mask: int) -> bytes:
         bits = self.bloom.empty_bits()

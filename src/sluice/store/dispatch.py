@@ -232,9 +232,9 @@ class DispatchService:
         """
         cq = self.queues.get_or_create(topic, qid)
         tags = [r.tag_code for r in reqs]
-        if self.ext is not None:
-            ext_tags(self.ext, topic, qid, tags, [r.store_timestamp for r in reqs], [r.bitmap for r in reqs],
-                     reqs[0].queue_offset)
+        bitmaps = [r.bitmap for r in reqs]
+        if self.ext is not None and bitmaps.count(None) < len(bitmaps):
+            ext_tags(self.ext, topic, qid, tags, [r.store_timestamp for r in reqs], bitmaps, reqs[0].queue_offset)
         # column-wise (or packed, for a few): far cheaper than a list of tuples
         units = unit_array([r.commitlog_offset for r in reqs], [r.size for r in reqs], tags)
         first = reqs[0].queue_offset
