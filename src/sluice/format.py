@@ -250,8 +250,9 @@ def read_tail(buf: bytes | bytearray | memoryview, pos: int, total: int, magic: 
 
 
 def verify_record_bytes(rec: bytes | bytearray | memoryview, offset: int, *, where: str | None = None,
-                        file_offset: int = 0) -> None:
-    """Cheap check of one record about to be served: magic, size, own position, body CRC.
+                        file_offset: int = 0, crc: bool = True) -> None:
+    """Cheap check of one record about to be served: magic, size, own position, body CRC (not with
+    ``crc=False``: a record read for its properties, which the CRC does not cover, and not served).
 
     The C twin is record_ok in src/csrc/speedups/reads.c (pulls through gather_units)."""
     total, magic = TOTAL_MAGIC.unpack_from(rec, 0)
@@ -261,12 +262,12 @@ def verify_record_bytes(rec: bytes | bytearray | memoryview, offset: int, *, whe
     if I64.unpack_from(rec, POS_PHYSICALOFFSET)[0] != offset:
         raise CorruptRecordError(f"record does not say it is at commit-log offset {offset}",
                                  path=where, offset=file_offset)
-    crc = I32.unpack_from(rec, POS_BODYCRC)[0]
+    stored_crc = I32.unpack_from(rec, POS_BODYCRC)[0]
     p = body_length_pos(I32.unpack_from(rec, POS_SYSFLAG)[0])
     body_len = I32.unpack_from(rec, p)[0]
     if body_len < 0 or p + 4 + body_len > total:
         raise CorruptRecordError(f"body length {body_len} runs past the record", path=where, offset=file_offset)
-    if crc32(rec[p + 4:p + 4 + body_len]) & 0x7FFFFFFF != crc & 0x7FFFFFFF:
+    if crc and crc32(rec[p + 4:p + 4 + body_len]) & 0x7FFFFFFF != stored_crc & 0x7FFFFFFF:
         raise CorruptRecordError("body CRC mismatch", path=where, offset=file_offset)
 
 

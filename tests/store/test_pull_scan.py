@@ -200,6 +200,32 @@ def test_a_damaged_record_stops_both_ways_alike(tmp_path, monkeypatch) -> None:
         s.close()
 
 
+def test_a_damaged_body_the_filter_turns_down_is_passed_over_both_ways(tmp_path, monkeypatch) -> None:
+    """A record read only for its properties is not served, so its body CRC is not its pull's business
+    (the CRC does not cover the properties); a served one is still checked."""
+    s = MessageStore(tmp_path / "s", small_config())
+    s.start()
+    try:
+        res = s.put_messages([msg(body=b"%03d" % i * 100, region="us" if i in (3, 4) else "eu")
+                              for i in range(10)])
+        s.wait_dispatched()
+        for bad in (res[3], res[6]):  # one the filter turns down, one it passes
+            f = s.commitlog.queue.find(bad.commitlog_offset)
+            f.mm[bad.commitlog_offset - f.start + HEAD_V4 + 5] ^= 0xFF
+        fast, slow = both_ways(s, monkeypatch, "region = 'eu'", 0, 32, None, 0)
+        assert fast == slow
+        assert fast["queue_offsets"] == [0, 1, 2, 5] and fast["next_begin_offset"] == 6
+        assert fast["metrics"]["evaluated"] == 7  # 0..6: the damaged 6 passes, then its CRC stops the pull
+        fast, slow = both_ways(s, monkeypatch, "region = 'eu'", 6, 32, None, 0)
+        assert fast == slow and "CRC" in fast["error"]
+        fast, slow = both_ways(s, monkeypatch, "region = 'us'", 0, 32, None, 0)
+        assert fast == slow and "CRC" in fast["error"]  # 3 is served to this group: refused, named
+        fast, slow = both_ways(s, monkeypatch, "region = 'us'", 4, 32, None, 0)
+        assert fast == slow and fast["queue_offsets"] == [4]  # 6 turned down: its body is not read
+    finally:
+        s.close()
+
+
 def test_an_ipv6_record_is_judged_by_the_python_step(tmp_path, monkeypatch) -> None:
     s = MessageStore(tmp_path / "s", small_config())
     s.start()

@@ -358,11 +358,13 @@ static PyObject *scan_records(PyObject *self, PyObject *args)
     int32_t *ev_idx = iv.buf, *ev_code = ev.buf;
     if (limit > file_start + mv.len)
         limit = file_start + mv.len;
+    /* A unit to evaluate needs its head and properties; its body only if it passes (the CRC, the copy). */
     for (Py_ssize_t k = first; k < nunits && k < first + PREFETCH_AHEAD; k++)
-        prefetch_record(units + k * CQ_UNIT_SIZE, base, file_start, limit, verify);
+        prefetch_record(units + k * CQ_UNIT_SIZE, base, file_start, limit, verify && !check[k]);
     for (; u < nunits; u++) {
         if (u + PREFETCH_AHEAD < nunits)
-            prefetch_record(units + (u + PREFETCH_AHEAD) * CQ_UNIT_SIZE, base, file_start, limit, verify);
+            prefetch_record(units + (u + PREFETCH_AHEAD) * CQ_UNIT_SIZE, base, file_start, limit,
+                            verify && !check[u + PREFETCH_AHEAD]);
         if (!wanted[u])
             continue;
         const unsigned char *unit = units + u * CQ_UNIT_SIZE;
@@ -381,8 +383,11 @@ static PyObject *scan_records(PyObject *self, PyObject *args)
             break;
         }
         const unsigned char *r = base + (at - file_start);
+        int32_t body_len = 0;
+        Py_ssize_t body = 0;
         if (verify) {
-            int ok = record_ok(r, size, at, crc32);
+            body = record_shape_ok(r, size, at, &body_len);
+            int ok = body ? (check[u] ? 1 : record_crc_ok(r, body, body_len, crc32)) : 0;
             if (ok < 0)
                 goto done;
             if (!ok) {
@@ -412,17 +417,33 @@ static PyObject *scan_records(PyObject *self, PyObject *args)
             if (verdict_of(cache, &key, PyTuple_GET_SIZE(names), judge, INT32_MIN, INT32_MAX, NULL,
                            PyExc_OverflowError, "scan_records", &code) < 0)
                 goto done;
+            if (code != 1) {
+                n_read++;
+                bytes_read += size;
+                if (left > 0)
+                    left--;
+                ev_idx[n_ev] = (int32_t)u;
+                ev_code[n_ev++] = (int32_t)code;
+                filtered = 1;
+                continue;
+            }
+            /* To be served: only now the body CRC. A record turned down is never served, and the CRC does
+             * not cover the properties judged. A bad one goes to the Python step unjudged, which says why. */
+            if (verify) {
+                int ok = record_crc_ok(r, body, body_len, crc32);
+                if (ok < 0)
+                    goto done;
+                if (!ok) {
+                    why = 4;
+                    break;
+                }
+            }
             n_read++;
             bytes_read += size;
             if (left > 0)
                 left--;
             ev_idx[n_ev] = (int32_t)u;
-            ev_code[n_ev] = (int32_t)code;
-            n_ev++;
-            if (code != 1) {
-                filtered = 1;
-                continue;
-            }
+            ev_code[n_ev++] = (int32_t)code;
         } else {
             n_read++;
             bytes_read += size;

@@ -3,9 +3,9 @@
 
 /* -------------------------------------------------------------------------------------- gather_units */
 
-/* commitlog.verify_record_bytes's checks on a record at ``rec`` of ``size`` bytes claimed to sit at
- * commit-log offset ``at``: 1 fine, 0 not, -1 error (from crc32). */
-int record_ok(const unsigned char *rec, Py_ssize_t size, int64_t at, PyObject *crc32)
+/* commitlog.verify_record_bytes's checks but the body CRC, on a record at ``rec`` of ``size`` bytes claimed to
+ * sit at commit-log offset ``at``: the body's position (> 0) when they pass, else 0; ``*body_len`` is set. */
+Py_ssize_t record_shape_ok(const unsigned char *rec, Py_ssize_t size, int64_t at, int32_t *body_len)
 {
     if (size < 8)
         return 0;
@@ -21,13 +21,28 @@ int record_ok(const unsigned char *rec, Py_ssize_t size, int64_t at, PyObject *c
                    + ((sysflag & FLAG_STOREHOST_V6) ? HOST_V6_SIZE : HOST_V4_SIZE) + 12;
     if (p + 4 > size)
         return 0;
-    int32_t body_len = (int32_t)get_u32(rec + p);
-    if (body_len < 0 || p + 4 + body_len > size)
+    *body_len = (int32_t)get_u32(rec + p);
+    if (*body_len < 0 || p + 4 + *body_len > size)
         return 0;
+    return p + 4;
+}
+
+/* The body CRC check of a record record_shape_ok passed (body at ``body``): 1 fine, 0 not, -1 error. */
+int record_crc_ok(const unsigned char *rec, Py_ssize_t body, int32_t body_len, PyObject *crc32)
+{
     uint32_t crc;
-    if (body_crc(crc32, rec + p + 4, body_len, &crc) < 0)
+    if (body_crc(crc32, rec + body, body_len, &crc) < 0)
         return -1;
     return crc == (get_u32(rec + POS_BODYCRC) & 0x7FFFFFFFu);
+}
+
+/* commitlog.verify_record_bytes's checks on a record at ``rec`` of ``size`` bytes claimed to sit at
+ * commit-log offset ``at``: 1 fine, 0 not, -1 error (from crc32). */
+int record_ok(const unsigned char *rec, Py_ssize_t size, int64_t at, PyObject *crc32)
+{
+    int32_t body_len;
+    Py_ssize_t body = record_shape_ok(rec, size, at, &body_len);
+    return body ? record_crc_ok(rec, body, body_len, crc32) : 0;
 }
 
 

@@ -166,8 +166,11 @@ static inline void prefetch_record(const unsigned char *unit, const unsigned cha
 /* Records ahead of the one being read whose lines are prefetched (prefetch_record). */
 #define PREFETCH_AHEAD 4
 
-/* reads.c: verify_record_bytes's checks (1 fine, 0 not, -1 error from crc32) */
+/* reads.c: verify_record_bytes's checks (1 fine, 0 not, -1 error from crc32), and its two halves: all but
+ * the body CRC (the body's position, 0 when one fails), and the CRC */
 int record_ok(const unsigned char *rec, Py_ssize_t size, int64_t at, PyObject *crc32);
+Py_ssize_t record_shape_ok(const unsigned char *rec, Py_ssize_t size, int64_t at, int32_t *body_len);
+int record_crc_ok(const unsigned char *rec, Py_ssize_t body, int32_t body_len, PyObject *crc32);
 
 /* reads.c: the MessageExt fields decode_messages sets, exported as MESSAGE_EXT_FIELDS (module.c) */
 extern const char *sluice_ext_fields[];

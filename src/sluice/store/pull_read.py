@@ -390,6 +390,20 @@ class PullReader:
             budget[0] = left
         return parts, stop_at, removed, filtered
 
+    def _verified(self, cq: ConsumeQueue, queue_offset: int, data: bytes, phys: int, first: bool, *,
+                  crc: bool) -> bool:
+        """verify_record_bytes on a record read for a pull: True when it passes; else logged, and raised
+        when it is the ``first`` record of the answer (nothing to serve before it), False otherwise."""
+        try:
+            verify_record_bytes(data, phys, crc=crc)
+        except CorruptRecordError as e:
+            e = locate(self.commitlog, e, phys)
+            log.error("not serving %s/%d offset %d: %s", cq.topic, cq.queue_id, queue_offset, e)
+            if first:
+                raise e from None
+            return False
+        return True
+
     def _read_each(self, cq: ConsumeQueue, offset: int, n_units: int, phys: np.ndarray,
                    sizes: np.ndarray, idxs: np.ndarray, max_msgs: int, max_bytes: int, mf: MessageFilter | None,
                    check: np.ndarray | None, res: GetMessageResult, budget: list[int] | None = None,
@@ -423,23 +437,22 @@ class PullReader:
             res.records_read += 1
             self.records_read += 1
             self.bytes_read += s
-            if verify:
-                try:
-                    verify_record_bytes(data, p)
-                except CorruptRecordError as e:
-                    e = locate(self.commitlog, e, p)
-                    log.error("not serving %s/%d offset %d: %s", cq.topic, cq.queue_id, offset + i, e)
-                    if not parts:
-                        raise e from None
-                    stop_at = i
-                    break
-            if check is not None and check[i]:
+            judged = check is not None and check[i]
+            # A record to evaluate gets its body CRC checked only once it passes: one turned down is not
+            # served, and the CRC does not cover the properties judged (scan_records, the C twin, alike).
+            if verify and not self._verified(cq, offset + i, data, p, not parts, crc=not judged):
+                stop_at = i
+                break
+            if judged:
                 if left > 0:
                     left -= 1
                 props = P.decode_properties(parse_record(data, 0, check_crc=False).properties)
                 if not match_at(i, props):  # type: ignore[misc]
                     filtered = True
                     continue
+                if verify and not self._verified(cq, offset + i, data, p, not parts, crc=True):
+                    stop_at = i
+                    break
             parts.append(data)
             total += s
             res.queue_offsets.append(offset + i)
