@@ -3,6 +3,7 @@ report (JSON, Markdown, PNG plots) in --out, compared with the previous result f
 from __future__ import annotations
 
 import datetime as dt
+import gc
 import importlib
 import json
 import shutil
@@ -56,6 +57,8 @@ def _run_peer(name: str, wl: Workload, workdir: Path, step: Any) -> dict[str, An
         return {"available": False, "skipped": str(exc)}
     except Exception as exc:  # one peer's failure is reported, the others still run
         return {"available": False, "skipped": f"failed: {type(exc).__name__}: {exc}"}
+    finally:
+        gc.unfreeze()  # the runner froze the heap it was measured with (workload.settle_heap)
 
 
 def run_bench(wl: Workload, out: Path, *, quick: bool, peers: list[str], flush: str, scripts: bool,
@@ -86,7 +89,10 @@ def run_bench(wl: Workload, out: Path, *, quick: bool, peers: list[str], flush: 
             def step(text: str) -> None:
                 progress.update(task, description=text)
 
-            result["systems"]["sluice"] = run_sluice(wl, workdir / "sluice", step, sync_flush=flush == "both")
+            try:
+                result["systems"]["sluice"] = run_sluice(wl, workdir / "sluice", step, sync_flush=flush == "both")
+            finally:
+                gc.unfreeze()  # as after each peer (_run_peer)
             progress.advance(task)
             for name in peers:
                 step(f"{name}: starting")
@@ -100,7 +106,10 @@ def run_bench(wl: Workload, out: Path, *, quick: bool, peers: list[str], flush: 
                 progress.advance(task)
             if scale:
                 from sluice.bench.scale import run_scale
-                result["scale"] = run_scale(wl, workdir / "scale", scale["messages"], scale["groups"], step)
+                try:
+                    result["scale"] = run_scale(wl, workdir / "scale", scale["messages"], scale["groups"], step)
+                finally:
+                    gc.unfreeze()
                 progress.advance(task)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -19,7 +19,7 @@ from typing import Any
 from sluice.bench.procs import PeerProcess, PeerMissing, free_port, require
 from sluice.bench.workload import (
     FILTERS, LATENCY_FILTER, Counter, Filter, LatencyProbe, Props, Workload, body_with_stamp,
-    expected_counts, generate, paced, produce_rate, wait_until,
+    expected_counts, generate, paced, settle_heap, produce_rate, wait_until,
 )
 
 __all__ = ["SELECTORS", "check", "run"]
@@ -208,6 +208,7 @@ def run(wl: Workload, workdir: Path, step: Callable[[str], None]) -> dict[str, A
             "-jar", jar, "start", f"xbean:file:{workdir / 'activemq.xml'}"]
     props = generate(wl.messages, wl.seed)
     expected = expected_counts(props)
+    settle_heap()
     out: dict[str, Any] = {"produce": {}, "drains": {}}
     step("activemq: starting the broker (KahaDB, STOMP)")
     with PeerProcess.start("activemq", argv, port, workdir, timeout=120) as server:

@@ -15,7 +15,7 @@ from typing import Any
 from sluice.bench.procs import PeerProcess, free_port, require
 from sluice.bench.workload import (
     FILTERS, LATENCY_FILTER, Counter, Filter, LatencyProbe, Props, Workload, body_with_stamp, chunks,
-    expected_counts, generate, paced,
+    expected_counts, generate, paced, settle_heap,
 )
 
 __all__ = ["SUBJECTS", "check", "run"]
@@ -117,6 +117,7 @@ async def _run(port: int, wl: Workload, step: Callable[[str], None], server: Pee
     from nats.js.api import StorageType
     props = generate(wl.messages, wl.seed)
     expected = expected_counts(props)
+    settle_heap()
     out: dict[str, Any] = {"produce": {}, "drains": {}}
     nc = await nats.connect(f"nats://127.0.0.1:{port}")
     try:

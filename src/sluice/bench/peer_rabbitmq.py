@@ -18,7 +18,7 @@ from typing import Any
 from sluice.bench.procs import PeerProcess, free_port, require
 from sluice.bench.workload import (
     FILTERS, LATENCY_FILTER, Counter, Filter, LatencyProbe, Props, Workload, body_with_stamp,
-    expected_counts, generate, paced, produce_rate, wait_until,
+    expected_counts, generate, paced, settle_heap, produce_rate, wait_until,
 )
 
 __all__ = ["check", "run"]
@@ -171,6 +171,7 @@ def run(wl: Workload, workdir: Path, step: Callable[[str], None]) -> dict[str, A
     }
     props = generate(wl.messages, wl.seed)
     expected = expected_counts(props)
+    settle_heap()
     out: dict[str, Any] = {"produce": {}, "drains": {}}
     step("rabbitmq: starting epmd and rabbitmq-server")
     # Our own epmd on a free port, so RabbitMQ does not start (and leave running) a shared one.

@@ -12,7 +12,7 @@ from typing import Any
 from sluice.bench.procs import PeerProcess, free_port, require
 from sluice.bench.workload import (
     FILTERS, LATENCY_FILTER, Counter, Filter, LatencyProbe, Props, Workload, body_with_stamp,
-    expected_counts, generate, paced, produce_rate, wait_until,
+    expected_counts, generate, paced, settle_heap, produce_rate, wait_until,
 )
 
 __all__ = ["check", "run"]
@@ -116,6 +116,7 @@ def run(wl: Workload, workdir: Path, step: Callable[[str], None]) -> dict[str, A
             "--appendfsync", "everysec", "--save", "", "--daemonize", "no", "--protected-mode", "no"]
     props = generate(wl.messages, wl.seed)
     expected = expected_counts(props)
+    settle_heap()
     out: dict[str, Any] = {"produce": {}, "drains": {}, "version": ""}
     with PeerProcess.start("redis", argv, port, workdir) as server:
         admin = redis.Redis(host="127.0.0.1", port=port)

@@ -257,7 +257,9 @@ def render_markdown(result: dict[str, Any], previous: dict[str, Any] | None = No
         "threads, as RocketMQ's does; the rows 'listener on the I/O thread' run it with `consume_inline` on the "
         "client's event loop, which is how every peer's client here calls its handler (nats-py on its asyncio "
         "loop, pika and stomp.py on their connection threads, Redis in the reading thread), so the peers show "
-        "the same run in both."
+        "the same run in both. Before each system is measured, the bench process moves what it holds (its "
+        "imports, the generated workload) out of Python's cyclic garbage collector's reach (`gc.freeze`), so a "
+        "full collection of the harness's own objects does not land inside a drain; every system runs so."
         + (" A figure in brackets is the change from the previous result in this directory"
            f" ({previous.get('started', '?')})." if previous else ""),
         "",

@@ -15,7 +15,7 @@ from typing import Any
 
 from sluice.bench.procs import rss_bytes
 from sluice.bench.sluice_runner import cluster, create_topic, produce, push, wait_owned, wait_visible
-from sluice.bench.workload import Counter, Filter, Workload, generate
+from sluice.bench.workload import Counter, Filter, Workload, generate, settle_heap
 from sluice.broker.filter_data import LIVE_MARGIN_MS
 from sluice.client import ConsumeResult
 
@@ -37,6 +37,7 @@ def _filters(groups: int) -> list[Filter]:
 def _cell(wl: Workload, groups: int, workdir: Path) -> dict[str, Any]:
     row: dict[str, Any] = {"messages": wl.messages, "groups": groups}
     props = generate(wl.messages, wl.seed)
+    settle_heap()
     filters = _filters(groups)
     ns, broker = cluster(workdir, "async")
     try:

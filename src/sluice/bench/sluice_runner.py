@@ -23,7 +23,7 @@ from sluice.bench.procs import rss_bytes
 from sluice.broker.filter_data import LIVE_MARGIN_MS
 from sluice.bench.workload import (
     FILTERS, LATENCY_FILTER, Counter, Filter, LatencyProbe, Props, Workload, body_with_stamp,
-    expected_counts, generate, paced, produce_rate, wait_until,
+    expected_counts, generate, paced, settle_heap, produce_rate, wait_until,
 )
 from sluice.client import ConsumeResult, MessageSelector, Producer, PullConsumer, PushConsumer
 from sluice.embedded import SluiceProcess
@@ -279,6 +279,7 @@ def run_sluice(wl: Workload, workdir: Path, step: Step = lambda s: None, *, sync
     """Every row for Sluice; a row that failed carries an ``error`` instead of its figure."""
     props = generate(wl.messages, wl.seed)
     expected = expected_counts(props)
+    settle_heap()
     out: dict[str, Any] = {"available": True, "drains": {}, "produce": {}}
     step("sluice: starting namesrv and broker (--flush async)")
     ns, broker = cluster(workdir, "async")
