@@ -103,3 +103,30 @@ def test_a_heartbeat_joins_one_on_its_way_with_the_same_data_and_only_that():
         await p.shutdown()
 
     asyncio.run(main())
+
+
+def test_an_instance_and_its_services_are_freed_once_no_client_holds_it():
+    """Each per-instance service (rebalance, class filters, transaction checks, replies) holds its instance;
+    kept in module-level weak-key tables they kept every instance alive, so each consumer started and shut
+    down leaked one (found 2026-11-29: one ClientInstance more per cycle). They now live on the instance."""
+    import gc
+    import weakref
+
+    from sluice.client.class_filter import ClassFilters
+    from sluice.client.rebalance import RebalanceService
+    from sluice.client.reply import ReplyWaiters
+    from sluice.client.transaction import _CheckService
+
+    async def main() -> weakref.ref[ClientInstance]:
+        c = AsyncPullConsumer("C", "127.0.0.1:1")
+        await c.start()
+        inst = c.instance
+        services = [kind.of(inst) for kind in (RebalanceService, ClassFilters, _CheckService, ReplyWaiters)]
+        assert [kind.of(inst) for kind in (RebalanceService, ClassFilters, _CheckService, ReplyWaiters)] == services
+        await c.shutdown()
+        assert inst.closed
+        return weakref.ref(inst)
+
+    gone = asyncio.run(main())
+    gc.collect()
+    assert gone() is None

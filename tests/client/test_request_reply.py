@@ -14,6 +14,7 @@ from servers import Cluster, running_cluster, wait_for_route
 
 import sluice
 from sluice import ConsumeResult, Message, Producer, PullConsumer, PushConsumer
+from sluice.client.instance import ClientInstance
 from sluice.client.reply import ReplyMessage, ReplyWaiters, reply_from_push
 from sluice.errors import ClientError, RequestTimeoutError
 from sluice.client.results import MessageQueue
@@ -77,6 +78,10 @@ def test_waiters_complete_only_the_matching_request() -> None:
 
     class FakeInst:
         remoting = FakeRemoting()
+        service = ClientInstance.service  # the per-instance service table, as a ClientInstance keeps it
+
+        def __init__(self) -> None:
+            self._services: dict[type, object] = {}
 
     async def main() -> None:
         inst = FakeInst()

@@ -25,7 +25,6 @@ import asyncio
 import logging
 import random
 import time
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -119,8 +118,6 @@ class ClassFilters:
     errors, and the task that registers the consumers' classes every heartbeat round and with filter
     servers that appear in a route."""
 
-    _services: weakref.WeakKeyDictionary[ClientInstance, ClassFilters] = weakref.WeakKeyDictionary()
-
     def __init__(self, inst: ClientInstance, *, rng: Callable[[list[str]], str] = random.choice) -> None:
         self.inst = inst
         self._choose = rng
@@ -136,10 +133,7 @@ class ClassFilters:
 
     @classmethod
     def of(cls, inst: ClientInstance) -> ClassFilters:
-        svc = cls._services.get(inst)
-        if svc is None:
-            svc = cls._services[inst] = cls(inst)
-        return svc
+        return inst.service(cls, cls)
 
     def attach(self, consumer: ClassFilterConsumer) -> None:
         """Keep ``consumer``'s classes registered (call on the instance's loop once it started)."""

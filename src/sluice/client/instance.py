@@ -20,7 +20,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from sluice.acl.signature import Credentials
 from sluice.acl.signing import remoting_client
@@ -35,6 +35,7 @@ from sluice.transport.tls import ClientTls
 __all__ = ["ClientConfig", "ClientInstance", "ConsumerInner"]
 
 log = logging.getLogger(__name__)
+S = TypeVar("S")  # a per-instance service (ClientInstance.service)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,6 +122,17 @@ class ClientInstance:
         self._key: tuple[int, tuple[str, ...], str | None, Credentials | None, ClientTls | None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.closed = False
+        self._services: dict[type, object] = {}
+
+    def service(self, kind: type[S], make: Callable[[ClientInstance], S]) -> S:
+        """This instance's one ``kind`` (RebalanceService, ClassFilters, the transaction-check and reply
+        handlers), ``make(self)`` on first use. Held here, so a service lives as long as its instance and
+        no longer: held in a module-level WeakKeyDictionary, a service (which holds its instance) kept every
+        instance alive after its clients shut down."""
+        svc = self._services.get(kind)
+        if svc is None:
+            svc = self._services[kind] = make(self)
+        return svc  # type: ignore[return-value]
 
     # ------------------------------------------------------------------------------ lifecycle
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -417,8 +416,6 @@ class Rebalancer:
 class RebalanceService:
     """One per client instance: runs every push and lite pull consumer's rebalance on a timer and on notification."""
 
-    _services: weakref.WeakKeyDictionary[ClientInstance, RebalanceService] = weakref.WeakKeyDictionary()
-
     def __init__(self, inst: ClientInstance) -> None:
         self.inst = inst
         self.consumers: dict[str, PushConsumerView] = {}
@@ -432,10 +429,7 @@ class RebalanceService:
 
     @classmethod
     def of(cls, inst: ClientInstance) -> RebalanceService:
-        svc = cls._services.get(inst)
-        if svc is None:
-            svc = cls._services[inst] = cls(inst)
-        return svc
+        return inst.service(cls, cls)
 
     def attach(self, consumer: PushConsumerView) -> None:
         self.consumers[consumer.group] = consumer

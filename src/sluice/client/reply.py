@@ -21,7 +21,6 @@ import asyncio
 import logging
 import time
 import uuid
-import weakref
 import zlib
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
@@ -150,8 +149,6 @@ class ReplyWaiters:
     """One per client instance: the requests waiting for their reply, by correlation id (RequestFutureHolder),
     and the PUSH_REPLY_MESSAGE_TO_CLIENT handler that completes them."""
 
-    _services: weakref.WeakKeyDictionary[object, ReplyWaiters] = weakref.WeakKeyDictionary()
-
     def __init__(self, inst: object) -> None:
         self.waiting: dict[str, asyncio.Future[MessageExt]] = {}
         #: Replies that arrived for no waiting request (it timed out first, or another client's).
@@ -160,10 +157,7 @@ class ReplyWaiters:
 
     @classmethod
     def of(cls, inst: object) -> ReplyWaiters:
-        svc = cls._services.get(inst)
-        if svc is None:
-            svc = cls._services[inst] = cls(inst)
-        return svc
+        return inst.service(cls, cls)  # type: ignore[attr-defined]  # a ClientInstance
 
     def expect(self, correlation_id: str) -> asyncio.Future[MessageExt]:
         fut: asyncio.Future[MessageExt] = asyncio.get_running_loop().create_future()

@@ -16,7 +16,6 @@ import dataclasses
 import enum
 import inspect
 import logging
-import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -169,8 +168,6 @@ class _CheckService:
     """One per client instance: routes CHECK_TRANSACTION_STATE to the transaction producer of the group
     (ClientRemotingProcessor.checkTransactionState)."""
 
-    _services: weakref.WeakKeyDictionary[ClientInstance, _CheckService] = weakref.WeakKeyDictionary()
-
     def __init__(self, inst: ClientInstance) -> None:
         self.inst = inst
         self.producers: dict[str, AsyncTransactionProducer] = {}
@@ -179,10 +176,7 @@ class _CheckService:
 
     @classmethod
     def of(cls, inst: ClientInstance) -> _CheckService:
-        svc = cls._services.get(inst)
-        if svc is None:
-            svc = cls._services[inst] = cls(inst)
-        return svc
+        return inst.service(cls, cls)
 
     async def _on_check(self, conn: RemotingConnection, request: RemotingCommand) -> None:
         try:
