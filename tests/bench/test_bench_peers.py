@@ -2,13 +2,12 @@
 installed (scripts/install-peers.sh); otherwise the test is skipped with the install line as its reason."""
 from __future__ import annotations
 
-import gc
 import importlib
 from pathlib import Path
 
 import pytest
 
-from sluice.bench.command import PEER_MODULES
+from sluice.bench.command import PEER_MODULES, _measured
 from sluice.bench.procs import PeerMissing
 from sluice.bench.workload import Workload
 
@@ -23,10 +22,7 @@ def test_a_peer_runs_the_workload_when_installed(peer: str, tmp_path: Path) -> N
     except PeerMissing as exc:
         pytest.skip(str(exc))
     wl = Workload(messages=300, latency_rates=(200,), latency_seconds=0.5, drain_timeout=60)
-    try:
-        result = module.run(wl, tmp_path, lambda s: None)
-    finally:
-        gc.unfreeze()  # the runner froze the test process's heap to measure (workload.settle_heap)
+    result = _measured(module.run, wl, tmp_path, lambda s: None)  # the heap it froze to measure given back
     assert result["produce"]["msgs_per_s"] > 0
     for name, cases in result["drains"].items():
         for case, d in cases.items():

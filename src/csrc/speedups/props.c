@@ -395,6 +395,7 @@ static PyObject *scan_records(PyObject *self, PyObject *args)
                 break;
             }
         }
+        long code = 1; /* the verdict: a unit not to be evaluated is taken as it is */
         if (check[u]) {
             V4Tail tail;
             if (size < MIN_RECORD_SIZE || get_u32(r) != (uint32_t)size || get_u32(r + 4) != MAGIC_V1
@@ -413,24 +414,13 @@ static PyObject *scan_records(PyObject *self, PyObject *args)
             }
             if (values_key(&key, r + tail.ppos + 2, tail.plen, names) < 0)
                 goto done;
-            long code;
             if (verdict_of(cache, &key, PyTuple_GET_SIZE(names), judge, INT32_MIN, INT32_MAX, NULL,
                            PyExc_OverflowError, "scan_records", &code) < 0)
                 goto done;
-            if (code != 1) {
-                n_read++;
-                bytes_read += size;
-                if (left > 0)
-                    left--;
-                ev_idx[n_ev] = (int32_t)u;
-                ev_code[n_ev++] = (int32_t)code;
-                filtered = 1;
-                continue;
-            }
             /* To be served: only now the body CRC. A record turned down is never served, and the CRC does
              * not cover the properties judged. A bad one goes to the Python step unjudged, which says why. */
-            if (verify) {
-                int ok = record_crc_ok(r, body, body_len, crc32);
+            if (code == 1 && verify) {
+                ok = record_crc_ok(r, body, body_len, crc32);
                 if (ok < 0)
                     goto done;
                 if (!ok) {
@@ -438,15 +428,16 @@ static PyObject *scan_records(PyObject *self, PyObject *args)
                     break;
                 }
             }
-            n_read++;
-            bytes_read += size;
             if (left > 0)
                 left--;
             ev_idx[n_ev] = (int32_t)u;
             ev_code[n_ev++] = (int32_t)code;
-        } else {
-            n_read++;
-            bytes_read += size;
+        }
+        n_read++;
+        bytes_read += size;
+        if (code != 1) {
+            filtered = 1;
+            continue;
         }
         int64_t pair[2] = {at, size};
         if (buf_add(&runs, pair, sizeof pair) < 0 || append_int(qoffs, base_qoff + u) < 0

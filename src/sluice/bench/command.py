@@ -8,6 +8,7 @@ import importlib
 import json
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,18 +48,25 @@ def _parse_ints(value: str, hint: str) -> tuple[int, ...]:
     return out
 
 
+def _measured(run: Callable[..., dict[str, Any]], *args: Any, **kwargs: Any) -> dict[str, Any]:
+    """``run(*args, **kwargs)``, one system's (or the scale table's) runner, then its frozen heap given back
+    to the garbage collector (the runner froze it to measure: workload.settle_heap), however it ended."""
+    try:
+        return run(*args, **kwargs)
+    finally:
+        gc.unfreeze()
+
+
 def _run_peer(name: str, wl: Workload, workdir: Path, step: Any) -> dict[str, Any]:
     module = importlib.import_module(PEER_MODULES[name])
     try:
-        result: dict[str, Any] = module.run(wl, workdir / name, step)
+        result = _measured(module.run, wl, workdir / name, step)
         result["available"] = True
         return result
     except PeerMissing as exc:
         return {"available": False, "skipped": str(exc)}
     except Exception as exc:  # one peer's failure is reported, the others still run
         return {"available": False, "skipped": f"failed: {type(exc).__name__}: {exc}"}
-    finally:
-        gc.unfreeze()  # the runner froze the heap it was measured with (workload.settle_heap)
 
 
 def run_bench(wl: Workload, out: Path, *, quick: bool, peers: list[str], flush: str, scripts: bool,
@@ -89,10 +97,8 @@ def run_bench(wl: Workload, out: Path, *, quick: bool, peers: list[str], flush: 
             def step(text: str) -> None:
                 progress.update(task, description=text)
 
-            try:
-                result["systems"]["sluice"] = run_sluice(wl, workdir / "sluice", step, sync_flush=flush == "both")
-            finally:
-                gc.unfreeze()  # as after each peer (_run_peer)
+            result["systems"]["sluice"] = _measured(run_sluice, wl, workdir / "sluice", step,
+                                                    sync_flush=flush == "both")
             progress.advance(task)
             for name in peers:
                 step(f"{name}: starting")
@@ -106,10 +112,8 @@ def run_bench(wl: Workload, out: Path, *, quick: bool, peers: list[str], flush: 
                 progress.advance(task)
             if scale:
                 from sluice.bench.scale import run_scale
-                try:
-                    result["scale"] = run_scale(wl, workdir / "scale", scale["messages"], scale["groups"], step)
-                finally:
-                    gc.unfreeze()
+                result["scale"] = _measured(run_scale, wl, workdir / "scale", scale["messages"], scale["groups"],
+                                            step)
                 progress.advance(task)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
