@@ -85,6 +85,18 @@ class ExtUnit:
     bitmap: bytes
 
 
+def _pack_units(tags_codes: list[int], msg_store_times: list[int], bitmaps: list[bytes], blen: int) -> bytes:
+    """put_many's units back to back, size fields zero (speedups.ext_pack's twin; OverflowError out of range)."""
+    units = np.zeros(len(bitmaps), dtype=[("size", ">i2"), ("tags", ">i8"), ("time", ">i8"), ("bm", ">i2"),
+                                          ("bits", np.uint8, (blen,))])
+    units["tags"] = tags_codes
+    units["time"] = msg_store_times
+    units["bm"] = blen
+    if blen:
+        units["bits"] = np.frombuffer(b"".join(bitmaps), dtype=np.uint8).reshape(len(bitmaps), blen)
+    return units.tobytes()
+
+
 class _ExtFile(MappedFile):
     """A MappedFile of an ext queue: created with O_EXCL (a new file must not reuse a stale one), never
     implicitly when opened, and read as a byte array by the vectorised unit reads."""
@@ -264,22 +276,18 @@ class ConsumeQueueExt:
         if n <= SMALL_BATCH:  # a few units (dispatch at a low rate): building the structured array costs more
             return self._put_few(tags_codes, msg_store_times, bitmaps)
         blen = len(bitmaps[0])
-        if any(len(b) != blen for b in bitmaps):
+        if len(set(map(len, bitmaps))) > 1:
             return [self.put(t, s, b) for t, s, b in zip(tags_codes, msg_store_times, bitmaps)]
         if blen > self.bitmap_bytes_max:
             raise InvalidParameterError(f"a {blen}-byte filter bitmap exceeds the ext limit of {self.bitmap_bytes_max}")
         size = MIN_UNIT_SIZE + blen
-        dt = np.dtype([("size", ">i2"), ("tags", ">i8"), ("time", ">i8"), ("bm", ">i2"), ("bits", np.uint8, (blen,))])
-        units = np.zeros(n, dtype=dt)
+        # Sizes still zero: a crash mid-copy leaves no unit that looks whole.
         try:
-            units["tags"] = tags_codes
-            units["time"] = msg_store_times
+            raw = C.ext_pack(tags_codes, msg_store_times, bitmaps) if C is not None else None
+            if raw is None:
+                raw = _pack_units(tags_codes, msg_store_times, bitmaps, blen)
         except OverflowError as e:
             raise InvalidParameterError(f"ext unit field out of range: {e}") from None
-        units["bm"] = blen
-        if blen:
-            units["bits"] = np.frombuffer(b"".join(bitmaps), dtype=np.uint8).reshape(n, blen)
-        raw = units.tobytes()  # sizes still zero: a crash mid-copy leaves no unit that looks whole
         out: list[int] = []
         with self._lock:
             if self._write_off + n * size > MAX_REAL_OFFSET:

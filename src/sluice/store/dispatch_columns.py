@@ -196,10 +196,11 @@ def ext_tags(ext: ExtTable, topic: str, qid: int, tags: list[int], times: list[i
     """Put an ext unit (tag code, store time, bitmap) for each record with a bitmap, in order, and put the
     unit's address in its tag slot of ``tags`` (RocketMQ's putMessagePositionInfoWrapper). If the ext write
     fails the slots keep the plain tag codes and pulls evaluate those records directly."""
-    with_bits = [i for i, b in enumerate(bitmaps) if b is not None]
-    if not with_bits:
+    missing = bitmaps.count(None)
+    if missing == len(bitmaps):
         return
-    every = len(with_bits) == len(bitmaps)
+    every = missing == 0
+    with_bits = [] if every else [i for i, b in enumerate(bitmaps) if b is not None]
     try:
         addrs = ext.get_or_create(topic, qid).put_many(
             tags if every else [tags[i] for i in with_bits], times if every else [times[i] for i in with_bits],
