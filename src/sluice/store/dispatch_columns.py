@@ -148,7 +148,14 @@ def write_units(queues: ConsumeQueueTable, runs: list[PutRun], ext: ExtTable | N
                                r.store_timestamp, None if r.bitmaps is None else r.bitmaps[0])
             continue
         with_bits = ext is not None and any(r.bitmaps is not None for r in rs)
-        if all(r.all_queued for r in rs):
+        if len(rs) == 1 and rs[0].all_queued:  # one put for this queue (the usual case): its own columns
+            r = rs[0]
+            phys, sizes, qoffs = r.phys, r.sizes, r.qoffs
+            tags = list(map(tag_code, r.tags))
+            if with_bits:
+                bitmaps = r.bitmaps  # type: ignore[assignment]
+                times = [r.store_timestamp] * len(r)
+        elif all(r.all_queued for r in rs):
             phys = list(chain.from_iterable(r.phys for r in rs))
             sizes = list(chain.from_iterable(r.sizes for r in rs))
             tags = list(map(tag_code, chain.from_iterable(r.tags for r in rs)))
