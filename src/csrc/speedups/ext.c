@@ -97,10 +97,9 @@ done:
 PyDoc_STRVAR(ext_pack_doc,
 "ext_pack(tags_codes, msg_store_times, bitmaps) -> bytes | None\n\n"
 "ConsumeQueueExt.put_many's units, packed back to back with their size fields left zero (put_many writes\n"
-"those last): tags code and store time (int64), the bitmap length (int16) and the bitmap, big-endian. None\n"
-"when the bitmaps are not all bytes of one length (put_many then writes unit by unit); OverflowError for a\n"
-"code or time outside int64, ValueError for columns of different lengths or a bitmap over 32747 bytes.\n"
-"Every value is checked before the first byte is packed.");
+"those last): tags code and store time (int64), the bitmap length (int16) and the bitmap, big-endian. None,\n"
+"for the Python twin to run and say what is wrong, when the input is not the usual: bitmaps not all bytes of\n"
+"one length, columns of different lengths, a code or time that is not an int64, a bitmap over 32747 bytes.");
 
 static PyObject *ext_pack(PyObject *self, PyObject *args)
 {
@@ -115,35 +114,29 @@ static PyObject *ext_pack(PyObject *self, PyObject *args)
     if (bits == NULL)
         goto done;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(bits);
-    if (PySequence_Fast_GET_SIZE(tags) != n || PySequence_Fast_GET_SIZE(times) != n) {
-        PyErr_SetString(PyExc_ValueError, "tags_codes, msg_store_times and bitmaps differ in length");
-        goto done;
-    }
+    if (PySequence_Fast_GET_SIZE(tags) != n || PySequence_Fast_GET_SIZE(times) != n)
+        goto unusual;
     PyObject **b = PySequence_Fast_ITEMS(bits), **t = PySequence_Fast_ITEMS(tags), **st = PySequence_Fast_ITEMS(times);
     Py_ssize_t blen = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (!PyBytes_CheckExact(b[i]) || (i > 0 && PyBytes_GET_SIZE(b[i]) != blen)) {
-            result = Py_NewRef(Py_None);
-            goto done;
-        }
+        if (!PyBytes_CheckExact(b[i]) || (i > 0 && PyBytes_GET_SIZE(b[i]) != blen))
+            goto unusual;
         blen = PyBytes_GET_SIZE(b[i]);
     }
-    if (blen > 0x7FFF - EXT_MIN_UNIT) {
-        PyErr_Format(PyExc_ValueError, "a %zd-byte bitmap does not fit an ext unit", blen);
-        goto done;
-    }
+    if (blen > 0x7FFF - EXT_MIN_UNIT)
+        goto unusual;
     cols = PyMem_Malloc((size_t)(2 * n + 1) * sizeof(int64_t));
     if (cols == NULL) {
         PyErr_NoMemory();
         goto done;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        long long a = PyLong_AsLongLong(t[i]);
-        if (a == -1 && PyErr_Occurred())
-            goto done;
-        long long c = PyLong_AsLongLong(st[i]);
-        if (c == -1 && PyErr_Occurred())
-            goto done;
+        long long a = PyLong_CheckExact(t[i]) ? PyLong_AsLongLong(t[i]) : -1;
+        long long c = PyLong_CheckExact(st[i]) ? PyLong_AsLongLong(st[i]) : -1;
+        if (!PyLong_CheckExact(t[i]) || !PyLong_CheckExact(st[i]) || PyErr_Occurred()) {
+            PyErr_Clear();
+            goto unusual;
+        }
         cols[2 * i] = a;
         cols[2 * i + 1] = c;
     }
@@ -159,6 +152,9 @@ static PyObject *ext_pack(PyObject *self, PyObject *args)
         put_u16(u + 18, (uint32_t)blen);
         memcpy(u + EXT_MIN_UNIT, PyBytes_AS_STRING(b[i]), (size_t)blen);
     }
+    goto done;
+unusual:
+    result = Py_NewRef(Py_None);
 done:
     PyMem_Free(cols);
     Py_XDECREF(tags);

@@ -282,12 +282,12 @@ class ConsumeQueueExt:
             raise InvalidParameterError(f"a {blen}-byte filter bitmap exceeds the ext limit of {self.bitmap_bytes_max}")
         size = MIN_UNIT_SIZE + blen
         # Sizes still zero: a crash mid-copy leaves no unit that looks whole.
-        try:
-            raw = C.ext_pack(tags_codes, msg_store_times, bitmaps) if C is not None else None
-            if raw is None:
+        raw = C.ext_pack(tags_codes, msg_store_times, bitmaps) if C is not None else None
+        if raw is None:  # no C, or input it leaves to the twin (which says what is wrong)
+            try:
                 raw = _pack_units(tags_codes, msg_store_times, bitmaps, blen)
-        except OverflowError as e:
-            raise InvalidParameterError(f"ext unit field out of range: {e}") from None
+            except OverflowError as e:
+                raise InvalidParameterError(f"ext unit field out of range: {e}") from None
         out: list[int] = []
         with self._lock:
             if self._write_off + n * size > MAX_REAL_OFFSET:
