@@ -13,6 +13,7 @@ import pytest
 from filtering_support import InProcessBroker, sub_data
 
 import sluice.broker.selector_compile as sc
+from sluice.filter import compile_cache
 from sluice.protocol.codes import RequestCode, ResponseCode
 from sluice.protocol.command import RemotingCommand
 from sluice.protocol.record import iter_records
@@ -23,6 +24,15 @@ R = ResponseCode
 @pytest.fixture
 def make_broker(make_broker):
     return partial(make_broker, handle=InProcessBroker)
+
+
+@pytest.fixture(autouse=True)
+def fresh_compile_cache():
+    """Each test's broker starts with nothing compiled: an expression another test compiled in this process
+    (compile_selector's cache is the process's) would be built on the loop, not compiled off it."""
+    compile_cache.clear()
+    yield
+    compile_cache.clear()
 
 
 def big_selector(k: int, terms: int = 400) -> str:
@@ -214,16 +224,31 @@ def test_compiled_selectors_take_the_plain_handler_path(make_broker):
             suspendTimeoutMillis=0, subVersion=0, subscription=sub, expressionType="SQL92"))
 
     async def handle(sub: str):
-        out = pp.handle(_Conn(), request(sub))
+        return await handle_version(sub, 0)
+
+    async def handle_version(sub: str, version: int):
+        req = request(sub)
+        req.ext_fields["subVersion"] = str(version)
+        out = pp.handle(_Conn(), req)
         if isinstance(out, RemotingCommand):
             return "plain", out
-        return "coroutine", await out
+        try:
+            return "coroutine", await out
+        except Exception as exc:  # the gate turns a handler's error into its response code
+            return "coroutine", exc
 
     kind, first = b.loop.run(handle("a > 0"), 10)
     assert kind == "coroutine" and bodies(first) == [b"m0"]  # new: compiled off the loop
     kind, again = b.loop.run(handle("a > 0"), 10)
     assert kind == "plain" and bodies(again) == [b"m0"]  # cached: answered at once, no task, no thread
     assert pp.compiler.compiled == 1
+    # Another subscription version (a consumer restarted) or group of an expression compiled already: the
+    # subscription is built on the loop, with no compilation and no thread (a consumer's start waits for it).
+    kind, other_version = b.loop.run(handle_version("a > 0", 7), 10)
+    assert kind == "plain" and bodies(other_version) == [b"m0"]
+    assert pp.compiler.compiled == 1
+    kind, bad = b.loop.run(handle_version("a >", 8), 10)  # a new expression still goes to the thread
+    assert kind == "coroutine" and getattr(bad, "code", None) == R.SUBSCRIPTION_PARSE_FAILED
 
 
 def test_the_budget_bounds_a_retry_topic_pull_too(make_broker):

@@ -2,7 +2,9 @@
 
 A 400-term SQL92 selector takes long to compile; done on the event loop, a
 storm of distinct ones stalls every other connection. A subscription already
-compiled (cache hit) is answered from the cache on the loop at no extra cost;
+compiled (cache hit), or whose expression is (``compiled_selector``: another
+group's, or this group's before a restart gave it a new subscription version),
+is answered on the loop at no extra cost;
 a new one is compiled on one dedicated thread (not the store's pool, so reads
 never queue behind compilations) while the request waits as a coroutine. Each
 connection may start at most ``max_selector_compiles_per_client_per_minute``
@@ -27,6 +29,7 @@ from typing import TypeVar
 
 from sluice.broker.filtering import CompiledSubscription, compile_subscription, is_tag_type
 from sluice.errors import SelectorCompileBusyError, SluiceError
+from sluice.filter import compiled_selector
 
 __all__ = ["SelectorCompiler", "COMPILES"]
 
@@ -61,9 +64,16 @@ class SelectorCompiler:
             if isinstance(sub, SluiceError):
                 raise copy.copy(sub)
             return sub
-        if is_tag_type(expression_type):
-            sub = compile_subscription(topic, expression_type, expression, sub_version,
-                                       enable_property_filter=enable_property_filter)
+        if is_tag_type(expression_type) or compiled_selector(expression_type, expression) is not None:
+            # A tag expression, or one compiled already (another group's, this group's previous subscription
+            # version: each consumer start is a new version): no compilation to take off the loop, only the
+            # subscription to build, where the thread's round trip cost more than a millisecond.
+            try:
+                sub = compile_subscription(topic, expression_type, expression, sub_version,
+                                           enable_property_filter=enable_property_filter)
+            except SluiceError as e:
+                self._put(key, e.with_traceback(None))
+                raise
             self._put(key, sub)
             return sub
         return None

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
         UnknownExpressionTypeError,
         compile_cache,
         compile_selector,
+        compiled_selector,
         registry,
     )
     from sluice.filter.sql import SqlSelector
@@ -54,6 +55,7 @@ __all__ = [
     "UnknownExpressionTypeError",
     "compile_cache",
     "compile_selector",
+    "compiled_selector",
     "is_legacy_code",
     "java_hash_of_code",
     "java_string_hash",
@@ -71,7 +73,7 @@ for _module, _names in {
     "sluice.filter.classfilter": ("MessageFilter",),
     "sluice.filter.limits": ("DEFAULT_LIMITS", "SelectorLimits"),
     "sluice.filter.registry": ("ENTRY_POINT_GROUP", "FilterRegistry", "UnknownExpressionTypeError",
-                               "compile_cache", "compile_selector", "registry"),
+                               "compile_cache", "compile_selector", "compiled_selector", "registry"),
     "sluice.filter.sql": ("SqlSelector",),
     "sluice.filter.sql_interp": ("Explanation",),
     "sluice.filter.tagcode": ("java_hash_of_code", "java_string_hash", "tag_code"),

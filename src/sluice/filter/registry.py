@@ -206,6 +206,20 @@ class _CompileCache:
 compile_cache = _CompileCache(maxsize=1024)
 
 
+def compiled_selector(expression_type: str | None, expression: str | None, *,
+                      limits: SelectorLimits = DEFAULT_LIMITS) -> Selector | None:
+    """The selector :func:`compile_selector` would return from its cache, without compiling (None when it
+    is not there, or the expression failed): how a caller learns the work is already done."""
+    if expression is not None and len(expression) > limits.max_length:
+        return None
+    try:
+        key_type = FilterRegistry._key(expression_type)
+    except UnknownExpressionTypeError:
+        return None
+    cached = compile_cache.get((key_type, expression, limits))
+    return cached if isinstance(cached, Selector) else None
+
+
 def compile_selector(expression_type: str | None, expression: str | None, *,
                      limits: SelectorLimits = DEFAULT_LIMITS) -> Selector:
     """Compile a subscription expression of the given type (TAG, SQL92 or a plugin type).
@@ -243,6 +257,7 @@ __all__ = [
     "FilterRegistry",
     "UnknownExpressionTypeError",
     "compile_cache",
+    "compiled_selector",
     "compile_selector",
     "registry",
 ]
