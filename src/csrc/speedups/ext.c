@@ -99,68 +99,51 @@ PyDoc_STRVAR(ext_pack_doc,
 "ConsumeQueueExt.put_many's units, packed back to back with their size fields left zero (put_many writes\n"
 "those last): tags code and store time (int64), the bitmap length (int16) and the bitmap, big-endian. None,\n"
 "for the Python twin to run and say what is wrong, when the input is not the usual: bitmaps not all bytes of\n"
-"one length, columns of different lengths, a code or time that is not an int64, a bitmap over 32747 bytes.");
+"one length, columns of different lengths or not lists, a code or time that is not an int64, a bitmap\n"
+"over 32747 bytes.");
 
 static PyObject *ext_pack(PyObject *self, PyObject *args)
 {
-    PyObject *tags_o, *times_o, *bits_o;
-    if (!PyArg_ParseTuple(args, "OOO:ext_pack", &tags_o, &times_o, &bits_o))
+    PyObject *tags, *times, *bits;
+    if (!PyArg_ParseTuple(args, "OOO:ext_pack", &tags, &times, &bits))
         return NULL;
-    PyObject *tags = PySequence_Fast(tags_o, "tags_codes must be a sequence");
-    PyObject *times = tags ? PySequence_Fast(times_o, "msg_store_times must be a sequence") : NULL;
-    PyObject *bits = times ? PySequence_Fast(bits_o, "bitmaps must be a sequence") : NULL;
-    PyObject *result = NULL;
-    int64_t *cols = NULL;
-    if (bits == NULL)
-        goto done;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(bits);
-    if (PySequence_Fast_GET_SIZE(tags) != n || PySequence_Fast_GET_SIZE(times) != n)
-        goto unusual;
-    PyObject **b = PySequence_Fast_ITEMS(bits), **t = PySequence_Fast_ITEMS(tags), **st = PySequence_Fast_ITEMS(times);
-    Py_ssize_t blen = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (!PyBytes_CheckExact(b[i]) || (i > 0 && PyBytes_GET_SIZE(b[i]) != blen))
-            goto unusual;
-        blen = PyBytes_GET_SIZE(b[i]);
-    }
+    if (!PyList_CheckExact(tags) || !PyList_CheckExact(times) || !PyList_CheckExact(bits))
+        Py_RETURN_NONE;
+    Py_ssize_t n = PyList_GET_SIZE(bits);
+    if (n == 0 || PyList_GET_SIZE(tags) != n || PyList_GET_SIZE(times) != n
+        || !PyBytes_CheckExact(PyList_GET_ITEM(bits, 0)))
+        Py_RETURN_NONE;
+    Py_ssize_t blen = PyBytes_GET_SIZE(PyList_GET_ITEM(bits, 0));
     if (blen > 0x7FFF - EXT_MIN_UNIT)
-        goto unusual;
-    cols = PyMem_Malloc((size_t)(2 * n + 1) * sizeof(int64_t));
-    if (cols == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        long long a = PyLong_CheckExact(t[i]) ? PyLong_AsLongLong(t[i]) : -1;
-        long long c = PyLong_CheckExact(st[i]) ? PyLong_AsLongLong(st[i]) : -1;
-        if (!PyLong_CheckExact(t[i]) || !PyLong_CheckExact(st[i]) || PyErr_Occurred()) {
-            PyErr_Clear();
-            goto unusual;
-        }
-        cols[2 * i] = a;
-        cols[2 * i + 1] = c;
-    }
+        Py_RETURN_NONE;
     Py_ssize_t size = EXT_MIN_UNIT + blen;
-    result = PyBytes_FromStringAndSize(NULL, n * size);
-    if (result == NULL)
-        goto done;
-    unsigned char *u = (unsigned char *)PyBytes_AS_STRING(result);
+    /* Packed while checked: the bytes are this call's own until it returns them, so a unit found unusual
+     * half way only drops them. */
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n * size);
+    if (out == NULL)
+        return NULL;
+    unsigned char *u = (unsigned char *)PyBytes_AS_STRING(out);
     for (Py_ssize_t i = 0; i < n; i++, u += size) {
+        PyObject *b = PyList_GET_ITEM(bits, i), *t = PyList_GET_ITEM(tags, i), *st = PyList_GET_ITEM(times, i);
+        if (!PyBytes_CheckExact(b) || PyBytes_GET_SIZE(b) != blen || !PyLong_CheckExact(t) || !PyLong_CheckExact(st))
+            goto unusual;
+        long long code = PyLong_AsLongLong(t);
+        if (code == -1 && PyErr_Occurred())
+            goto unusual;
+        long long when = PyLong_AsLongLong(st);
+        if (when == -1 && PyErr_Occurred())
+            goto unusual;
         put_u16(u, 0);
-        put_u64(u + 2, (uint64_t)cols[2 * i]);
-        put_u64(u + 10, (uint64_t)cols[2 * i + 1]);
+        put_u64(u + 2, (uint64_t)code);
+        put_u64(u + 10, (uint64_t)when);
         put_u16(u + 18, (uint32_t)blen);
-        memcpy(u + EXT_MIN_UNIT, PyBytes_AS_STRING(b[i]), (size_t)blen);
+        memcpy(u + EXT_MIN_UNIT, PyBytes_AS_STRING(b), (size_t)blen);
     }
-    goto done;
+    return out;
 unusual:
-    result = Py_NewRef(Py_None);
-done:
-    PyMem_Free(cols);
-    Py_XDECREF(tags);
-    Py_XDECREF(times);
-    Py_XDECREF(bits);
-    return result;
+    PyErr_Clear(); /* an int outside int64: the twin raises it */
+    Py_DECREF(out);
+    Py_RETURN_NONE;
 }
 
 PyMethodDef sluice_ext_methods[] = {

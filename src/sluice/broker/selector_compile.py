@@ -68,12 +68,8 @@ class SelectorCompiler:
             # A tag expression, or one compiled already (another group's, this group's previous subscription
             # version: each consumer start is a new version): no compilation to take off the loop, only the
             # subscription to build, where the thread's round trip cost more than a millisecond.
-            try:
-                sub = compile_subscription(topic, expression_type, expression, sub_version,
-                                           enable_property_filter=enable_property_filter)
-            except SluiceError as e:
-                self._put(key, e.with_traceback(None))
-                raise
+            sub = compile_subscription(topic, expression_type, expression, sub_version,
+                                       enable_property_filter=enable_property_filter)
             self._put(key, sub)
             return sub
         return None

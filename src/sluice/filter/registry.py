@@ -210,14 +210,20 @@ def compiled_selector(expression_type: str | None, expression: str | None, *,
                       limits: SelectorLimits = DEFAULT_LIMITS) -> Selector | None:
     """The selector :func:`compile_selector` would return from its cache, without compiling (None when it
     is not there, or the expression failed): how a caller learns the work is already done."""
-    if expression is not None and len(expression) > limits.max_length:
-        return None
     try:
-        key_type = FilterRegistry._key(expression_type)
+        key = _cache_key(FilterRegistry._key(expression_type), expression, limits)
     except UnknownExpressionTypeError:
         return None
-    cached = compile_cache.get((key_type, expression, limits))
+    cached = compile_cache.get(key) if key is not None else None
     return cached if isinstance(cached, Selector) else None
+
+
+def _cache_key(key_type: str, expression: str | None, limits: SelectorLimits
+               ) -> tuple[str, str | None, SelectorLimits] | None:
+    """The compile cache's key; None for an expression over the length limit (refused, never cached)."""
+    if expression is not None and len(expression) > limits.max_length:
+        return None
+    return key_type, expression, limits
 
 
 def compile_selector(expression_type: str | None, expression: str | None, *,
@@ -231,8 +237,7 @@ def compile_selector(expression_type: str | None, expression: str | None, *,
     key_type = FilterRegistry._key(expression_type)
     if key_type != "TAG" and expression is None:
         raise SelectorSyntaxError(f"a {key_type} subscription needs an expression", position=0)
-    cache_key = (key_type, expression, limits) if expression is None or len(expression) <= limits.max_length \
-        else None
+    cache_key = _cache_key(key_type, expression, limits)
     if cache_key is not None:
         cached = compile_cache.get(cache_key)
         if isinstance(cached, Selector):

@@ -275,15 +275,16 @@ class ConsumeQueueExt:
             return []
         if n <= SMALL_BATCH:  # a few units (dispatch at a low rate): building the structured array costs more
             return self._put_few(tags_codes, msg_store_times, bitmaps)
-        blen = len(bitmaps[0])
-        if len(set(map(len, bitmaps))) > 1:
+        # Sizes still zero: a crash mid-copy leaves no unit that looks whole. C packs the usual batch (one
+        # bitmap length) and answers None for anything else, which the lines below sort out.
+        raw = C.ext_pack(tags_codes, msg_store_times, bitmaps) if C is not None else None
+        if raw is None and len(set(map(len, bitmaps))) > 1:
             return [self.put(t, s, b) for t, s, b in zip(tags_codes, msg_store_times, bitmaps)]
+        blen = len(bitmaps[0])
         if blen > self.bitmap_bytes_max:
             raise InvalidParameterError(f"a {blen}-byte filter bitmap exceeds the ext limit of {self.bitmap_bytes_max}")
         size = MIN_UNIT_SIZE + blen
-        # Sizes still zero: a crash mid-copy leaves no unit that looks whole.
-        raw = C.ext_pack(tags_codes, msg_store_times, bitmaps) if C is not None else None
-        if raw is None:  # no C, or input it leaves to the twin (which says what is wrong)
+        if raw is None:  # no C, or a value it leaves to the twin (which says what is wrong)
             try:
                 raw = _pack_units(tags_codes, msg_store_times, bitmaps, blen)
             except OverflowError as e:
