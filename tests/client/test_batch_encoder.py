@@ -2,6 +2,8 @@
 and prepare_batch's results on either path (this file runs with and without the extension)."""
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -137,3 +139,12 @@ def test_bulk_ids_share_the_time_and_count_on():
     assert len({i.timestamp_ms_in_month for i in infos[1:6]}) == 1
     assert gen.next_ids(0) == [] and len(gen.next_ids(1)) == 1
     assert len(set(new_unique_ids(1000))) == 1000
+
+
+@given(st.integers(0, 0xFFFF), st.integers(2, 600))
+def test_bulk_ids_end_in_the_counter_as_four_hex_digits_across_its_wrap(start, n):
+    gen = UniqueIdGenerator(ip=b"\x0a\x00\x00\x01", pid=7)
+    gen._counter = itertools.count(start)  # where a process's random start may put it, wrap included
+    ids = gen.next_ids(n)
+    assert [i[-4:] for i in ids] == [f"{(start + k) & 0xFFFF:04X}" for k in range(n)]
+    assert len({i[:-4] for i in ids}) == 1 and all(len(i) == 32 for i in ids)
