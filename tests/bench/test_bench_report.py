@@ -26,7 +26,8 @@ def canned(scale: float = 1.0) -> dict[str, Any]:
         "version": 1, "started": "2026-11-27T18:00:00+00:00", "quick": True,
         "machine": {"cores": 2, "cpu": "test cpu", "memory_bytes": 8 * 2**30, "python": "CPython 3.11.7",
                     "load_average": [0.5, 0.4, 0.3], "disk": {"path": "/tmp/x", "device": "/dev/vda",
-                                                               "fstype": "ext4"}},
+                                                               "fstype": "ext4", "size_bytes": 252 * 2**30,
+                                                               "free_bytes": 2**29}},
         "load": {**Workload.quick().as_dict(), "flush": "both"},
         "systems": {
             "sluice": {"available": True, "produce": {"msgs_per_s": int(30000 * scale),
@@ -87,7 +88,7 @@ def test_the_change_from_a_previous_result_is_shown_per_cell() -> None:
 
 def test_the_markdown_states_machine_load_peers_and_failures() -> None:
     text = render_markdown(canned(), previous=None, plots=["throughput.png"])
-    assert "2 cores (test cpu), 8.0 GiB memory, CPython 3.11.7, disk /dev/vda, ext4" in text
+    assert "2 cores (test cpu), 8.0 GiB memory, CPython 3.11.7, disk /dev/vda, ext4, 0.5 GiB of 252.0 GiB free" in text
     assert "20,000 messages of 1,024 bytes" in text
     assert "| produce msgs/s | 30,000 | 80,000 | 13,000 | not run |" in text
     assert "**Redis streams** skipped: redis-server is not installed: run scripts/install-peers.sh" in text

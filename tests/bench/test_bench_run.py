@@ -42,6 +42,8 @@ def test_bench_quick_against_sluice_writes_positive_figures(tmp_path: Path) -> N
         lat = sluice["latency"][rate]
         assert lat["received"] == lat["expected"] > 0 and 0 < lat["p50_ms"] <= lat["p99_ms"]
     assert result["machine"]["cores"] >= 1 and result["load"]["messages"] == 400
+    disk = result["machine"]["disk"]  # the disk the stores went to, and its room then
+    assert disk["path"] != str(out) and 0 < disk["free_bytes"] <= disk["size_bytes"], disk
     text = (out / "bench.md").read_text()
     assert "| produce msgs/s |" in text and "## How each system filters and persists" in text
     assert "- sql92 (catchup): evaluated " in text

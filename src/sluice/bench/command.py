@@ -83,11 +83,12 @@ def run_bench(wl: Workload, out: Path, *, quick: bool, peers: list[str], flush: 
             previous = json.loads((out / RESULT).read_text())
         except ValueError as exc:
             echo(f"ignoring the unreadable previous result {out / RESULT}: {exc}")
+    workdir = Path(tempfile.mkdtemp(prefix="sluice-bench-"))
     result: dict[str, Any] = {
         "version": 1, "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "quick": quick, "machine": describe_machine(out), "load": {**wl.as_dict(), "flush": flush}, "systems": {},
+        "quick": quick, "machine": describe_machine(workdir), "load": {**wl.as_dict(), "flush": flush},
+        "systems": {},
     }
-    workdir = Path(tempfile.mkdtemp(prefix="sluice-bench-"))
     total = 1 + len(peers) + (1 if scripts else 0) + (1 if scale else 0)
     try:
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),

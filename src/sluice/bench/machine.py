@@ -1,4 +1,4 @@
-"""The machine a result was measured on: cores, memory, Python, the disk under the output directory."""
+"""The machine a result was measured on: cores, memory, Python, the disk the stores are written to."""
 from __future__ import annotations
 
 import os
@@ -31,12 +31,14 @@ def _cpu_model() -> str:
 
 
 def _disk(path: Path) -> dict[str, Any]:
-    """Filesystem type and device of ``path`` (from df), and whether the device is rotational."""
+    """Filesystem type, device, size and free space of ``path`` (from df), and whether the device is rotational
+    (a nearly full disk slows every write and fsync, and makes a broker refuse sends)."""
     out: dict[str, Any] = {"path": str(path)}
     try:
         df = subprocess.run(["df", "-PT", str(path)], capture_output=True, text=True, timeout=10)
         fields = df.stdout.splitlines()[1].split()
-        out.update(device=fields[0], fstype=fields[1], size_bytes=int(fields[2]) * 1024)
+        out.update(device=fields[0], fstype=fields[1], size_bytes=int(fields[2]) * 1024,
+                   free_bytes=int(fields[4]) * 1024)
         name = Path(fields[0]).name.rstrip("0123456789")
         rot = Path(f"/sys/block/{name}/queue/rotational")
         if rot.exists():
@@ -46,7 +48,8 @@ def _disk(path: Path) -> dict[str, Any]:
     return out
 
 
-def describe_machine(out_dir: Path) -> dict[str, Any]:
+def describe_machine(store_dir: Path) -> dict[str, Any]:
+    """The machine, with the disk under ``store_dir`` (where the run's stores go)."""
     return {
         "cores": os.cpu_count() or 0,
         "cpu": _cpu_model(),
@@ -54,5 +57,5 @@ def describe_machine(out_dir: Path) -> dict[str, Any]:
         "python": f"{platform.python_implementation()} {platform.python_version()}",
         "platform": platform.platform(),
         "load_average": [round(x, 2) for x in os.getloadavg()],
-        "disk": _disk(out_dir),
+        "disk": _disk(store_dir),
     }

@@ -236,6 +236,8 @@ def render_markdown(result: dict[str, Any], previous: dict[str, Any] | None = No
     disk_text = ", ".join(str(x) for x in (disk.get("device"), disk.get("fstype")) if x) or "unknown"
     if "rotational" in disk:
         disk_text += ", rotational" if disk["rotational"] else ", SSD"
+    if disk.get("size_bytes") and "free_bytes" in disk:
+        disk_text += f", {_gib(disk['free_bytes'])} of {_gib(disk['size_bytes'])} free"
     parts = [
         "# sluice bench", "",
         f"Measured {result.get('started', '?')}{' (--quick)' if result.get('quick') else ''}.",
