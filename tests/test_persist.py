@@ -102,12 +102,12 @@ def test_json_documents_round_trip(tmp_path: Path) -> None:
 class _Table:
     """A dict behind an RLock, as the broker's topic and group tables keep theirs."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, delay_s: float = 0.0) -> None:
         self.lock = threading.RLock()
         self.data: dict[str, int] = {}
         self.gate = threading.Event()
         self.gate.set()
-        self.saver = JsonSaver(path, self.snapshot, self.lock, "test-saver")
+        self.saver = JsonSaver(path, self.snapshot, self.lock, "test-saver", delay_s=delay_s)
 
     def snapshot(self) -> dict[str, int]:
         self.gate.wait(10)
@@ -134,6 +134,31 @@ def test_saver_soon_returns_before_writing_and_flush_writes(tmp_path: Path) -> N
     t.gate.set()
     t.saver.flush()
     assert read_json(tmp_path / "t.json") == {"a": 1}
+
+
+def test_saver_soon_waits_its_delay_and_writes_a_burst_once(tmp_path: Path) -> None:
+    # The heartbeat's case: a group and its retry topic auto-created, then more requests; the write comes
+    # after them, one for the burst, so its Python steps do not take the GIL from the loop mid-request.
+    target = tmp_path / "t.json"
+    t = _Table(target, delay_s=1.0)
+    t.put("group", 1, soon=True)
+    t.put("retry", 2, soon=True)
+    t.put("group", 3, soon=True)
+    time.sleep(0.2)
+    assert not target.exists() and t.saver._taken == 0  # resting
+    deadline = time.monotonic() + 10
+    while not target.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert read_json(target) == {"group": 3, "retry": 2}
+    assert t.saver._taken == 1  # one snapshot, one write for the three changes
+
+
+def test_saver_flush_writes_a_change_still_resting(tmp_path: Path) -> None:
+    target = tmp_path / "t.json"
+    t = _Table(target, delay_s=30.0)
+    t.put("a", 1, soon=True)
+    t.saver.flush()  # the broker's stop does not wait out the delay
+    assert read_json(target) == {"a": 1}
 
 
 def test_saver_ends_with_the_latest_state_under_mixed_writers(tmp_path: Path) -> None:

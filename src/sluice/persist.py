@@ -12,6 +12,7 @@ import itertools
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -77,9 +78,16 @@ def read_json(path: Path, default: Any = None) -> Any:
         return default
 
 
+#: How long the saver thread lets a change rest before writing it (JsonSaver.soon): the request that made it
+#: (a client's heartbeat auto-creating its group and retry topic) and the ones that follow (its routes,
+#: consumer list and offsets) are answered first, since each Python step of a write between its system
+#: calls takes the GIL from the event loop, and the changes of the burst go in one write.
+SOON_DELAY_S = 0.05
+
+
 class JsonSaver:
     """One JSON document saved whole from ``snapshot()``: :meth:`now` writes before returning; :meth:`soon`
-    leaves the write to a daemon thread, coalescing the changes made meanwhile into one write.
+    leaves the write to a daemon thread, ``delay_s`` later, coalescing the changes made meanwhile into one write.
 
     ``soon`` is for what a crash may lose because it is made again (a group or retry topic auto-created by a
     client's heartbeat): the caller, often an event loop, never waits on the fsyncs. ``lock`` is the table's
@@ -90,8 +98,9 @@ class JsonSaver:
     """
 
     def __init__(self, path: Path, snapshot: Callable[[], Any], lock: threading.RLock,
-                 name: str = "json-saver") -> None:
+                 name: str = "json-saver", *, delay_s: float = SOON_DELAY_S) -> None:
         self.path = path
+        self.delay_s = delay_s
         self._snapshot = snapshot
         self._lock = lock
         self._write_lock = threading.Lock()
@@ -139,6 +148,8 @@ class JsonSaver:
             with self._cond:
                 while not self._pending:
                     self._cond.wait()
+            time.sleep(self.delay_s)  # (SOON_DELAY_S) changes made meanwhile go in the same write
+            with self._cond:
                 self._pending = False
             try:
                 self._write(*self._take())
