@@ -161,6 +161,16 @@ def test_saver_flush_writes_a_change_still_resting(tmp_path: Path) -> None:
     assert read_json(target) == {"a": 1}
 
 
+def test_saver_thread_does_not_write_again_what_flush_wrote(tmp_path: Path) -> None:
+    target = tmp_path / "t.json"
+    t = _Table(target, delay_s=0.3)
+    t.put("a", 1, soon=True)
+    t.saver.flush()
+    taken = t.saver._taken
+    time.sleep(0.8)  # the thread's rest is over: it finds nothing pending
+    assert t.saver._taken == taken and read_json(target) == {"a": 1}
+
+
 def test_saver_ends_with_the_latest_state_under_mixed_writers(tmp_path: Path) -> None:
     t = _Table(tmp_path / "t.json")
 

@@ -150,6 +150,8 @@ class JsonSaver:
                     self._cond.wait()
             time.sleep(self.delay_s)  # (SOON_DELAY_S) changes made meanwhile go in the same write
             with self._cond:
+                if not self._pending:  # flush() wrote them meanwhile (the broker's stop)
+                    continue
                 self._pending = False
             try:
                 self._write(*self._take())
