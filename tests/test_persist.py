@@ -163,11 +163,12 @@ def test_saver_flush_writes_a_change_still_resting(tmp_path: Path) -> None:
 
 def test_saver_thread_does_not_write_again_what_flush_wrote(tmp_path: Path) -> None:
     target = tmp_path / "t.json"
-    t = _Table(target, delay_s=0.3)
+    t = _Table(target, delay_s=0.6)
     t.put("a", 1, soon=True)
+    time.sleep(0.2)  # the thread took the change and rests
     t.saver.flush()
     taken = t.saver._taken
-    time.sleep(0.8)  # the thread's rest is over: it finds nothing pending
+    time.sleep(1.0)  # its rest is over: it finds nothing pending
     assert t.saver._taken == taken and read_json(target) == {"a": 1}
 
 
