@@ -8,11 +8,12 @@ import sys
 import tracemalloc
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
 import pytest
-from store_testlib import msg, small_config
+from store_testlib import msg, run_alone, small_config
 
 from sluice.protocol import properties as P
 from sluice.store import MessageStore, StoreConfig
@@ -275,20 +276,10 @@ def _check_peak(d: Path, n: int) -> tuple[int, CheckReport, int]:
     return peak, rep, rebuild_peak
 
 
-def _check_peak_alone(d: Path, n: int) -> tuple[int, bool, int, int, int, list[str]]:
-    """:func:`_check_peak` in a fresh interpreter: tracemalloc counts every thread's allocations, and threads
-    that earlier tests of the suite's process left running moved the peak by megabytes (22.4 MiB against
-    18.8 alone, once in CI). Returns (peak, ok, records, units, rebuild peak, the first problems)."""
-    here = Path(__file__).resolve().parent
-    probe = ("import sys, orjson; from pathlib import Path; sys.path[:0] = sys.argv[1:3]; "
-             "import test_check_bounded as t; peak, rep, rebuild = t._check_peak(Path(sys.argv[3]), int(sys.argv[4])); "
-             "print(orjson.dumps([peak, rep.ok, rep.records, rep.units, rebuild, "
-             "[str(p) for p in rep.problems[:3]]]).decode())")
-    out = subprocess.run([sys.executable, "-c", probe, str(here), str(here.parent), str(d), str(n)],
-                         capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-2000:]
-    peak, ok, records, units, rebuild, problems = orjson.loads(out.stdout.strip().splitlines()[-1])
-    return peak, ok, records, units, rebuild, problems
+def _check_peak_json(d: str, n: str) -> list[Any]:
+    """:func:`_check_peak` for run_alone: (peak, ok, records, units, rebuild peak, the first problems)."""
+    peak, rep, rebuild = _check_peak(Path(d), int(n))
+    return [peak, rep.ok, rep.records, rep.units, rebuild, [str(p) for p in rep.problems[:3]]]
 
 
 @pytest.mark.slow
@@ -297,7 +288,8 @@ def test_check_memory_does_not_grow_with_the_store(tmp_path: Path) -> None:
     for n in (100_000, 400_000):
         d = tmp_path / str(n)
         _big_store(d, n)
-        peak, ok, records, units, rebuild, problems = _check_peak_alone(d, n)
+        peak, ok, records, units, rebuild, problems = run_alone("test_check_bounded", "_check_peak_json",
+                                                                  str(d), str(n))
         assert ok and records == n and units == n, problems
         peaks[n], rebuilds[n] = peak, rebuild
         print(f"{n} messages: check peak {peak / 2**20:.1f} MiB, rebuild of a queue {rebuild / 2**20:.1f} MiB")
