@@ -53,10 +53,20 @@ def write_atomic(path: str | os.PathLike[str], data: bytes | bytearray | memoryv
     fsync_dir(path.parent)
 
 
+def json_bytes(data: Any) -> bytes:
+    """``data`` as the indented JSON the config files hold; int keys are written as strings."""
+    return orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS)
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
     """Replace ``path`` with ``data`` as indented JSON (write_atomic), creating its directory if needed."""
+    write_json_bytes_atomic(path, json_bytes(data))
+
+
+def write_json_bytes_atomic(path: Path, data: bytes) -> None:
+    """Replace ``path`` with JSON serialised already (:func:`json_bytes`), creating its directory if needed."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS))
+    write_atomic(path, data)
 
 
 def read_json(path: Path, default: Any = None) -> Any:

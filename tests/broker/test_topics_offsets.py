@@ -1,6 +1,8 @@
 """Topic configs and committed offsets: creation rules and persistence across restarts."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from sluice.broker.offsets import ConsumerOffsetManager
@@ -60,6 +62,23 @@ def test_offsets_persist_and_clamp(tmp_path):
     again = ConsumerOffsetManager(tmp_path)
     assert again.offsets_of("g", "T") == {0: 10, 1: 5}
     assert again.groups_of_topic("T") == {"g"} and again.topics_of_group("g") == {"T"}
+
+
+def test_offsets_file_is_rocketmq_shaped_with_queue_ids_as_strings(tmp_path):
+    """persist() serialises the live table (int queue ids) straight to RocketMQ's consumerOffset.json shape."""
+    om = ConsumerOffsetManager(tmp_path)
+    om.commit("g", "T", 3, 7)
+    om.commit("g", "T", 0, 9)
+    om.note_subscribed("g", "T", 1_700_000_000_000)
+    om.persist()
+    assert json.loads((tmp_path / "consumerOffset.json").read_text()) == {
+        "offsetTable": {"T@g": {"3": 7, "0": 9}}, "subscribedAt": {"T@g": 1_700_000_000_000}}
+    om.commit("g", "T", 3, 8)  # the table lives on after persisting: the next persist has the change
+    om.persist()
+    assert ConsumerOffsetManager(tmp_path).offsets_of("g", "T") == {3: 8, 0: 9}
+    mtime = (tmp_path / "consumerOffset.json").stat().st_mtime_ns
+    om.persist()  # nothing changed: nothing written
+    assert (tmp_path / "consumerOffset.json").stat().st_mtime_ns == mtime
 
 
 def test_damaged_offsets_file_is_set_aside(tmp_path):
