@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,8 @@ def canned(scale: float = 1.0) -> dict[str, Any]:
                                                                "fstype": "ext4", "size_bytes": 252 * 2**30,
                                                                "free_bytes": 2**29}},
         "load": {**Workload.quick().as_dict(), "flush": "both"},
+        "host_probe": {"start": {"python_ms": 3.14, "loopback_rtt_us": 48.3, "loopback_rtt_after_idle_us": 100.9},
+                       "end": {"python_ms": 6.95, "loopback_rtt_us": 75.6, "loopback_rtt_after_idle_us": 94.9}},
         "systems": {
             "sluice": {"available": True, "produce": {"msgs_per_s": int(30000 * scale),
                                                       "sync_msgs_per_s": int(20000 * scale)},
@@ -90,6 +93,9 @@ def test_the_markdown_states_machine_load_peers_and_failures() -> None:
     text = render_markdown(canned(), previous=None, plots=["throughput.png"])
     assert "2 cores (test cpu), 8.0 GiB memory, CPython 3.11.7, disk /dev/vda, ext4, 0.5 GiB of 252.0 GiB free" in text
     assert "20,000 messages of 1,024 bytes" in text
+    assert ("Host probe at the start / end of the run: a fixed piece of Python work took 3.1 / 7.0 ms (best of "
+            "five); a loopback round trip between threads on two cores 48.3 / 75.6 µs back to back and 100.9 / "
+            "94.9 µs after 1 ms idle (p50).") in text
     assert "| produce msgs/s | 30,000 | 80,000 | 13,000 | not run |" in text
     assert "**Redis streams** skipped: redis-server is not installed: run scripts/install-peers.sh" in text
     assert "**NATS JetStream** failed: sql92 drain (catchup): drained 5 of 9 within 1 s" in text
@@ -99,6 +105,27 @@ def test_the_markdown_states_machine_load_peers_and_failures() -> None:
     assert "![throughput.png](throughput.png)" in text
     assert "- `spark_read.py` (1.0 s): failed: exit code 1 (log x)" in text
     assert "change from the previous result" not in text
+
+
+def test_the_host_probe_is_left_out_when_missing_and_its_round_trips_on_one_core() -> None:
+    r = canned()
+    del r["host_probe"]
+    assert "Host probe" not in render_markdown(r)
+    r["host_probe"] = {"start": {"python_ms": 3.0, "loopback_rtt_us": None, "loopback_rtt_after_idle_us": None}}
+    text = render_markdown(r)
+    assert "Host probe at the start of the run: a fixed piece of Python work took 3.0 ms (best of five). On" in text
+
+
+def test_host_probe_measures_the_interpreter_and_loopback_round_trips() -> None:
+    from sluice.bench.machine import host_probe
+    before = os.sched_getaffinity(0)
+    p = host_probe()
+    assert os.sched_getaffinity(0) == before  # the probe pins its threads, then gives this one its cores back
+    assert p["python_ms"] > 0
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert 0 < p["loopback_rtt_us"] < 1e6 and 0 < p["loopback_rtt_after_idle_us"] < 1e6
+    else:
+        assert p["loopback_rtt_us"] is None and p["loopback_rtt_after_idle_us"] is None
 
 
 def test_outputs_are_written_and_the_previous_result_kept(tmp_path: Path) -> None:

@@ -44,7 +44,11 @@ def test_bench_quick_against_sluice_writes_positive_figures(tmp_path: Path) -> N
     assert result["machine"]["cores"] >= 1 and result["load"]["messages"] == 400
     disk = result["machine"]["disk"]  # the disk the stores went to, and its room then
     assert disk["path"] != str(out) and 0 < disk["free_bytes"] <= disk["size_bytes"], disk
+    for when in ("start", "end"):  # the host's speed then (machine.host_probe)
+        probe = result["host_probe"][when]
+        assert probe["python_ms"] > 0 and probe["loopback_rtt_us"] > 0 and probe["loopback_rtt_after_idle_us"] > 0
     text = (out / "bench.md").read_text()
+    assert "Host probe at the start / end of the run: a fixed piece of Python work took " in text
     assert "| produce msgs/s |" in text and "## How each system filters and persists" in text
     assert "- sql92 (catchup): evaluated " in text
     for png in ("throughput.png", "latency.png"):

@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from sluice.bench.machine import describe_machine
+from sluice.bench.machine import describe_machine, host_probe
 from sluice.bench.procs import PeerMissing
 from sluice.bench.report import render_markdown
 from sluice.bench.workload import Workload
@@ -87,7 +87,7 @@ def run_bench(wl: Workload, out: Path, *, quick: bool, peers: list[str], flush: 
     result: dict[str, Any] = {
         "version": 1, "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "quick": quick, "machine": describe_machine(workdir), "load": {**wl.as_dict(), "flush": flush},
-        "systems": {},
+        "host_probe": {"start": host_probe()}, "systems": {},
     }
     total = 1 + len(peers) + (1 if scripts else 0) + (1 if scale else 0)
     try:
@@ -116,6 +116,7 @@ def run_bench(wl: Workload, out: Path, *, quick: bool, peers: list[str], flush: 
                 result["scale"] = _measured(run_scale, wl, workdir / "scale", scale["messages"], scale["groups"],
                                             step)
                 progress.advance(task)
+        result["host_probe"]["end"] = host_probe()
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     result["finished"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")

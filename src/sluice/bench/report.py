@@ -228,6 +228,25 @@ def _errors(r: dict[str, Any], key: str = "error") -> list[tuple[str, dict[str, 
     return found
 
 
+def _probe_lines(probe: dict[str, Any]) -> list[str]:
+    """The host probe (machine.host_probe) at the run's start and end, as one sentence (none without it)."""
+    runs = [(when, probe[when]) for when in ("start", "end") if probe.get(when)]
+    if not runs:
+        return []
+
+    def both(key: str) -> str:
+        return " / ".join(f"{p[key]:,.1f}" for _, p in runs)
+
+    text = (f"Host probe at the {' / '.join(when for when, _ in runs)} of the run: a fixed piece of Python work "
+            f"took {both('python_ms')} ms (best of five)")
+    if all(p.get("loopback_rtt_us") is not None and p.get("loopback_rtt_after_idle_us") is not None
+           for _, p in runs):
+        text += (f"; a loopback round trip between threads on two cores {both('loopback_rtt_us')} µs back to back "
+                 f"and {both('loopback_rtt_after_idle_us')} µs after 1 ms idle (p50)")
+    return [text + ". On a shared machine these move with the neighbours' load; compare runs made at different "
+            "times together with them."]
+
+
 def render_markdown(result: dict[str, Any], previous: dict[str, Any] | None = None,
                     plots: list[str] | None = None) -> str:
     m = result.get("machine", {})
@@ -244,6 +263,7 @@ def render_markdown(result: dict[str, Any], previous: dict[str, Any] | None = No
         f"Machine: {m.get('cores', '?')} cores ({m.get('cpu', '?')}), {_gib(m.get('memory_bytes', 0))} memory, "
         f"{m.get('python', '?')}, disk {disk_text} under {disk.get('path', '?')}; "
         f"load average at the start {', '.join(str(x) for x in m.get('load_average', []))}.",
+        *_probe_lines(result.get("host_probe") or {}),
         "",
         f"Load: {load.get('messages', 0):,} messages of {load.get('body_size', 0):,} bytes with a tag (TagA–TagJ), "
         "`region` (10 values) and `a` (0–99 as text); producers send batches of "
