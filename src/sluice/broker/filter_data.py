@@ -146,14 +146,14 @@ class ConsumerFilterManager:
                             old.expression_type, old.expression)
             if client_version == old.client_version and old.is_dead:
                 old.dead_time = 0
-                self._changed()
+                self._changed(topic)
                 return True
             return False
         if old is not None and (old.expression, old.expression_type) == (expression, etype) \
                 and old.error is None and self._bloom_ok(old):
             old.client_version = client_version
             old.dead_time = 0 if old.is_dead else old.dead_time
-            self._changed()
+            self._changed(topic)
             return True
         try:
             data = self._build(topic, group, expression, etype, client_version, selector)
@@ -161,10 +161,10 @@ class ConsumerFilterManager:
             log.error("filter data of group %s on %s not registered: %s", group, topic, e)
             if old is not None:
                 del by_group[group]
-                self._changed()
+                self._changed(topic)
             return False
         by_group[group] = data
-        self._changed()
+        self._changed(topic)
         return True
 
     def _build(self, topic: str, group: str, expression: str, etype: str, version: int,
@@ -190,26 +190,40 @@ class ConsumerFilterManager:
             d = by_group.get(group)
             if d is not None and topic not in topics and not d.is_dead:
                 d.dead_time = now
-                self._changed()
+                self._changed(topic)
 
     def unregister(self, group: str) -> None:
         """The group's last member left: its data is dead (kept for filtering and bitmaps until cleaned)."""
         now = self._clock()
-        for by_group in self.table.values():
+        for topic, by_group in self.table.items():
             d = by_group.get(group)
             if d is not None and not d.is_dead:
                 d.dead_time = now
-                self._changed()
+                self._changed(topic)
 
-    def _changed(self) -> None:
+    def _changed(self, topic: str | None = None) -> None:
+        """Mark the data dirty and rebuild the SQL92 snapshot the dispatch thread reads: only ``topic``'s
+        entries when one topic changed (a heartbeat's registration then costs the same however many groups
+        the broker has), else every topic's."""
         self._dirty = True
-        snap: dict[str, tuple[SqlFilterEntry, ...]] = {}
-        for topic, by_group in self.table.items():
-            entries = tuple(SqlFilterEntry(d.group, d.selector, d.bloom) for d in by_group.values()
-                            if d.is_sql and d.selector is not None and d.bloom is not None and self._bloom_ok(d))
+        if topic is None:
+            snap: dict[str, tuple[SqlFilterEntry, ...]] = {}
+            for t, by_group in self.table.items():
+                entries = self._sql_entries(by_group)
+                if entries:
+                    snap[t] = entries
+        else:
+            snap = dict(self._sql)
+            entries = self._sql_entries(self.table.get(topic, {}))
             if entries:
                 snap[topic] = entries
+            else:
+                snap.pop(topic, None)
         self._sql = snap  # one reference swap: the dispatch thread never sees a half-built table
+
+    def _sql_entries(self, by_group: dict[str, ConsumerFilterData]) -> tuple[SqlFilterEntry, ...]:
+        return tuple(SqlFilterEntry(d.group, d.selector, d.bloom) for d in by_group.values()
+                     if d.is_sql and d.selector is not None and d.bloom is not None and self._bloom_ok(d))
 
     # ---- lookups -----------------------------------------------------------------------------------
     def get(self, topic: str, group: str) -> ConsumerFilterData | None:
