@@ -146,5 +146,15 @@ def test_bodies_errors_and_fastjson_integer_keys() -> None:
         B.decode_body(B.HeartbeatData, b'{"clientID":"c","consumerDataSet":[{}]}')
     with pytest.raises(InvalidParameterError, match="no body"):
         B.decode_body(B.LockBatchRequestBody, b"")
+    # Values decoded as they come (a str, an in-range int, a bool) and the rest still converted or refused.
+    sub = b'{"clientID":"c","consumerDataSet":[{"groupName":"g","consumeType":0,"subscriptionDataSet":[%s]}]}'
+    hb = B.decode_body(B.HeartbeatData, sub % b'{"topic":7,"subString":"*","subVersion":"12","tagsSet":["a",1]}')
+    [sd] = hb.consumer_data_set[0].subscription_data_set
+    assert (sd.topic, sd.sub_version, sd.tags_set) == ("7", 12, ["a", "1"])
+    assert hb.consumer_data_set[0].consume_type == "CONSUME_ACTIVELY"  # an enum's ordinal, as fastjson may send
+    with pytest.raises(InvalidParameterError, match=r"subVersion: 9223372036854775808 does not fit a 64-bit"):
+        B.decode_body(B.HeartbeatData, sub % b'{"topic":"T","subVersion":9223372036854775808}')
+    with pytest.raises(InvalidParameterError, match=r"subVersion: expected an integer, got True"):
+        B.decode_body(B.HeartbeatData, sub % b'{"topic":"T","subVersion":true}')
     lock = B.LockBatchResponseBody(lock_ok_mq_set=[B.MessageQueue(topic="T", broker_name="b", queue_id=1)])
     assert B.encode_body(lock) == b'{"lockOKMQSet":[{"topic":"T","brokerName":"b","queueId":1}]}'

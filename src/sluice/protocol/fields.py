@@ -277,6 +277,10 @@ def to_ext(obj: Any) -> dict[str, str]:
 
 # --------------------------------------------------------------------------------------------- JSON
 
+#: (typing.get_origin, typing.get_args) of each composite field type met, looked up once.
+_SHAPES: dict[Any, tuple[Any, tuple[Any, ...]]] = {}
+
+
 def _convert(tp: Any, value: Any, where: str, enum: tuple[str, ...] | None = None) -> Any:
     if value is None:
         raise _bad(where, "must not be null")
@@ -295,17 +299,22 @@ def _convert(tp: Any, value: Any, where: str, enum: tuple[str, ...] | None = Non
             raise _bad(where, f"expected a number, got {value!r}") from None
     if tp is Any:
         return value
-    origin = typing.get_origin(tp)
+    shape = _SHAPES.get(tp)
+    if shape is None:
+        shape = _SHAPES[tp] = (typing.get_origin(tp), typing.get_args(tp))
+    origin, args = shape
     if origin in (list, tuple, frozenset, set):
         if not isinstance(value, list):
             raise _bad(where, f"expected a list, got {type(value).__name__}")
-        (item_tp, *_) = typing.get_args(tp)
+        (item_tp, *_) = args
+        if item_tp is str and all(type(v) is str for v in value):  # tagsSet: as it comes
+            return origin(value)
         items = [_convert(item_tp, v, f"{where}[{i}]") for i, v in enumerate(value)]
         return origin(items)
     if origin is dict:
         if not isinstance(value, dict):
             raise _bad(where, f"expected an object, got {type(value).__name__}")
-        key_tp, val_tp = typing.get_args(tp)
+        key_tp, val_tp = args
         return {_convert(key_tp, k, f"{where} key {k!r}"): _convert(val_tp, v, f"{where}[{k!r}]")
                 for k, v in value.items()}
     if dataclasses.is_dataclass(tp):
@@ -324,7 +333,14 @@ def from_jsonable(cls: type[T], data: Any, where: str | None = None) -> T:
         if raw is None:
             kwargs[f.name] = _missing(f, f"{where}.{f.wire}")
             continue
-        kwargs[f.name] = _convert(f.tp, raw, f"{where}.{f.wire}", f.enum)
+        # The common cases as they come (a JSON string for a str, an in-range int, a bool), without
+        # _convert and the path string it would be given for its errors: every heartbeat is decoded here.
+        tp, kind = f.tp, type(raw)
+        if kind is tp and (kind is bool or (kind is str and f.enum is None)
+                           or (kind is int and _JAVA_LONG[0] <= raw <= _JAVA_LONG[1])):
+            kwargs[f.name] = raw
+            continue
+        kwargs[f.name] = _convert(tp, raw, f"{where}.{f.wire}", f.enum)
     return cls(**kwargs)
 
 
