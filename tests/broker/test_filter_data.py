@@ -123,8 +123,9 @@ def test_guard_newest_wins_and_gone_members_do_not_block():
                                            ("SQL92", "a >")]),
                           st.integers(1, 4)), max_size=30))
 def test_the_sql_snapshot_rebuilt_per_topic_equals_a_whole_rebuild(tmp_path, ops) -> None:
-    """A registration rebuilds only its topic's SQL92 entries (a heartbeat costs the same however many groups
-    the broker has): after any sequence of changes the snapshot is what rebuilding every topic gives."""
+    """A registration rebuilds only its topic's SQL92 entries, and a heartbeat looks at its group's topics
+    alone (it costs the same however many groups and topics the broker has): after any sequence of changes
+    the snapshot is what rebuilding every topic gives, and the group index is the table's."""
     clock = Clock()
     m = manager(tmp_path, clock, span=30)
     for op, topic, group, (etype, expression), version in ops:
@@ -142,3 +143,10 @@ def test_the_sql_snapshot_rebuilt_per_topic_equals_a_whole_rebuild(tmp_path, ops
         m._changed()
         assert incremental == {t: [(e.group, e.selector, e.bloom) for e in entries]
                                for t, entries in m.sql_topics().items()}
+        # the group -> topics index a heartbeat walks is the table's, inverted (no empty topics kept)
+        inverted: dict[str, set[str]] = {}
+        for t, by_group in m.table.items():
+            assert by_group
+            for g in by_group:
+                inverted.setdefault(g, set()).add(t)
+        assert m._topics_of == inverted

@@ -126,6 +126,9 @@ class ConsumerFilterManager:
         self.clean_span_ms = clean_span_ms
         self._clock = clock
         self.table: dict[str, dict[str, ConsumerFilterData]] = {}  # topic -> group -> data
+        #: group -> the topics it has data on in ``table``: a heartbeat looks at its group's topics alone,
+        #: not at every topic of the broker (kept with ``table`` by _put and _drop)
+        self._topics_of: dict[str, set[str]] = {}
         self.metrics: dict[tuple[str, str], FilterMetrics] = {}
         self._sql: dict[str, tuple[SqlFilterEntry, ...]] = {}
         self._dirty = False
@@ -137,8 +140,7 @@ class ConsumerFilterManager:
         etype = expression_type.upper() if expression_type else "TAG"
         if not expression:
             return False
-        by_group = self.table.setdefault(topic, {})
-        old = by_group.get(group)
+        old = self.get(topic, group)
         if old is not None and client_version <= old.client_version:
             if (old.expression, old.expression_type) != (expression, etype):
                 log.warning("ignoring an older subscription of group %s on %s (version %d <= %d): %s %r; "
@@ -160,12 +162,26 @@ class ConsumerFilterManager:
         except FilterError as e:
             log.error("filter data of group %s on %s not registered: %s", group, topic, e)
             if old is not None:
-                del by_group[group]
+                self._drop(topic, group)
                 self._changed(topic)
             return False
-        by_group[group] = data
+        self._put(topic, group, data)
         self._changed(topic)
         return True
+
+    def _put(self, topic: str, group: str, data: ConsumerFilterData) -> None:
+        self.table.setdefault(topic, {})[group] = data
+        self._topics_of.setdefault(group, set()).add(topic)
+
+    def _drop(self, topic: str, group: str) -> None:
+        by_group = self.table[topic]
+        del by_group[group]
+        if not by_group:
+            del self.table[topic]
+        topics = self._topics_of[group]
+        topics.discard(topic)
+        if not topics:
+            del self._topics_of[group]
 
     def _build(self, topic: str, group: str, expression: str, etype: str, version: int,
                selector: Selector | None) -> ConsumerFilterData:
@@ -186,18 +202,18 @@ class ConsumerFilterManager:
             topics.add(topic)
             self.register(topic, group, expression, etype, version, selector)
         now = self._clock()
-        for topic, by_group in self.table.items():
-            d = by_group.get(group)
-            if d is not None and topic not in topics and not d.is_dead:
+        for topic in self._topics_of.get(group, set()) - topics:
+            d = self.table[topic][group]
+            if not d.is_dead:
                 d.dead_time = now
                 self._changed(topic)
 
     def unregister(self, group: str) -> None:
         """The group's last member left: its data is dead (kept for filtering and bitmaps until cleaned)."""
         now = self._clock()
-        for topic, by_group in self.table.items():
-            d = by_group.get(group)
-            if d is not None and not d.is_dead:
+        for topic in list(self._topics_of.get(group, ())):
+            d = self.table[topic][group]
+            if not d.is_dead:
                 d.dead_time = now
                 self._changed(topic)
 
@@ -262,12 +278,10 @@ class ConsumerFilterManager:
         now = self._clock()
         gone = 0
         for topic in list(self.table):
-            by_group = self.table[topic]
-            for group in [g for g, d in by_group.items() if d.is_dead and now - d.dead_time >= self.clean_span_ms]:
-                del by_group[group]
+            for group in [g for g, d in self.table[topic].items()
+                          if d.is_dead and now - d.dead_time >= self.clean_span_ms]:
+                self._drop(topic, group)
                 gone += 1
-            if not by_group:
-                del self.table[topic]
         if gone:
             self._changed()
         return gone
@@ -318,7 +332,7 @@ class ConsumerFilterManager:
                 for group, raw in (body.get("groupFilterData") or {}).items():
                     d = self._restore(topic, group, raw, now)
                     if d is not None:
-                        self.table.setdefault(topic, {})[group] = d
+                        self._put(topic, group, d)
                         count += 1
         except (AttributeError, TypeError, ValueError) as e:
             log.error("%s is not consumer filter data (%s); starting without it", self.path, e)
