@@ -104,12 +104,13 @@ def cpu_seconds(pid: int) -> float:
 def broker_drains(tmp: Path, n: int) -> dict:
     """Catch-up drains of the common workload through a broker subprocess and the SDK push consumer."""
     from sluice.bench.sluice_runner import cluster, create_topic, produce, push, wait_visible
-    from sluice.bench.workload import FILTERS, Counter, Workload, expected_counts, generate
+    from sluice.bench.workload import FILTERS, Counter, Workload, expected_counts, generate, settle_heap
     from sluice.client import ConsumeResult
 
     wl = Workload(messages=n)
     props = generate(n, wl.seed)
     expected = expected_counts(props)
+    settle_heap()  # as sluice bench does: no full collection of the workload inside a drain
     ns, broker = cluster(tmp, "async")
     out: dict = {"messages": n}
     try:
