@@ -145,11 +145,12 @@ def main() -> None:
     ap.add_argument("--flush", choices=("async", "sync"), default="async", help="the broker's --flush")
     args = ap.parse_args()
     n_sync, n_async, batches = (500, 2000, 20) if args.quick else (3000, 20000, 200)
-    tmp = Path(tempfile.mkdtemp(prefix="sluice-sdk-bench-"))
     out: dict[str, object] = {"benchmark": "sdk", "quick": args.quick, "flush": args.flush}
     out["prepare_per_s"] = round(bench_prepare(20000 if args.quick else 100000))
     out["batch_prepare_cpu_us_per_msg"] = round(bench_batch_prepare(32000 if args.quick else 160000), 2)
-    with SluiceProcess.start(["namesrv"], tmp, name="namesrv") as ns:
+    with tempfile.TemporaryDirectory(prefix="sluice-sdk-bench-") as tmp_dir, \
+            SluiceProcess.start(["namesrv"], Path(tmp_dir), name="namesrv") as ns:
+        tmp = Path(tmp_dir)
         broker_argv = ["broker", "--namesrv", ns.addr, "--store", str(tmp / "store"), "--flush", args.flush]
         with SluiceProcess.start(broker_argv, tmp, name="broker"):
             wait_for_route(ns.addr, "TBW102", timeout=20)  # the broker registered

@@ -131,9 +131,10 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1, help="measure every case this many times")
     args = ap.parse_args()
     n_burst, n_sync, paced_s, n_asyncio = (5000, 1000, 1.0, 5000) if args.quick else (20000, 3000, 3.0, 20000)
-    tmp = Path(tempfile.mkdtemp(prefix="sluice-send-cpu-"))
     out: dict[str, object] = {"benchmark": "send_cpu", "quick": args.quick, "rate": args.rate, "runs": []}
-    with SluiceProcess.start(["namesrv"], tmp, name="namesrv") as ns:
+    with tempfile.TemporaryDirectory(prefix="sluice-send-cpu-") as tmp_dir, \
+            SluiceProcess.start(["namesrv"], Path(tmp_dir), name="namesrv") as ns:
+        tmp = Path(tmp_dir)
         broker_argv = ["broker", "--namesrv", ns.addr, "--store", str(tmp / "store"), "--flush", "async"]
         with SluiceProcess.start(broker_argv, tmp, name="broker"):
             wait_for_route(ns.addr, "TBW102", timeout=20)  # the broker registered

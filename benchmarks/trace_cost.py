@@ -93,7 +93,7 @@ def main() -> None:
     modes = a.modes.split(",")
     results: dict[str, dict[str, list[float]]] = {m: {"send": [], "batch": [], "consume": [], "dropped": []}
                                                     for m in modes}
-    with running_cluster(Path(tempfile.mkdtemp(prefix="trace-bench-"))) as c:
+    with tempfile.TemporaryDirectory(prefix="trace-bench-") as tmp, running_cluster(Path(tmp)) as c:
         for r in range(rounds):
             for m in modes:
                 topic = f"TraceBench_{m}_{r}"
