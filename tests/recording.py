@@ -18,6 +18,13 @@ class RecordingTransport(asyncio.Transport):
         self.name = name
         self.log = log
         self.writes: list[bytes] = []
+        self.conn: asyncio.BaseProtocol | None = None
+
+    def connect(self, conn: asyncio.BaseProtocol) -> None:
+        """``conn.connection_made(self)``; a close then tells ``conn`` it is lost, as a socket's transport does
+        (a broker's stop waits for its connections to be)."""
+        self.conn = conn
+        conn.connection_made(self)
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         data = bytes(data)
@@ -32,7 +39,9 @@ class RecordingTransport(asyncio.Transport):
         return False
 
     def close(self) -> None:
-        pass
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            asyncio.get_running_loop().call_soon(conn.connection_lost, None)
 
     def take(self) -> list[RemotingCommand]:
         """The frames written so far, decoded; they are forgotten."""

@@ -17,17 +17,6 @@ from sluice.protocol.command import RemotingCommand
 from recording import RecordingTransport, frames, wire
 
 
-class _Transport(RecordingTransport):
-    """Tells its connection when the broker closes it, as a socket's transport does (the stop waits for that)."""
-
-    conn = None
-
-    def close(self) -> None:
-        if self.conn is not None:
-            asyncio.get_running_loop().call_soon(self.conn.connection_lost, None)
-            self.conn = None
-
-
 def _heartbeat(group: str) -> RemotingCommand:
     hb = {"clientID": "c1", "producerDataSet": [], "consumerDataSet": [{
         "groupName": group, "consumeType": "CONSUME_PASSIVELY", "messageModel": "CLUSTERING",
@@ -53,9 +42,8 @@ def test_a_heartbeat_creating_a_retry_topic_is_answered_before_the_namesrv_regis
                 log.append(("register", None))
                 await register_all()
             broker.register_all = recorded  # type: ignore[method-assign]
-            conn, transport = broker.server._new_connection(), _Transport("client", log)
-            conn.connection_made(transport)
-            transport.conn = conn
+            conn = broker.server._new_connection()
+            RecordingTransport("client", log).connect(conn)
             conn.data_received(wire(_heartbeat("NewGroup"), 7))
             for _ in range(200):  # bounded: the heartbeat and the registration it starts
                 if any(name == "register" for name, _ in log) and any(name == "client" for name, _ in log):

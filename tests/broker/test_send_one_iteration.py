@@ -17,7 +17,6 @@ from sluice.protocol import properties as P
 from sluice.protocol.codes import RequestCode, ResponseCode
 from sluice.protocol.command import RemotingCommand
 from sluice.protocol.record import iter_records
-from sluice.transport.connection import RemotingConnection
 
 from recording import RecordingTransport, wire
 
@@ -27,18 +26,9 @@ TOPIC = "OneIteration"
 class _Transport(RecordingTransport):
     order: list[str] = []  # which transport wrote, in order, across both
 
-    def __init__(self, name: str) -> None:
-        super().__init__(name)
-        self.conn: RemotingConnection | None = None
-
     def write(self, data: bytes | bytearray | memoryview) -> None:
         super().write(data)
         self.order.append(self.name)
-
-    def close(self) -> None:
-        if self.conn is not None:  # as a socket's transport would tell its protocol
-            asyncio.get_running_loop().call_soon(self.conn.connection_lost, None)
-            self.conn = None
 
 
 def _send(queue_id: int, body: bytes, region: str) -> RemotingCommand:
@@ -64,11 +54,9 @@ def test_a_reads_single_sends_are_stored_replied_and_wake_their_pull_within_the_
         await broker.start()
         try:
             producer, pt = broker.server._new_connection(), _Transport("producer")
-            producer.connection_made(pt)
-            pt.conn = producer
+            pt.connect(producer)
             consumer, ct = broker.server._new_connection(), _Transport("consumer")
-            consumer.connection_made(ct)
-            ct.conn = consumer
+            ct.connect(consumer)
             producer.data_received(wire(_send(0, b"create", "none"), 1))  # creates the topic
             while not pt.writes:
                 await asyncio.sleep(0.005)
@@ -137,8 +125,7 @@ def test_one_connection_gets_the_pull_answer_ahead_of_the_reply_and_the_key_inde
                     seen.append((indexed, found))
 
             conn, t = broker.server._new_connection(), _Watching("both")
-            conn.connection_made(t)
-            t.conn = conn
+            t.connect(conn)
             conn.data_received(wire(_send(0, b"create", "none"), 1))
             while not t.writes:
                 await asyncio.sleep(0.005)
