@@ -10,7 +10,7 @@ import subprocess
 import sys
 import textwrap
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import orjson
@@ -36,16 +36,34 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait(timeout=10)
 
 
+#: the last answer on the Master's /json/ that was not its JSON status (for the fixture's timeout message)
+_odd_answer: list[bytes] = []
+
+
 def _master_state(ui_port: int) -> dict | None:
     """The Master's status as JSON, or None while it cannot give it. A starting Master has once answered
-    /json/ with its HTML page (CI, 0b5aea5): that is "not ready yet", not a failure; wait_for's bound
-    still fails the fixture if the JSON never comes."""
+    /json/ with something else (CI, 0b5aea5): that is "not ready yet", not a failure; wait_for's bound
+    still fails the fixture if the JSON never comes, naming the last such answer."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/json/", timeout=2) as r:
-            state = orjson.loads(r.read())
-    except (OSError, orjson.JSONDecodeError):
+            body = r.read()
+    except OSError:
         return None
-    return state if isinstance(state, dict) else None
+    try:
+        state = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        state = None
+    if not isinstance(state, dict):
+        _odd_answer[:] = [body[:300]]
+        return None
+    return state
+
+
+def _wait_master(pred: Callable[[], object], what: str) -> None:
+    try:
+        wait_for(pred, 90, what, interval=0.5)
+    except TimeoutError as exc:
+        raise TimeoutError(f"{exc}; last answer on /json/ that was not JSON: {_odd_answer[-1:]!r}") from None
 
 
 @pytest.fixture(scope="module")
@@ -62,13 +80,13 @@ def standalone(tmp_path_factory) -> Iterator[str]:
             procs.append(subprocess.Popen(
                 [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
                  "--webui-port", str(ui)], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-        wait_for(lambda: _master_state(ui), 90, "the standalone Master's status page", interval=0.5)
+        _wait_master(lambda: _master_state(ui), "the standalone Master's status page")
         with open(tmp / "worker.log", "wb") as log:
             procs.append(subprocess.Popen(
                 [spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--port", str(wport),
                  "--webui-port", str(wui), "--cores", "1", "--memory", "1g", "--work-dir", str(tmp / "work"), url],
                 env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-        wait_for(lambda: (_master_state(ui) or {}).get("aliveworkers") == 1, 90, "a live Worker", interval=0.5)
+        _wait_master(lambda: (_master_state(ui) or {}).get("aliveworkers") == 1, "a live Worker")
         yield url
     finally:
         for p in reversed(procs):
