@@ -67,6 +67,18 @@ def index_keys(uniq_key: str | None, keys: Iterable[str]) -> list[str]:
     return out
 
 
+def _never_written(path: Path, slot_num: int, index_num: int) -> bool:
+    """An index file a crash cut off during its creation: empty, or shorter than the configured size with a
+    header that was never written (creation writes it last; a file of another configuration has one)."""
+    size = path.stat().st_size
+    if size == 0:
+        return True
+    if size >= HEADER.size + slot_num * SLOT.size + index_num * ENTRY.size:
+        return False
+    with open(path, "rb") as fh:
+        return not any(fh.read(HEADER.size))
+
+
 def _file_name(ms: int) -> str:
     return time.strftime("%Y%m%d%H%M%S", time.localtime(ms // 1000)) + f"{ms % 1000:03d}"
 
@@ -95,11 +107,13 @@ class IndexFile:
         try:
             actual = os.fstat(fd).st_size
             if create:
-                # The header and the slot table (written anywhere) are allocated for real at once, entries
-                # ahead of the writer in chunks (mapped.py: no write through a mapping may meet ENOSPC).
+                # Sized first, then the header and the slot table (written anywhere) are allocated for real,
+                # entries ahead of the writer in chunks (mapped.py: no write through a mapping may meet
+                # ENOSPC). In this order a crash leaves an empty file or a full-sized one without a header,
+                # both of which load() drops; allocating first left a short file load() had to refuse.
                 self.alloc_end = min(self.size, self._entries_at + ENTRY_ALLOC_CHUNK)
-                allocate(fd, 0, self.alloc_end, path)
                 os.ftruncate(fd, self.size)
+                allocate(fd, 0, self.alloc_end, path)
             elif actual != self.size:
                 raise StoreError(
                     f"{path} is {actual} bytes; with {slot_num} hash slots and {index_num} entries an index "
@@ -382,9 +396,10 @@ class IndexService:
             files: list[IndexFile] = []
             try:
                 for p in names:
-                    if p.stat().st_size == 0:
-                        # A crash between creating the file and sizing it: it never held an entry.
-                        log.warning("%s: empty index file removed", p)
+                    if _never_written(p, self.slot_num, self.index_num):
+                        # A crash while the file was being created (empty, or cut short by an older version
+                        # that allocated before sizing): it never held an entry.
+                        log.warning("%s: index file left unfinished by a crash removed", p)
                         p.unlink()
                         continue
                     files.append(IndexFile(p, self.slot_num, self.index_num))
