@@ -1,7 +1,6 @@
 """Crash tests: a child appends with synchronous flush; SIGKILL at random moments; everything acked survives."""
 from __future__ import annotations
 
-import hashlib
 import os
 import random
 import signal
@@ -13,10 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from store_testlib import simulate_crash, small_config
+from store_testlib import simulate_crash, small_config, verify_recovered
 from crash_writer import CONFIG
-from sluice.protocol.record import iter_records
-from sluice.store import GetMessageStatus as S
 from sluice.store import MessageStore
 
 WRITER = Path(__file__).with_name("crash_writer.py")
@@ -56,24 +53,6 @@ def run_and_kill(root: Path, seed: int, rnd: random.Random) -> tuple[list[list[s
     return [ln.decode().split() for ln in lines if ln.endswith(b"\n")], ready.is_set()
 
 
-def verify(s: MessageStore, acked: list[list[str]]) -> None:
-    for off, topic, qid, qoff, sha, key in acked:
-        m = s.get_message_by_offset(int(off))
-        assert m is not None, f"acked message at {off} lost"
-        assert (m.topic, m.queue_id, m.queue_offset, m.keys) == (topic, int(qid), int(qoff), [key])
-        assert hashlib.sha256(m.body).hexdigest() == sha
-    rep = s.check()
-    assert rep.ok, rep.problems[:5]
-    for topic, qids in s.topic_queues().items():
-        for qid in qids:
-            lo, hi = s.get_min_offset(topic, qid), s.get_max_offset(topic, qid)
-            got = s.get_messages(topic, qid, lo, hi - lo, max_bytes=1 << 30)
-            assert got.status is S.FOUND
-            assert [r.queue_offset for r in iter_records(got.data)] == list(range(lo, hi))
-    for off, topic, _q, _o, _sha, key in acked[-10:]:
-        assert int(off) in [m.commitlog_offset for m in s.query_messages_by_key(topic, key)]
-
-
 @pytest.mark.crash
 @pytest.mark.slow
 def test_sigkill_while_appending(tmp_path: Path) -> None:
@@ -90,7 +69,7 @@ def test_sigkill_while_appending(tmp_path: Path) -> None:
         try:
             if was_ready:  # the child had opened the store: its abort file marks the kill
                 assert s.recovery_report.abnormal
-            verify(s, acked)
+            verify_recovered(s, acked)
             stats.append((len(new), s.recovery_report.cut_bytes, sum(s.recovery_report.queues_truncated.values())))
         finally:
             # Half the time leave the store unclean again, so the next child recovers a crashed store itself.
