@@ -10,18 +10,17 @@ ends at once with ``os._exit(9)``, as a SIGKILL there would end it: bytes writte
 in the page cache, as they do after a kill. With K = 0 nothing crashes and the last line is ``calls N``.
 
 Each put's messages are printed once ``put_messages`` returned (durable: synchronous flush), as
-crash_writer.py prints them: ``<commitlog offset> <topic> <queue id> <queue offset> <sha256 of body> <key>``.
+crash_writer.py prints them (``store_testlib.acked_lines``).
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import random
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from store_testlib import small_config  # noqa: E402
+from store_testlib import acked_lines, small_config  # noqa: E402
 
 from sluice.store import MessageStore, StoreMessage  # noqa: E402
 
@@ -71,9 +70,7 @@ def _life(root: Path, rnd: random.Random, puts: int, tag: str) -> None:
         batch = [StoreMessage(topic, rnd.randbytes(rnd.randrange(200, 2500)), qid,
                               {"KEYS": f"{tag}-{i}-{j}", "TAGS": f"tag{j % 3}"}) for j in range(rnd.choice((1, 2, 3)))]
         res = store.put_messages(batch)
-        sys.stdout.write("".join(
-            f"{r.commitlog_offset} {m.topic} {m.queue_id} {r.queue_offset} "
-            f"{hashlib.sha256(m.body).hexdigest()} {m.properties['KEYS']}\n" for r, m in zip(res, batch)))
+        sys.stdout.write(acked_lines(res, batch))
         sys.stdout.flush()
         if i % 15 == 14:
             store._checkpoint()  # what the maintenance thread does every checkpoint_interval_ms

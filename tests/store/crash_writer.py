@@ -7,14 +7,13 @@ The parent kills this process with SIGKILL at random moments.
 """
 from __future__ import annotations
 
-import hashlib
 import random
 import sys
 import threading
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from store_testlib import small_config  # noqa: E402
+from store_testlib import acked_lines, small_config  # noqa: E402
 
 from sluice.store import MessageStore, StoreMessage  # noqa: E402
 
@@ -42,9 +41,7 @@ def main() -> None:
                 body = rnd.randbytes(rnd.randrange(1, 3000))
                 batch.append(StoreMessage(topic, body, qid, {"KEYS": key, "TAGS": f"tag{n % 3}"}))
             res = store.put_messages(batch)
-            lines = "".join(
-                f"{r.commitlog_offset} {m.topic} {m.queue_id} {r.queue_offset} "
-                f"{hashlib.sha256(m.body).hexdigest()} {m.properties['KEYS']}\n" for r, m in zip(res, batch))
+            lines = acked_lines(res, batch)
             with out_lock:
                 sys.stdout.write(lines)
                 sys.stdout.flush()

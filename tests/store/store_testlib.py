@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ import orjson
 
 from sluice.filter.tagcode import tag_code
 from sluice.protocol.record import iter_records
-from sluice.store import GetMessageStatus, MessageStore, StoreConfig, StoreMessage
+from sluice.store import GetMessageStatus, MessageStore, PutResult, StoreConfig, StoreMessage
 from sluice.store.types import TagCodeFilter
 
 
@@ -71,9 +72,17 @@ class TagFilter(TagCodeFilter):
         return True
 
 
+def acked_lines(results: Sequence[PutResult], batch: Sequence[StoreMessage]) -> str:
+    """What a crash test's child prints once a put returned (durable), one line per message, as
+    :func:`verify_recovered` reads them: ``<commitlog offset> <topic> <queue id> <queue offset> <sha256 of body>
+    <KEYS>``."""
+    return "".join(f"{r.commitlog_offset} {m.topic} {m.queue_id} {r.queue_offset} "
+                   f"{hashlib.sha256(m.body).hexdigest()} {m.properties['KEYS']}\n" for r, m in zip(results, batch))
+
+
 def verify_recovered(s: MessageStore, acked: list[list[str]]) -> None:
-    """After a crash: every acknowledged message (crash_writer.py's lines) is there, whole, and found by its key;
-    the store's check passes; every queue reads back without a gap."""
+    """After a crash: every acknowledged message (:func:`acked_lines`, split) is there, whole, and found by its
+    key; the store's check passes; every queue reads back without a gap."""
     for off, topic, qid, qoff, sha, key in acked:
         m = s.get_message_by_offset(int(off))
         assert m is not None, f"acked message at {off} lost"
