@@ -359,14 +359,13 @@ static PyObject *scan_records(PyObject *self, PyObject *args)
     if (limit > file_start + mv.len)
         limit = file_start + mv.len;
     /* A unit to evaluate needs its head and properties; its body only if it passes (the CRC, the copy). */
-    for (Py_ssize_t k = first; k < nunits && k < first + PREFETCH_AHEAD; k++)
-        prefetch_record(units + k * CQ_UNIT_SIZE, base, file_start, limit, verify && !check[k]);
+    Py_ssize_t pf = first;
+    for (int k = 0; k < PREFETCH_AHEAD; k++)
+        pf = prefetch_next(units, wanted, check, verify, pf, nunits, base, file_start, limit);
     for (; u < nunits; u++) {
-        if (u + PREFETCH_AHEAD < nunits)
-            prefetch_record(units + (u + PREFETCH_AHEAD) * CQ_UNIT_SIZE, base, file_start, limit,
-                            verify && !check[u + PREFETCH_AHEAD]);
         if (!wanted[u])
             continue;
+        pf = prefetch_next(units, wanted, check, verify, pf, nunits, base, file_start, limit);
         const unsigned char *unit = units + u * CQ_UNIT_SIZE;
         int64_t at = (int64_t)get_u64(unit);
         int32_t size = (int32_t)get_u32(unit + 8);

@@ -98,15 +98,17 @@ static PyObject *gather_units(PyObject *self, PyObject *args)
     if (limit > file_start + mv.len)
         limit = file_start + mv.len;
     Buf runs = {NULL, 0, 0}; /* (offset, size) of each record taken, for the copy */
-    for (Py_ssize_t k = first; k < nunits && k < first + PREFETCH_AHEAD; k++)
-        prefetch_record(units + k * CQ_UNIT_SIZE, base, file_start, limit, 1);
+    Py_ssize_t pf = first; /* the CRC or the copy reads all of a record taken: prefetched whole */
+    for (int k = 0; k < PREFETCH_AHEAD; k++)
+        pf = prefetch_next(units, wanted, NULL, 1, pf, nunits, base, file_start, limit);
     for (; u < nunits; u++) {
-        if (u + PREFETCH_AHEAD < nunits) /* the CRC or the copy reads all of it */
-            prefetch_record(units + (u + PREFETCH_AHEAD) * CQ_UNIT_SIZE, base, file_start, limit, 1);
+        if (wanted && !wanted[u])
+            continue;
+        pf = prefetch_next(units, wanted, NULL, 1, pf, nunits, base, file_start, limit);
         const unsigned char *unit = units + u * CQ_UNIT_SIZE;
         int64_t at = (int64_t)get_u64(unit);
         int32_t size = (int32_t)get_u32(unit + 8);
-        if (size <= 0 || size == PAD_SIZE || (wanted && !wanted[u]))
+        if (size <= 0 || size == PAD_SIZE)
             continue;
         if (have + taken >= max_msgs) {
             why = 1;

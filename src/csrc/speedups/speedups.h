@@ -166,6 +166,25 @@ static inline void prefetch_record(const unsigned char *unit, const unsigned cha
 /* Records ahead of the one being read whose lines are prefetched (prefetch_record). */
 #define PREFETCH_AHEAD 4
 
+/* The prefetch cursor of a loop over ``units`` (``n`` of them) that reads only those whose ``wanted`` byte is
+ * set (all when NULL): prefetches the first such unit at or after ``k`` and returns the index after it (``n``
+ * when none is left). Called once per record read, it keeps PREFETCH_AHEAD wanted records on the way however
+ * sparse the mask is, and never fetches a record the loop passes over (a tag filter wanting one record in
+ * ten fetched all ten, whole). ``whole`` as prefetch_record: 1 when ``check`` is NULL, else ``verify`` and the
+ * unit's ``check`` byte unset (an evaluated record needs only its head and tail until it passes). */
+static inline Py_ssize_t prefetch_next(const unsigned char *units, const unsigned char *wanted,
+                                       const unsigned char *check, int verify, Py_ssize_t k, Py_ssize_t n,
+                                       const unsigned char *base, long long file_start, long long limit)
+{
+    if (wanted != NULL)
+        while (k < n && !wanted[k])
+            k++;
+    if (k >= n)
+        return n;
+    prefetch_record(units + k * CQ_UNIT_SIZE, base, file_start, limit, check == NULL || (verify && !check[k]));
+    return k + 1;
+}
+
 /* reads.c: verify_record_bytes's checks (1 fine, 0 not, -1 error from crc32), and its two halves: all but
  * the body CRC (the body's position, 0 when one fails), and the CRC */
 int record_ok(const unsigned char *rec, Py_ssize_t size, int64_t at, PyObject *crc32);
