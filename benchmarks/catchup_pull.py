@@ -29,6 +29,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from sluice.broker.filtering import SelectorFilter
 from sluice.filter import compile_selector
@@ -54,14 +55,19 @@ def store_config() -> StoreConfig:
 RUN = 32
 
 
-def fill(root: Path, n: int, queues: int) -> None:
+def fill(root: Path, n: int, queues: int, *, extra: dict[str, str] | None = None,
+         dispatcher: Any = None) -> None:
+    """n messages to ``queues`` queues in runs of RUN, each with ``extra`` properties too; ``dispatcher`` (a
+    bitmap dispatcher, say) sees them as the broker's dispatch would."""
     rng = random.Random(15)
     store = MessageStore(root, store_config())
+    if dispatcher is not None:
+        store.add_dispatcher(dispatcher)
     store.start()
     try:
         for k, i in enumerate(range(0, n, RUN)):
             store.put_messages([StoreMessage(TOPIC, BODY, k % queues, {
-                "TAGS": f"Tag{'ABCDEFGHIJ'[rng.randrange(10)]}", "region": rng.choice(REGIONS),
+                **(extra or {}), "TAGS": f"Tag{'ABCDEFGHIJ'[rng.randrange(10)]}", "region": rng.choice(REGIONS),
                 "a": str(rng.randrange(100))}) for _ in range(i, min(n, i + RUN))])
         store.wait_dispatched(600)
     finally:

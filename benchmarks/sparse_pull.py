@@ -1,7 +1,8 @@
 """Filtered pulls that take few of the units they pass over: the store's read, in process, per pull.
 
 The common workload's messages (``sluice bench``, issue 15: 1 KiB, tag TagA..TagJ, ``region`` of 10
-values, ``a`` 0..99, and the UNIQ_KEY and WAIT properties the SDK adds) go to 4 queues in runs of 32, as
+values, ``a`` 0..99, and the UNIQ_KEY and WAIT properties the SDK adds) go to 4 queues in runs of 32
+(written by catchup_pull.py's ``fill``, with the SQL92 groups' bitmap dispatcher), as
 its ``send_batch`` of 32 sends them, so a queue's records lie apart in the commit log. Each queue is then
 drained with the pulls the push consumer makes (up to 256 messages over at most 2,000 units), through the
 broker's pull filters (broker/filtering.py SelectorFilter):
@@ -26,24 +27,24 @@ import argparse
 import json
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from sluice.bench.workload import FILTERS, generate
-from sluice.broker.bitmap import CalcBitmapDispatcher
-from sluice.broker.filter_data import LIVE_MARGIN_MS, ConsumerFilterManager
-from sluice.broker.filtering import SelectorFilter
-from sluice.filter import BloomFilter, compile_selector
-from sluice.speedups import C
-from sluice.store import MessageStore, StoreConfig, StoreMessage
-from sluice.store.types import GetMessageStatus as S
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from catchup_pull import BODY, TOPIC, fill, store_config  # noqa: E402  (its store and its workload's layout)
 
-TOPIC = "Sparse"
-BODY = b"x" * 1024
+from sluice.bench.workload import FILTERS  # noqa: E402
+from sluice.broker.bitmap import CalcBitmapDispatcher  # noqa: E402
+from sluice.broker.filter_data import LIVE_MARGIN_MS, ConsumerFilterManager  # noqa: E402
+from sluice.broker.filtering import SelectorFilter  # noqa: E402
+from sluice.filter import BloomFilter, compile_selector  # noqa: E402
+from sluice.speedups import C  # noqa: E402
+from sluice.store import MessageStore  # noqa: E402
+from sluice.store.types import GetMessageStatus as S  # noqa: E402
+
 QUEUES = 4
-#: Records one put writes to one queue (sluice bench's send_batch of 32); queues take turns.
-RUN = 32
 #: What the push consumer asks of a pull once it has seen the backlog (push_options: pull_batch_size_max,
 #: consume_concurrently_max_span as max_scan_units).
 PULL_MSGS, PULL_UNITS = 256, 2000
@@ -51,10 +52,6 @@ PULL_MSGS, PULL_UNITS = 256, 2000
 SDK_PROPS = {"UNIQ_KEY": "7F0000010A1B18B4AAC25E8A6A6C0000", "WAIT": "true"}
 SQL = {f.name: f.expression for f in FILTERS if f.kind == "SQL92"}
 TAG = next(f.expression for f in FILTERS if f.kind == "TAG")
-
-
-def store_config() -> StoreConfig:
-    return StoreConfig(commitlog_file_size=256 * 1024 * 1024, index_enable=False, checkpoint_interval_ms=1000)
 
 
 def filter_data() -> ConsumerFilterManager:
@@ -67,20 +64,6 @@ def filter_data() -> ConsumerFilterManager:
             d.born_time -= 10 * LIVE_MARGIN_MS * 1000
     m._changed()
     return m
-
-
-def fill(root: Path, n: int, m: ConsumerFilterManager) -> None:
-    store = MessageStore(root, store_config())
-    store.add_dispatcher(CalcBitmapDispatcher(m))
-    store.start()
-    try:
-        props = generate(n, 15)
-        for k, i in enumerate(range(0, n, RUN)):
-            store.put_messages([StoreMessage(TOPIC, BODY, k % QUEUES, dict(
-                SDK_PROPS, TAGS=p.tag, region=p.region, a=str(p.a))) for p in props[i:i + RUN]])
-        store.wait_dispatched(600)
-    finally:
-        store.close()
 
 
 def message_filter(m: ConsumerFilterManager, name: str, case: str) -> SelectorFilter:
@@ -125,7 +108,7 @@ def main() -> None:
                  "c_extension": C is not None, "rounds": args.rounds}
     try:
         m = filter_data()
-        fill(tmp / "store", n, m)
+        fill(tmp / "store", n, QUEUES, extra=SDK_PROPS, dispatcher=CalcBitmapDispatcher(m))
         store = MessageStore(tmp / "store", store_config())
         store.start()
         try:
