@@ -74,24 +74,32 @@ def fill(root: Path, n: int, queues: int, *, extra: dict[str, str] | None = None
         store.close()
 
 
+def pull_queues(store: MessageStore, mf: Any, queues: int, max_msgs: int = 32,
+                scan_units: int = 0) -> tuple[int, int, int]:
+    """(matched, units scanned, pulls) of pulling every queue from offset 0 to its end through ``mf``; a pull
+    answered anything but FOUND or NO_MATCHED_MESSAGE is an error (a drain cut short would read as fast)."""
+    matched = scanned = pulls = 0
+    for q in range(queues):
+        end, off = store.get_max_offset(TOPIC, q), 0
+        while off < end:
+            res = store.get_messages(TOPIC, q, off, max_msgs, mf, None, scan_units)
+            pulls += 1
+            if res.status is S.FOUND:
+                matched += res.message_count
+            elif res.status is not S.NO_MATCHED_MESSAGE:
+                raise RuntimeError(f"queue {q} offset {off}: {res.status.name}")
+            off = res.next_begin_offset
+        scanned += off
+    return matched, scanned, pulls
+
+
 def drain(root: Path, expression: str, queues: int) -> dict:
     store = MessageStore(root, store_config())
     store.start()
     try:
         mf = SelectorFilter(compile_selector("SQL92", expression)).for_pull()
-        matched = scanned = pulls = 0
         c0, t0 = time.process_time(), time.perf_counter()
-        for q in range(queues):
-            end, off = store.get_max_offset(TOPIC, q), 0
-            while off < end:
-                res = store.get_messages(TOPIC, q, off, 32, mf)
-                pulls += 1
-                if res.status is S.FOUND:
-                    matched += res.message_count
-                elif res.status is not S.NO_MATCHED_MESSAGE:
-                    break
-                off = res.next_begin_offset
-            scanned += off
+        matched, scanned, pulls = pull_queues(store, mf, queues)
         cpu, wall = time.process_time() - c0, time.perf_counter() - t0
         return {"matched": matched, "scanned": scanned, "pulls": pulls,
                 "cpu_us_per_scanned": round(cpu / max(1, scanned) * 1e6, 3),

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from catchup_pull import BODY, TOPIC, fill, store_config  # noqa: E402  (its store and its workload's layout)
+from catchup_pull import BODY, TOPIC, fill, pull_queues, store_config  # noqa: E402  (its store, layout and pulls)
 
 from sluice.bench.workload import FILTERS  # noqa: E402
 from sluice.broker.bitmap import CalcBitmapDispatcher  # noqa: E402
@@ -42,7 +42,6 @@ from sluice.broker.filtering import SelectorFilter  # noqa: E402
 from sluice.filter import BloomFilter, compile_selector  # noqa: E402
 from sluice.speedups import C  # noqa: E402
 from sluice.store import MessageStore  # noqa: E402
-from sluice.store.types import GetMessageStatus as S  # noqa: E402
 
 QUEUES = 4
 #: What the push consumer asks of a pull once it has seen the backlog (push_options: pull_batch_size_max,
@@ -79,18 +78,8 @@ def message_filter(m: ConsumerFilterManager, name: str, case: str) -> SelectorFi
 
 def drain(store: MessageStore, mf: SelectorFilter) -> tuple[int, int, float]:
     """(matched, pulls, CPU seconds) of draining every queue."""
-    matched = pulls = 0
     c0 = time.process_time()
-    for q in range(QUEUES):
-        end, off = store.get_max_offset(TOPIC, q), 0
-        while off < end:
-            res = store.get_messages(TOPIC, q, off, PULL_MSGS, mf, None, PULL_UNITS)
-            pulls += 1
-            if res.status is S.FOUND:
-                matched += res.message_count
-            elif res.status is not S.NO_MATCHED_MESSAGE:
-                raise RuntimeError(f"queue {q} offset {off}: {res.status.name}")
-            off = res.next_begin_offset
+    matched, _scanned, pulls = pull_queues(store, mf, QUEUES, PULL_MSGS, PULL_UNITS)
     return matched, pulls, time.process_time() - c0
 
 
