@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import struct
+import sys
 
 import numpy as np
 import pytest
@@ -85,6 +86,18 @@ def test_decode_properties_inverts_encode(d):
     # Independent of the reference: valid properties round-trip through the (pure) encoder, order kept.
     d = {k: v for k, v in d.items() if not k.startswith(P.TRANSIENT_PREFIX)}
     assert items(C.decode_properties(P.encode_properties(d))) == items(d)
+
+
+def test_decode_properties_reuses_strings_without_mixing_them():
+    # The C decoder hands out property strings it made before (common.c's cache): every result still equals
+    # the pure decoder's, names interned, with more distinct strings than the cache has slots and names that
+    # are other messages' values (and the other way round).
+    texts = [P.encode_properties({f"k{i % 700}": f"v{i}", "TAGS": f"k{i % 700}", f"v{i}": "TAGS", "é": f"é{i % 9}"})
+             for i in range(3000)]
+    for s in texts * 2:
+        d = C.decode_properties(s)
+        assert items(d) == items(decode_props_py(s))
+        assert all(sys.intern(k) is k for k in d)
 
 
 def test_decode_properties_refuses_non_str():

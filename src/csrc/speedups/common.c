@@ -113,31 +113,80 @@ void write_tail(unsigned char *p, const unsigned char *body, Py_ssize_t body_len
         memcpy(p + 2 + len_a, props_b, (size_t)len_b);
 }
 
+/* Property strings seen lately, by content: every message of a pull or a batch carries the same few names
+ * (TAGS, UNIQ_KEY, the application's own) and mostly the same short values (a tag, a region, "true"), so a
+ * hit hands out the str made before instead of allocating one (and, for a name, looking it up in the
+ * interpreter's interned table). Direct-mapped, only for ASCII text; a slot holds one strong reference, and
+ * the GIL, held by every caller, guards the table. A cached str is shared by the dicts that use it, which
+ * is safe: str is immutable. */
+#define PCACHE_SLOTS 512
+#define PCACHE_NAME_MAX 32  /* longer names are made and interned as before */
+#define PCACHE_VALUE_MAX 16 /* longer values (ids, keys, times) rarely repeat: made every time */
+static PyObject *pcache[PCACHE_SLOTS];
+
+/* ``s[start:end]`` of an ASCII str ``s``, from the cache when an equal one is there; a name is interned. */
+static PyObject *cached_ascii(PyObject *s, Py_ssize_t start, Py_ssize_t end, int name)
+{
+    const unsigned char *p = (const unsigned char *)PyUnicode_DATA(s) + start;
+    Py_ssize_t len = end - start;
+    uint32_t h = 2166136261u ^ (uint32_t)(name ? 0x9e37u : 0u); /* FNV-1a; names and values apart */
+    for (Py_ssize_t i = 0; i < len; i++)
+        h = (h ^ p[i]) * 16777619u;
+    PyObject **slot = &pcache[(h ^ (h >> 16)) & (PCACHE_SLOTS - 1)];
+    PyObject *c = *slot;
+    if (c != NULL && PyUnicode_GET_LENGTH(c) == len && memcmp(PyUnicode_DATA(c), p, (size_t)len) == 0
+        && (!name || PyUnicode_CHECK_INTERNED(c)))
+        return Py_NewRef(c);
+    PyObject *o = PyUnicode_FromKindAndData(PyUnicode_1BYTE_KIND, p, len);
+    if (o == NULL)
+        return NULL;
+    if (name)
+        PyUnicode_InternInPlace(&o);
+    Py_XSETREF(*slot, Py_NewRef(o));
+    return o;
+}
+
 /* Split ``name \x01 value \x02`` pairs of ``s`` into ``d``; a part shorter than 3 characters, or with no
  * \x01, an empty name or an empty value, is dropped (sluice.protocol.properties.decode_properties). */
 int props_into(PyObject *d, PyObject *s)
 {
     Py_ssize_t n = PyUnicode_GET_LENGTH(s), pos = 0;
+    int ascii = PyUnicode_IS_ASCII(s);
+    const char *a = ascii ? (const char *)PyUnicode_DATA(s) : NULL; /* ASCII: memchr finds the separators */
     while (pos < n) {
-        Py_ssize_t end = PyUnicode_FindChar(s, 2, pos, n, 1);
-        if (end == -2)
-            return -1;
-        if (end == -1)
-            end = n;
-        if (end - pos >= 3) {
-            Py_ssize_t sep = PyUnicode_FindChar(s, 1, pos, end, 1);
-            if (sep == -2)
+        Py_ssize_t end, sep;
+        if (a != NULL) {
+            const char *e = memchr(a + pos, 2, (size_t)(n - pos));
+            end = e != NULL ? e - a : n;
+        } else {
+            end = PyUnicode_FindChar(s, 2, pos, n, 1);
+            if (end == -2)
                 return -1;
+            if (end == -1)
+                end = n;
+        }
+        if (end - pos >= 3) {
+            if (a != NULL) {
+                const char *e = memchr(a + pos, 1, (size_t)(end - pos));
+                sep = e != NULL ? e - a : -1;
+            } else {
+                sep = PyUnicode_FindChar(s, 1, pos, end, 1);
+                if (sep == -2)
+                    return -1;
+            }
             if (sep > pos && sep < end - 1) {
-                PyObject *name = PyUnicode_Substring(s, pos, sep);
+                PyObject *name = ascii && sep - pos <= PCACHE_NAME_MAX ? cached_ascii(s, pos, sep, 1)
+                                                                       : PyUnicode_Substring(s, pos, sep);
                 if (name == NULL)
                     return -1;
-                PyObject *value = PyUnicode_Substring(s, sep + 1, end);
+                PyObject *value = ascii && end - sep - 1 <= PCACHE_VALUE_MAX ? cached_ascii(s, sep + 1, end, 0)
+                                                                             : PyUnicode_Substring(s, sep + 1, end);
                 if (value == NULL) {
                     Py_DECREF(name);
                     return -1;
                 }
-                PyUnicode_InternInPlace(&name); /* a handful of names repeat on every message */
+                if (!PyUnicode_CHECK_INTERNED(name))
+                    PyUnicode_InternInPlace(&name); /* a handful of names repeat on every message */
                 int rc = PyDict_SetItem(d, name, value);
                 Py_DECREF(name);
                 Py_DECREF(value);
