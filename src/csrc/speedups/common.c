@@ -113,6 +113,28 @@ void write_tail(unsigned char *p, const unsigned char *body, Py_ssize_t body_len
         memcpy(p + 2 + len_a, props_b, (size_t)len_b);
 }
 
+/* A hash of ``n`` bytes: eight bytes a step (a multiply and shifts per word, as in splitmix64's finaliser),
+ * never 0. */
+uint64_t bytes_hash(const unsigned char *p, Py_ssize_t n)
+{
+    uint64_t h = 0x9E3779B97F4A7C15ULL ^ (uint64_t)n;
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        h = (h ^ w) * 0xBF58476D1CE4E5B9ULL;
+        h ^= h >> 31;
+    }
+    if (i < n) {
+        uint64_t w = 0;
+        memcpy(&w, p + i, (size_t)(n - i));
+        h = (h ^ w) * 0xBF58476D1CE4E5B9ULL;
+    }
+    h = (h ^ (h >> 30)) * 0x94D049BB133111EBULL;
+    h ^= h >> 31;
+    return h ? h : 1;
+}
+
 /* Property strings seen lately, by content: every message of a pull or a batch carries the same few names
  * (TAGS, UNIQ_KEY, the application's own) and mostly the same short values (a tag, a region, "true"), so a
  * hit hands out the str made before instead of allocating one (and, for a name, looking it up in the
@@ -129,10 +151,8 @@ static PyObject *cached_ascii(PyObject *s, Py_ssize_t start, Py_ssize_t end, int
 {
     const unsigned char *p = (const unsigned char *)PyUnicode_DATA(s) + start;
     Py_ssize_t len = end - start;
-    uint32_t h = 2166136261u ^ (uint32_t)(name ? 0x9e37u : 0u); /* FNV-1a; names and values apart */
-    for (Py_ssize_t i = 0; i < len; i++)
-        h = (h ^ p[i]) * 16777619u;
-    PyObject **slot = &pcache[(h ^ (h >> 16)) & (PCACHE_SLOTS - 1)];
+    /* + name: a name and an equal value take different slots (a name must be the interned one) */
+    PyObject **slot = &pcache[(bytes_hash(p, len) + (uint64_t)name) & (PCACHE_SLOTS - 1)];
     PyObject *c = *slot;
     if (c != NULL && PyUnicode_GET_LENGTH(c) == len && memcmp(PyUnicode_DATA(c), p, (size_t)len) == 0
         && (!name || PyUnicode_CHECK_INTERNED(c)))
@@ -151,8 +171,8 @@ static PyObject *cached_ascii(PyObject *s, Py_ssize_t start, Py_ssize_t end, int
 int props_into(PyObject *d, PyObject *s)
 {
     Py_ssize_t n = PyUnicode_GET_LENGTH(s), pos = 0;
-    int ascii = PyUnicode_IS_ASCII(s);
-    const char *a = ascii ? (const char *)PyUnicode_DATA(s) : NULL; /* ASCII: memchr finds the separators */
+    /* ASCII text: memchr finds the separators, and the strings come from the cache */
+    const char *a = PyUnicode_IS_ASCII(s) ? (const char *)PyUnicode_DATA(s) : NULL;
     while (pos < n) {
         Py_ssize_t end, sep;
         if (a != NULL) {
@@ -175,18 +195,19 @@ int props_into(PyObject *d, PyObject *s)
                     return -1;
             }
             if (sep > pos && sep < end - 1) {
-                PyObject *name = ascii && sep - pos <= PCACHE_NAME_MAX ? cached_ascii(s, pos, sep, 1)
-                                                                       : PyUnicode_Substring(s, pos, sep);
+                PyObject *name;
+                if (a != NULL && sep - pos <= PCACHE_NAME_MAX)
+                    name = cached_ascii(s, pos, sep, 1); /* interned */
+                else if ((name = PyUnicode_Substring(s, pos, sep)) != NULL)
+                    PyUnicode_InternInPlace(&name); /* a handful of names repeat on every message */
                 if (name == NULL)
                     return -1;
-                PyObject *value = ascii && end - sep - 1 <= PCACHE_VALUE_MAX ? cached_ascii(s, sep + 1, end, 0)
-                                                                             : PyUnicode_Substring(s, sep + 1, end);
+                PyObject *value = a != NULL && end - sep - 1 <= PCACHE_VALUE_MAX ? cached_ascii(s, sep + 1, end, 0)
+                                                                                 : PyUnicode_Substring(s, sep + 1, end);
                 if (value == NULL) {
                     Py_DECREF(name);
                     return -1;
                 }
-                if (!PyUnicode_CHECK_INTERNED(name))
-                    PyUnicode_InternInPlace(&name); /* a handful of names repeat on every message */
                 int rc = PyDict_SetItem(d, name, value);
                 Py_DECREF(name);
                 Py_DECREF(value);

@@ -107,7 +107,7 @@ static PyObject *key_values(const unsigned char *k, Py_ssize_t n, Py_ssize_t nk)
 /* ------------------------------------------------------------------------------------- verdict_cache */
 
 /* Verdicts by values key, kept across pulls (a capsule the filter holds): open addressing on a 64-bit
- * hash (key_hash), keys in one arena. Emptied when it holds ``max`` keys: a verdict depends on the values alone, so a
+ * hash (bytes_hash), keys in one arena. Emptied when it holds ``max`` keys: a verdict depends on the values alone, so a
  * dropped one is only judged again. */
 typedef struct {
     uint64_t *hash; /* 0: empty slot */
@@ -130,27 +130,6 @@ static void verdicts_free(PyObject *cap)
     PyMem_Free(v->klen);
     PyMem_Free(v->keys.data);
     PyMem_Free(v);
-}
-
-/* The key's hash: eight bytes a step (a multiply and shifts per word, as in splitmix64's finaliser), never 0. */
-static uint64_t key_hash(const unsigned char *p, Py_ssize_t n)
-{
-    uint64_t h = 0x9E3779B97F4A7C15ULL ^ (uint64_t)n;
-    Py_ssize_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        uint64_t w;
-        memcpy(&w, p + i, 8);
-        h = (h ^ w) * 0xBF58476D1CE4E5B9ULL;
-        h ^= h >> 31;
-    }
-    if (i < n) {
-        uint64_t w = 0;
-        memcpy(&w, p + i, (size_t)(n - i));
-        h = (h ^ w) * 0xBF58476D1CE4E5B9ULL;
-    }
-    h = (h ^ (h >> 30)) * 0x94D049BB133111EBULL;
-    h ^= h >> 31;
-    return h ? h : 1;
 }
 
 /* The slot of ``key`` (its verdict set) or of the empty slot where it would go. */
@@ -236,7 +215,7 @@ static int verdicts_add(Verdicts *v, const unsigned char *key, Py_ssize_t n, uin
 static int verdict_of(Verdicts *cache, const Buf *key, Py_ssize_t nk, PyObject *judge, long lo, long hi,
                       PyObject *rows, PyObject *exc, const char *fn, long *code)
 {
-    uint64_t h = key_hash(key->data, key->len);
+    uint64_t h = bytes_hash(key->data, key->len);
     Py_ssize_t slot = cache->cap ? verdicts_slot(cache, key->data, key->len, h) : -1;
     if (slot >= 0 && cache->hash[slot] != 0) {
         *code = cache->verdict[slot];

@@ -130,6 +130,7 @@ void write_head(unsigned char *p, Py_ssize_t size, uint32_t crc, int64_t queue_i
 void write_tail(unsigned char *p, const unsigned char *body, Py_ssize_t body_len, const unsigned char *topic_part,
                 Py_ssize_t topic_part_len, const unsigned char *props_a, Py_ssize_t len_a,
                 const unsigned char *props_b, Py_ssize_t len_b);
+uint64_t bytes_hash(const unsigned char *p, Py_ssize_t n);
 int props_into(PyObject *d, PyObject *s);
 int append_int(PyObject *list, long long v);
 int sluice_intern_names(void);
