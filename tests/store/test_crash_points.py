@@ -9,9 +9,11 @@ its run, and each time the store must open and hold everything acknowledged befo
 """
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -43,25 +45,31 @@ def test_a_crash_after_any_file_system_call_leaves_a_store_that_opens_whole(tmp_
     assert total > 100  # creations, rolls, syncs, checkpoints and a restart's: the run covers them
     failures: list[str] = []
     crashed = 0
-    for k in range(1, total + 1):
-        root = tmp_path / f"k{k}"
-        r = _run(root, k)
-        assert r.returncode in (0, 9), r.stderr[-2000:]  # 0: this run made fewer calls
-        crashed += r.returncode == 9
-        where = r.stderr.strip().splitlines()[-1] if r.returncode == 9 else "no crash"
-        try:
-            s = MessageStore(root, small_config(**CONFIG)).start()
-        except Exception as exc:
-            failures.append(f"call {k} ({where}): the store does not open: {exc!r}")
-            continue
-        try:
-            verify_recovered(s, _acked(r.stdout))
-        except AssertionError as exc:
-            failures.append(f"call {k} ({where}): {exc}")
-        finally:
-            s.close()
-        shutil.rmtree(root)
+    # The children are independent (a store each): run as many at once as there are cores, check in order.
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        runs = pool.map(lambda k: _run(tmp_path / f"k{k}", k), range(1, total + 1))
+        for k, r in enumerate(runs, start=1):
+            _check_one(tmp_path / f"k{k}", k, r, failures)
+            crashed += r.returncode == 9
     assert not failures, "\n".join(failures[:10])
     # The store's own threads (dispatch, flush) make the count differ a little between runs (221 here, 226 in
     # CI): a K past a run's last call ends it whole. Most must still have crashed, or the test proves nothing.
     assert crashed >= 0.9 * total, (crashed, total)
+
+
+def _check_one(root: Path, k: int, r: subprocess.CompletedProcess[str], failures: list[str]) -> None:
+    """Open the store the K-th child left and check every put it acknowledged; problems go to ``failures``."""
+    assert r.returncode in (0, 9), r.stderr[-2000:]  # 0: this run made fewer calls
+    where = r.stderr.strip().splitlines()[-1] if r.returncode == 9 else "no crash"
+    try:
+        s = MessageStore(root, small_config(**CONFIG)).start()
+    except Exception as exc:
+        failures.append(f"call {k} ({where}): the store does not open: {exc!r}")
+        return
+    try:
+        verify_recovered(s, _acked(r.stdout))
+    except AssertionError as exc:
+        failures.append(f"call {k} ({where}): {exc}")
+    finally:
+        s.close()
+    shutil.rmtree(root)
