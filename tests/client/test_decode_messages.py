@@ -45,10 +45,10 @@ def records(draw) -> bytes:  # type: ignore[no-untyped-def]
     return bytes(rec)
 
 
-def both(body: bytes, check_crc: bool = True):  # type: ignore[no-untyped-def]
+def both(body: bytes, check_crc: bool = True, extra: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
     def one(c):  # type: ignore[no-untyped-def]
         try:
-            return [dataclasses.astuple(m) for m in api.decode_messages(body, check_crc=check_crc)]
+            return [dataclasses.astuple(m) for m in api.decode_messages(body, check_crc=check_crc, extra=extra)]
         except (CorruptRecordError, zlib.error) as e:
             return type(e).__name__, str(e)
     fast = one(C)
@@ -63,11 +63,16 @@ def both(body: bytes, check_crc: bool = True):  # type: ignore[no-untyped-def]
 taken: list[int] = []
 
 
+#: a pull's extra properties; "a" and "TAGS" may already be among a record's, which the extra value replaces
+extras = st.one_of(st.none(), st.dictionaries(st.sampled_from(["MIN_OFFSET", "MAX_OFFSET", "a", "TAGS"]),
+                                              st.text(max_size=6), max_size=3))
+
+
 @settings(max_examples=200, deadline=None)
-@given(st.lists(records(), min_size=1, max_size=5), st.booleans())
-def test_c_decoder_equals_python(recs: list[bytes], check_crc: bool) -> None:
+@given(st.lists(records(), min_size=1, max_size=5), st.booleans(), extras)
+def test_c_decoder_equals_python(recs: list[bytes], check_crc: bool, extra: dict[str, str] | None) -> None:
     body = b"".join(recs)
-    fast, slow = both(body, check_crc)
+    fast, slow = both(body, check_crc, extra)
     assert fast == slow
     if C.decode_messages(body, check_crc, api.crc32, MessageExt, zlib.decompress) is not None:
         taken.append(1)
@@ -102,3 +107,30 @@ def test_the_objects_are_whole_message_exts() -> None:
     assert m.offset_msg_id == "0A00000100002A9F000000000000004D"
     m.body = b"changed"  # an ordinary, mutable instance
     assert dataclasses.replace(m, queue_id=3).queue_id == 3
+
+
+def test_equal_ints_of_neighbouring_records_are_shared_and_unequal_ones_are_not() -> None:
+    """Records appended (or sent) together share timestamps and sizes: C reuses the previous record's int
+    object for an equal value, which must never hand a record its neighbour's different value."""
+    def rec(i: int, born: int, stored: int, body: bytes) -> bytes:
+        return bytes(encode_record(topic="T", body=body, properties=f"a\x01{i}\x02", born_timestamp=born,
+                                   store_timestamp=stored, physical_offset=1000 * i, queue_offset=i))
+    ts = 1_764_000_000_123
+    body = b"".join([rec(0, ts, ts + 5, b"x" * 300), rec(1, ts, ts + 5, b"y" * 300), rec(2, ts + 1, ts + 5, b"z" * 301),
+                     rec(3, ts + 1, ts + 6, b"w" * 301), rec(4, ts, ts + 5, b"v" * 300)])
+    fast, slow = both(body, True, {"MIN_OFFSET": "0", "MAX_OFFSET": "5"})
+    assert fast == slow
+    m = C.decode_messages(body, True, api.crc32, MessageExt, zlib.decompress, {"MIN_OFFSET": "0"})
+    assert [x.born_timestamp for x in m] == [ts, ts, ts + 1, ts + 1, ts]
+    assert [x.store_timestamp for x in m] == [ts + 5] * 3 + [ts + 6, ts + 5]
+    assert [x.store_size for x in m] == [m[0].store_size] * 2 + [m[0].store_size + 1] * 2 + [m[0].store_size]
+    assert m[0].store_timestamp is m[1].store_timestamp is m[2].store_timestamp
+    assert m[0].born_timestamp is m[1].born_timestamp and m[2].born_timestamp is m[3].born_timestamp
+    assert [x.properties for x in m] == [{"a": str(i), "MIN_OFFSET": "0"} for i in range(5)]
+    assert len({id(x.properties) for x in m}) == 5  # every message its own dict
+
+
+def test_extra_must_be_a_dict() -> None:
+    rec = bytes(encode_record(topic="T", body=b"hi", properties="a\x01b\x02"))
+    with pytest.raises(TypeError, match="extra"):
+        C.decode_messages(rec, True, api.crc32, MessageExt, zlib.decompress, [("MIN_OFFSET", "0")])

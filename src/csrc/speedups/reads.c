@@ -197,10 +197,26 @@ static PyObject *host_tuple(const unsigned char *p, unsigned char *last_bytes, P
     return t;
 }
 
+/* A new reference to the int ``v``: the previous record's object when it held the same value. A pull
+ * answer's records share store timestamps (appended together), often born timestamps (sent together) and
+ * sizes; an int made and freed for each of them is most of what they cost. */
+static PyObject *same_long(long long v, long long *last_v, PyObject **last)
+{
+    if (*last != NULL && *last_v == v)
+        return Py_NewRef(*last);
+    PyObject *o = PyLong_FromLongLong(v);
+    if (o == NULL)
+        return NULL;
+    *last_v = v;
+    Py_XSETREF(*last, Py_NewRef(o));
+    return o;
+}
+
 PyDoc_STRVAR(decode_messages_doc,
-"decode_messages(body, check_crc: bool, crc32, cls, inflate) -> list | None\n\n"
+"decode_messages(body, check_crc: bool, crc32, cls, inflate, extra=None) -> list | None\n\n"
 "sluice.client.broker_api.decode_messages in C: the stored records of a pull (or view, or query) body to\n"
-"``cls`` (MessageExt) instances, bodies with the COMPRESSED bit passed through ``inflate``. None for\n"
+"``cls`` (MessageExt) instances, bodies with the COMPRESSED bit passed through ``inflate``, and ``extra``'s\n"
+"items (a dict: a pull's MIN_OFFSET and MAX_OFFSET) set in every message's properties. None for\n"
 "anything unusual (a record that does not decode or fails its CRC, an IPv6 host, a MAGIC_V2 record,\n"
 "another class layout): the Python decoder then decodes it or says exactly what is wrong.");
 
@@ -208,13 +224,22 @@ static PyObject *decode_messages(PyObject *self, PyObject *args)
 {
     Py_buffer bv;
     int check_crc;
-    PyObject *crc32, *cls, *inflate;
-    if (!PyArg_ParseTuple(args, "y*pOOO:decode_messages", &bv, &check_crc, &crc32, &cls, &inflate))
+    PyObject *crc32, *cls, *inflate, *extra = Py_None;
+    if (!PyArg_ParseTuple(args, "y*pOOO|O:decode_messages", &bv, &check_crc, &crc32, &cls, &inflate, &extra))
         return NULL;
     PyObject *out = NULL, *list = NULL, *last_topic = NULL, *last_born = NULL, *last_store = NULL;
+    PyObject *last_bts = NULL, *last_sts = NULL, *last_size = NULL;
+    long long bts_v = 0, sts_v = 0, size_v = 0;
     unsigned char born_bytes[8], store_bytes[8];
     Py_ssize_t last_tlen = -1;
     const unsigned char *last_tp = NULL;
+    if (extra != Py_None && !PyDict_Check(extra)) {
+        PyErr_SetString(PyExc_TypeError, "decode_messages: extra must be a dict or None");
+        PyBuffer_Release(&bv);
+        return NULL;
+    }
+    if (extra != Py_None && PyDict_GET_SIZE(extra) == 0)
+        extra = Py_None;
     if (!PyType_Check(cls) || !ext_layout((PyTypeObject *)cls))
         goto unusual;
     list = PyList_New(0);
@@ -269,7 +294,7 @@ static PyObject *decode_messages(PyObject *self, PyObject *args)
             bad = 1;
         } else {
             f[2] = PyDict_New();
-            if (f[2] != NULL && props_into(f[2], ptext) < 0)
+            if (f[2] != NULL && (props_into(f[2], ptext) < 0 || (extra != Py_None && PyDict_Update(f[2], extra) < 0)))
                 Py_CLEAR(f[2]);
             Py_DECREF(ptext);
         }
@@ -286,13 +311,13 @@ static PyObject *decode_messages(PyObject *self, PyObject *args)
         f[5] = PyLong_FromLongLong((int64_t)get_u64(r + POS_PHYSICALOFFSET));
         f[8] = PyLong_FromLong((int32_t)sysflag);
         f[9] = PyLong_FromLong((int32_t)get_u32(r + POS_FLAG));
-        f[10] = PyLong_FromLongLong((int64_t)get_u64(r + POS_BORNTIMESTAMP));
+        f[10] = same_long((int64_t)get_u64(r + POS_BORNTIMESTAMP), &bts_v, &last_bts);
         f[11] = host_tuple(r + POS_BORNHOST, born_bytes, &last_born);
-        f[12] = PyLong_FromLongLong((int64_t)get_u64(r + POS_STORETIMESTAMP_V4));
+        f[12] = same_long((int64_t)get_u64(r + POS_STORETIMESTAMP_V4), &sts_v, &last_sts);
         f[13] = host_tuple(r + POS_STOREHOST_V4, store_bytes, &last_store);
         f[14] = PyLong_FromLong((int32_t)get_u32(r + POS_RECONSUMETIMES_V4));
         f[15] = PyLong_FromLong((int32_t)crc);
-        f[16] = PyLong_FromLong(total);
+        f[16] = same_long(total, &size_v, &last_size);
         if (!bad && f[2] != NULL) {
             PyObject *uniq = PyDict_GetItemWithError(f[2], s_UNIQ_KEY);
             f[6] = uniq != NULL ? Py_NewRef(uniq) : (PyErr_Occurred() ? NULL : Py_NewRef(f[7]));
@@ -329,6 +354,9 @@ done:
     Py_XDECREF(last_topic);
     Py_XDECREF(last_born);
     Py_XDECREF(last_store);
+    Py_XDECREF(last_bts);
+    Py_XDECREF(last_sts);
+    Py_XDECREF(last_size);
     PyBuffer_Release(&bv);
     return out;
 }

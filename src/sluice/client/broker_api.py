@@ -25,16 +25,21 @@ check_message_ext(MessageExt)  # C's decode_messages sets these slots: a renamed
 __all__ = ["BrokerAPI", "decode_messages"]
 
 
-def decode_messages(body: bytes, *, check_crc: bool = True) -> list[MessageExt]:
-    """Stored records laid back to back (pull, view and query bodies) to MessageExt, bodies inflated.
+def decode_messages(body: bytes, *, check_crc: bool = True, extra: dict[str, str] | None = None) -> list[MessageExt]:
+    """Stored records laid back to back (pull, view and query bodies) to MessageExt, bodies inflated,
+    ``extra`` set in every message's properties (a pull's MIN_OFFSET and MAX_OFFSET).
 
     In C where built (speedups.decode_messages); anything it does not take
     (IPv6 hosts, a record that does not decode) goes through the Python decoder and its errors."""
     if C is not None:
-        msgs = C.decode_messages(body, check_crc, crc32, MessageExt, zlib.decompress)
+        msgs = C.decode_messages(body, check_crc, crc32, MessageExt, zlib.decompress, extra)
         if msgs is not None:
             return msgs
-    return [MessageExt.from_record(rec) for rec in iter_records(body, check_crc=check_crc)]
+    msgs = [MessageExt.from_record(rec) for rec in iter_records(body, check_crc=check_crc)]
+    if extra:
+        for m in msgs:
+            m.properties.update(extra)
+    return msgs
 
 
 class BrokerAPI:

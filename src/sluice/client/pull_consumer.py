@@ -66,15 +66,12 @@ def process_pull_response(response: RemotingCommand, selector: MessageSelector, 
     header = _read_pull_response(response.ext_fields)
     msgs: list[MessageExt] = []
     if status is PullStatus.FOUND:
-        msgs = decode_messages(response.body, check_crc=check_crc)
+        msgs = decode_messages(response.body, check_crc=check_crc,
+                               extra={P.MIN_OFFSET: str(header.min_offset), P.MAX_OFFSET: str(header.max_offset)})
         tags = selector.tags
         if tags:
             # Drops hash-collision false positives and untagged messages, exactly as Java does.
             msgs = [m for m in msgs if m.properties.get(P.TAGS) in tags]
-        lo, hi = str(header.min_offset), str(header.max_offset)
-        for m in msgs:
-            m.properties[P.MIN_OFFSET] = lo
-            m.properties[P.MAX_OFFSET] = hi
     return PullResult(status=status, next_begin_offset=header.next_begin_offset, min_offset=header.min_offset,
                       max_offset=header.max_offset, msg_found_list=msgs,
                       suggest_which_broker_id=header.suggest_which_broker_id)
