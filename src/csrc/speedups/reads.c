@@ -199,7 +199,7 @@ static PyObject *host_tuple(const unsigned char *p, unsigned char *last_bytes, P
 
 /* A new reference to the int ``v``: the previous record's object when it held the same value. A pull
  * answer's records share store timestamps (appended together), often born timestamps (sent together) and
- * sizes; an int made and freed for each of them is most of what they cost. */
+ * sizes, so most of these ints need not be made for one message and freed with it. */
 static PyObject *same_long(long long v, long long *last_v, PyObject **last)
 {
     if (*last != NULL && *last_v == v)
@@ -238,8 +238,6 @@ static PyObject *decode_messages(PyObject *self, PyObject *args)
         PyBuffer_Release(&bv);
         return NULL;
     }
-    if (extra != Py_None && PyDict_GET_SIZE(extra) == 0)
-        extra = Py_None;
     if (!PyType_Check(cls) || !ext_layout((PyTypeObject *)cls))
         goto unusual;
     list = PyList_New(0);
